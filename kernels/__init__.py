@@ -1,0 +1,1 @@
+"""Pallas kernels, installed as `swajax.kernels` (one kernel per file, reference beside each)."""

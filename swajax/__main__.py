@@ -1,0 +1,5 @@
+import sys
+
+from swajax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""The `swajax` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from swajax import plan, presets, sizing
+from swajax.config import ConfigError, HybridConfig, load_hf_config
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+def _model_config(args: argparse.Namespace) -> HybridConfig:
+    if (args.preset is None) == (args.hf_config is None):
+        raise UsageError("give exactly one of --preset NAME or --hf-config PATH")
+    if args.preset is not None:
+        try:
+            return presets.load_preset(args.preset)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from e
+    return load_hf_config(args.hf_config)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    cfg = _model_config(args)
+    report = plan.capacity_report(
+        cfg,
+        sizing.gib_to_bytes(args.kv_budget_gib),
+        ratio=sizing.check_ratio(args.ratio),
+        page_size=args.page_size,
+        dtype=args.dtype,
+        avg_seq_len=args.avg_seq_len,
+        eviction_interval=args.eviction_interval,
+        hybrid_memory=not args.disable_hybrid_memory,
+    )
+    print(json.dumps(report.as_dict()) if args.json else plan.format_report(report))
+    return 0
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="size the full and SWA pools for a KV budget")
+    p.add_argument(
+        "--preset",
+        choices=None,
+        metavar="NAME",
+        help=f"built-in model: {', '.join(presets.preset_names())}",
+    )
+    p.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    p.add_argument("--kv-budget-gib", type=float, required=True, help="bytes for KV, in GiB")
+    p.add_argument("--ratio", type=float, default=0.8, help="SWA / full token ratio, in (0, 1]")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
+    p.add_argument(
+        "--avg-seq-len",
+        type=int,
+        metavar="T",
+        help="average sequence length, for the minimum-ratio estimate",
+    )
+    p.add_argument("--eviction-interval", type=int, default=sizing.DEFAULT_EVICTION_INTERVAL)
+    p.add_argument(
+        "--disable-hybrid-memory",
+        action="store_true",
+        help="one pool for every layer (SWA layers still attend only their window)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swajax", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_plan(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ConfigError, sizing.SizingError) as e:
+        print(f"swajax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Capacity report: what a KV budget buys with hybrid pools versus one pool (`swajax plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from swajax import sizing
+from swajax.config import HybridConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityReport:
+    model_type: str
+    kinds: str  # one letter per layer
+    mode: str  # pool mode used: hybrid | all_swa | single
+    sliding_window: int | None
+    page_size: int
+    dtype: str
+    ratio: float | None
+    budget_bytes: int
+    full_tokens: int
+    swa_tokens: int
+    full_bytes_per_token: int  # one token's KV over all full layers
+    swa_bytes_per_token: int  # one token's KV over all SWA layers
+    bytes_used: int
+    single_pool_tokens: int  # tokens the same budget holds with one pool for every layer
+    capacity_ratio: float  # full_tokens / single_pool_tokens
+    min_ratio_estimate: float | None  # (W + I + P) / T, when an average length T is given
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def capacity_report(
+    cfg: HybridConfig,
+    budget_bytes: int,
+    *,
+    ratio: float = 0.8,
+    page_size: int = 1,
+    dtype: str = "bf16",
+    avg_seq_len: int | None = None,
+    eviction_interval: int = sizing.DEFAULT_EVICTION_INTERVAL,
+    hybrid_memory: bool = True,
+) -> CapacityReport:
+    """Size the pools for `budget_bytes` and compare with a single pool of the same budget."""
+    single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
+    if hybrid_memory and cfg.mode != "full_only":
+        sizes = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
+    else:
+        sizes = single
+    full_b, swa_b = sizing.token_bytes(cfg, dtype)
+    estimate = None
+    if avg_seq_len is not None:
+        estimate = sizing.min_ratio_estimate(
+            cfg, avg_seq_len, page_size=page_size, eviction_interval=eviction_interval
+        )
+    return CapacityReport(
+        model_type=cfg.model_type,
+        kinds=cfg.kinds,
+        mode=sizes.mode,
+        sliding_window=cfg.sliding_window,
+        page_size=page_size,
+        dtype=dtype,
+        ratio=ratio if sizes.mode == "hybrid" else None,
+        budget_bytes=budget_bytes,
+        full_tokens=sizes.full_tokens,
+        swa_tokens=sizes.swa_tokens,
+        full_bytes_per_token=full_b,
+        swa_bytes_per_token=swa_b,
+        bytes_used=sizing.bytes_used(cfg, sizes, dtype),
+        single_pool_tokens=single.full_tokens,
+        capacity_ratio=sizes.max_total_tokens / single.full_tokens,
+        min_ratio_estimate=estimate,
+    )
+
+
+def format_report(report: CapacityReport) -> str:
+    """A small human-readable table."""
+    gib = 2**30
+    rows = [
+        ("model", f"{report.model_type} ({len(report.kinds)} layers: {report.kinds})"),
+        ("window W", str(report.sliding_window)),
+        ("pool mode", report.mode + (f", ratio {report.ratio:g}" if report.ratio else "")),
+        ("page size / dtype", f"{report.page_size} / {report.dtype}"),
+        ("full pool tokens", f"{report.full_tokens:,}"),
+        ("SWA pool tokens", f"{report.swa_tokens:,}"),
+        (
+            "bytes/token full|SWA",
+            f"{report.full_bytes_per_token:,} | {report.swa_bytes_per_token:,}",
+        ),
+        (
+            "bytes used / budget",
+            f"{report.bytes_used / gib:.3f} / {report.budget_bytes / gib:.3f} GiB",
+        ),
+        ("single-pool tokens", f"{report.single_pool_tokens:,}"),
+        ("capacity vs single", f"{report.capacity_ratio:.2f}x"),
+    ]
+    if report.min_ratio_estimate is not None:
+        rows.append(("min ratio estimate", f"{report.min_ratio_estimate:.4f}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

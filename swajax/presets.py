@@ -1,0 +1,173 @@
+"""Built-in model configurations: real published configs (attention-relevant fields) and tiny ones.
+
+Each published preset is written in the form of its hub `config.json` and goes through the same
+parser as a user's file, so a preset exercises `config.parse_hf_config` exactly as a download would.
+Only the fields that decide the attention / KV layout are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from swajax.config import HybridConfig, parse_hf_config
+
+
+def _alternating(n: int) -> list[str]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+
+
+def _gpt_oss(num_layers: int) -> dict[str, Any]:
+    # huggingface.co/openai/gpt-oss-20b and /gpt-oss-120b config.json: the two differ only in
+    # num_hidden_layers (24 / 36) and num_local_experts (32 / 128).
+    return {
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        "hidden_size": 2880,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "sliding_window": 128,
+        "layer_types": _alternating(num_layers),
+        "rope_theta": 150000,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096,
+            "truncate": False,
+        },
+        "max_position_embeddings": 131072,
+        "vocab_size": 201088,
+    }
+
+
+# huggingface.co/XiaomiMiMo/MiMo-V2-Flash config.json: 48 layers, full attention at layers
+# 0, 5, 11, ..., 47 (hybrid_layer_pattern 0), SWA elsewhere; SWA 8 KV heads, full 4.
+_MIMO_FULL = {0, 5, 11, 17, 23, 29, 35, 41, 47}
+MIMO_V2_FLASH = {
+    "model_type": "mimo_v2_flash",
+    "architectures": ["MiMoV2FlashForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 192,
+    "v_head_dim": 128,
+    "swa_num_attention_heads": 64,
+    "swa_num_key_value_heads": 8,
+    "swa_head_dim": 192,
+    "swa_v_head_dim": 128,
+    "sliding_window_size": 128,
+    "hybrid_layer_pattern": [0 if i in _MIMO_FULL else 1 for i in range(48)],
+    "add_swa_attention_sink_bias": True,
+    "add_full_attention_sink_bias": False,
+    "vocab_size": 151936,
+}
+
+# huggingface.co/meta-llama/Llama-4-Scout-17B-16E-Instruct config.json (text_config): 48 layers,
+# every 4th layer NoPE + global attention, the rest chunked with attention_chunk_size 8192.
+LLAMA_4_SCOUT = {
+    "model_type": "llama4",
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "text_config": {
+        "model_type": "llama4_text",
+        "hidden_size": 5120,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "attention_chunk_size": 8192,
+        "no_rope_layers": [0 if (i + 1) % 4 == 0 else 1 for i in range(48)],
+        "rope_theta": 500000.0,
+        "vocab_size": 202048,
+    },
+}
+
+# huggingface.co/google/gemma-3-27b-it config.json (text_config): 62 layers, 5 sliding : 1 full,
+# sliding_window 1024, 32 query heads over 16 KV heads of dim 128.
+GEMMA_3_27B = {
+    "model_type": "gemma3",
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 5376,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": 168,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "vocab_size": 262208,
+    },
+}
+
+# Tiny configs for tests and the embedded default: 4 layers, W = 7 (HF sliding_window 8).
+TINY_HYBRID = {
+    "model_type": "gpt_oss",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "sliding_window": 8,
+    "layer_types": _alternating(4),
+    "vocab_size": 128,
+}
+TINY_MIMO = {
+    **MIMO_V2_FLASH,
+    "hidden_size": 64,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "head_dim": 24,
+    "v_head_dim": 16,
+    "swa_head_dim": 24,
+    "swa_v_head_dim": 16,
+    "sliding_window_size": 8,
+    "hybrid_layer_pattern": [0, 1, 1, 1, 1, 0],
+    "vocab_size": 128,
+}
+TINY_ALL_SWA = {
+    "model_type": "mistral",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "sliding_window": 8,
+    "vocab_size": 128,
+}
+
+PRESETS: Mapping[str, Mapping[str, Any]] = {
+    "gpt-oss-20b": _gpt_oss(24),
+    "gpt-oss-120b": _gpt_oss(36),
+    "mimo-v2-flash": MIMO_V2_FLASH,
+    "llama-4-scout": LLAMA_4_SCOUT,
+    "gemma-3-27b": GEMMA_3_27B,
+    "tiny-hybrid": TINY_HYBRID,
+    "tiny-mimo": TINY_MIMO,
+    "tiny-all-swa": TINY_ALL_SWA,
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def hf_preset(name: str) -> Mapping[str, Any]:
+    """The config.json-shaped dict of a preset."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
+    return PRESETS[name]
+
+
+def load_preset(name: str) -> HybridConfig:
+    return parse_hf_config(hf_preset(name))

@@ -1,0 +1,247 @@
+"""Pool sizing: the full and SWA token slots a KV budget buys (SGLang's configurators, spec §6).
+
+Let F and S be the KV bytes of one token in one full / one SWA layer, L_full and L_swa the layer
+counts and r = swa_full_tokens_ratio (SWA slots per full slot, whatever the layer counts). Then
+
+    cell   = F * L_full + r * S * L_swa        bytes per unit of full-pool capacity
+    N_full = page_align(budget // cell)
+    N_swa  = page_align(int(N_full * r))
+
+and an SWA pool that cannot hold one request's admission floor (N_swa <= W + page_size) is an error.
+A model without full layers puts everything in the SWA pool (the ratio does not apply); a single
+pool (hybrid memory disabled) gives every layer a slot for every token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from swajax.config import HybridConfig
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+DEFAULT_EVICTION_INTERVAL = 128
+
+
+class SizingError(ValueError):
+    """A budget, ratio or page size that gives no usable pools; the message names the values."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSizes:
+    """Token capacities of the two pools. In single-pool mode both equal the one pool's size."""
+
+    mode: str  # "hybrid" | "all_swa" | "single" | "chunk_cap"
+    full_tokens: int
+    swa_tokens: int
+    page_size: int
+
+    @property
+    def max_total_tokens(self) -> int:
+        """How many tokens of context the pools hold (the full pool, or the SWA pool if all-SWA)."""
+        return self.swa_tokens if self.mode == "all_swa" else self.full_tokens
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise SizingError(f"unknown KV dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def layer_bytes(cfg: HybridConfig, dtype: str) -> tuple[int, int]:
+    """(F, S): KV bytes of one token in one full layer and in one SWA layer."""
+    b = dtype_bytes(dtype)
+    return (
+        int(cfg.full_attention.kv_bytes_per_token(b)),
+        int(cfg.swa_attention.kv_bytes_per_token(b)),
+    )
+
+
+def token_bytes(cfg: HybridConfig, dtype: str) -> tuple[int, int]:
+    """KV bytes of one token over all full layers and over all SWA layers."""
+    f, s = layer_bytes(cfg, dtype)
+    return f * len(cfg.full_layer_ids), s * len(cfg.swa_layer_ids)
+
+
+def check_ratio(ratio: float) -> float:
+    if not (isinstance(ratio, int | float) and 0 < ratio <= 1):
+        raise SizingError(f"swa_full_tokens_ratio must be in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+def _check_page_size(page_size: int) -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise SizingError(f"page_size must be a positive integer, got {page_size!r}")
+    return page_size
+
+
+def _align(x: float, page_size: int) -> int:
+    return int(x) // page_size * page_size
+
+
+def _ceil_align(x: int, page_size: int) -> int:
+    return -(-x // page_size) * page_size
+
+
+def cell_bytes(cfg: HybridConfig, ratio: float, dtype: str) -> float:
+    """Bytes per unit of max_total_tokens for a hybrid (or all-SWA) model."""
+    full, swa = token_bytes(cfg, dtype)
+    if cfg.mode == "all_swa":
+        return swa
+    return full + check_ratio(ratio) * swa
+
+
+def solve_pool_sizes(
+    cfg: HybridConfig, max_tokens: int, *, ratio: float, page_size: int
+) -> PoolSizes:
+    """Pool sizes from a token capacity (SGLang's constraint path: it caps the full pool)."""
+    ps = _check_page_size(page_size)
+    if cfg.mode == "full_only":
+        raise SizingError(
+            f"model_type {cfg.model_type!r} has no sliding or chunked layers; use a single pool"
+        )
+    if cfg.mode == "all_swa":
+        swa = _align(max_tokens, ps)
+        if swa <= 0:
+            raise SizingError(f"KV budget holds {max_tokens} tokens, less than page_size={ps}")
+        return PoolSizes("all_swa", 0, swa, ps)
+    r = check_ratio(ratio)
+    full = _align(max_tokens, ps)
+    if full <= 0:
+        raise SizingError(f"KV budget holds {max_tokens} tokens, less than page_size={ps}")
+    swa = _align(int(full * r), ps)
+    _check_swa_floor(cfg, swa, ps)
+    return PoolSizes("hybrid", full, swa, ps)
+
+
+def _check_swa_floor(cfg: HybridConfig, swa_tokens: int, page_size: int) -> None:
+    w = cfg.sliding_window
+    if w is not None and w + page_size >= swa_tokens:
+        raise SizingError(
+            f"SWA pool of {swa_tokens} tokens cannot hold even one request: the admission floor is "
+            f"W + page_size = {w} + {page_size} = {w + page_size}; raise the ratio or the budget"
+        )
+
+
+def size_hybrid(
+    cfg: HybridConfig, budget_bytes: int, *, ratio: float, page_size: int, dtype: str
+) -> PoolSizes:
+    """Hybrid (or all-SWA) pools for a KV budget in bytes."""
+    cell = cell_bytes(cfg, ratio, dtype) if cfg.mode != "full_only" else 0
+    if cell <= 0:
+        return solve_pool_sizes(cfg, 0, ratio=ratio, page_size=page_size)
+    return solve_pool_sizes(cfg, int(budget_bytes // cell), ratio=ratio, page_size=page_size)
+
+
+def size_single_pool(
+    cfg: HybridConfig, budget_bytes: int, *, page_size: int, dtype: str
+) -> PoolSizes:
+    """One pool for every layer (hybrid memory disabled): each token costs every layer's KV."""
+    ps = _check_page_size(page_size)
+    full, swa = token_bytes(cfg, dtype)
+    tokens = _align(budget_bytes // (full + swa), ps)
+    if tokens <= 0:
+        raise SizingError(
+            f"KV budget of {budget_bytes} bytes holds no page of {ps} tokens "
+            f"({full + swa} bytes per token)"
+        )
+    return PoolSizes("single", tokens, tokens, ps)
+
+
+def bytes_used(cfg: HybridConfig, sizes: PoolSizes, dtype: str) -> int:
+    full, swa = token_bytes(cfg, dtype)
+    return sizes.full_tokens * full + sizes.swa_tokens * swa
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk cap (spec §6.2): radix cache off, chunked prefill and max running requests set. The SWA
+# pool is sized to the worst case of the running requests instead of by ratio.
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculative:
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkCap:
+    max_running_requests: int
+    chunked_prefill_size: int
+    eviction_interval: int = DEFAULT_EVICTION_INTERVAL
+    overlap: bool = False  # overlap scheduling keeps two chunks (and spec v2 buffers) in flight
+    speculative: Speculative | None = None
+    pd_decode_extra_slots: int | None = None  # set: a PD-disaggregation decode server
+
+
+def _decode_alloc(cap: ChunkCap, ps: int) -> int:
+    spec = cap.speculative
+    if spec is None:
+        return ps
+    if cap.overlap:  # spec v2 reserves two steps of max(topk * steps, draft tokens)
+        return 2 * max(spec.topk * spec.num_steps, spec.num_draft_tokens)
+    if ps == 1 or spec.topk == 1:
+        return max(spec.topk * spec.num_steps, spec.num_draft_tokens)
+    # Paged spec v1 with several branches: each branch may straddle a page.
+    return max(
+        _ceil_align(spec.num_steps + ps, ps) * spec.topk, _ceil_align(spec.num_draft_tokens, ps)
+    )
+
+
+def chunk_cap_tokens(window: int, page_size: int, cap: ChunkCap) -> int:
+    """Worst-case SWA tokens of `cap.max_running_requests` requests (before page alignment)."""
+    ps = _check_page_size(page_size)
+    draft = cap.speculative.num_draft_tokens if cap.speculative else 1
+    # Window + tokens that accumulate between evictions + padding to a page.
+    trailing = window + max(1, cap.eviction_interval) * draft + ps
+    per_request = trailing + _decode_alloc(cap, ps)
+    total = per_request * cap.max_running_requests
+    if cap.pd_decode_extra_slots is not None:
+        return total + (window + ps) * cap.pd_decode_extra_slots
+    chunks_in_flight = 2 if cap.overlap else 1
+    return total + chunks_in_flight * cap.chunked_prefill_size + ps
+
+
+def size_chunk_cap(
+    cfg: HybridConfig, budget_bytes: int, cap: ChunkCap, *, page_size: int, dtype: str
+) -> PoolSizes:
+    """SWA pool at its worst case; everything else of the budget goes to the full pool."""
+    if cfg.mode != "hybrid":
+        raise SizingError(
+            f"chunk-cap sizing needs a hybrid model, {cfg.model_type!r} is {cfg.mode}"
+        )
+    ps = _check_page_size(page_size)
+    full_bytes, swa_bytes = token_bytes(cfg, dtype)
+    swa = _ceil_align(chunk_cap_tokens(cfg.sliding_window, ps, cap), ps)
+    full = _align((budget_bytes - swa * swa_bytes) // full_bytes, ps)
+    if full <= 0:
+        raise SizingError(
+            f"SWA pool cap of {swa} tokens ({swa * swa_bytes} bytes) leaves no room for the full "
+            f"pool in a budget of {budget_bytes} bytes"
+        )
+    return PoolSizes("chunk_cap", full, swa, ps)
+
+
+def size_chunk_cap_from_max_tokens(
+    cfg: HybridConfig, max_tokens: int, cap: ChunkCap, *, page_size: int
+) -> PoolSizes:
+    ps = _check_page_size(page_size)
+    swa = min(_ceil_align(chunk_cap_tokens(cfg.sliding_window, ps, cap), ps), max_tokens)
+    return PoolSizes("chunk_cap", _align(max_tokens, ps), swa, ps)
+
+
+def min_ratio_estimate(
+    cfg: HybridConfig, avg_seq_len: int, *, page_size: int, eviction_interval: int = 128
+) -> float:
+    """The seed's estimate of the smallest useful ratio: (W + I + P) / T for average length T."""
+    if avg_seq_len < 1:
+        raise SizingError(f"average sequence length must be >= 1, got {avg_seq_len}")
+    w = cfg.sliding_window or 0
+    return (w + eviction_interval + page_size) / avg_seq_len
+
+
+def gib_to_bytes(gib: float) -> int:
+    if not (isinstance(gib, int | float) and math.isfinite(gib) and gib > 0):
+        raise SizingError(f"KV budget must be a positive number of GiB, got {gib!r}")
+    return int(gib * 2**30)
