@@ -1,0 +1,113 @@
+"""KV pools: a full sub-pool for full layers and an SWA sub-pool for sliding / chunked layers.
+
+Each sub-pool has its own KV-head count and K / V head dims (MiMo-V2: SWA 8 heads, full 4;
+K 192, V 128) and `size + page_size` rows, so that slot / page 0 is a dummy that padded tokens
+write into. Buffers are stacked per sub-pool: `full_k[i]` is the K cache of the i-th full layer.
+
+Modes follow the pool sizes: "hybrid" (two pools of their own sizes), "single" (hybrid memory
+disabled: both sub-pools have the one pool's rows and SWA layers address them with full slots;
+they still attend only their window) and "all_swa" (no full layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from swajax.config import AttentionShape, HybridConfig
+from swajax.sizing import PoolSizes
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+
+class KVWriteLoc(NamedTuple):
+    """Where the new tokens' KV goes: full slots, and for SWA layers their SWA slots."""
+
+    full: jax.Array  # i32[T]
+    swa: jax.Array | None = None  # i32[T]; the pool never translates on the write path
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVPools:
+    full_k: jax.Array  # [L_full, full_rows, full_kv_heads, full_k_dim]
+    full_v: jax.Array  # [L_full, full_rows, full_kv_heads, full_v_dim]
+    swa_k: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_k_dim]
+    swa_v: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_v_dim]
+    # Global layer id -> (index in its sub-pool, is an SWA layer).
+    layers: tuple[tuple[int, bool], ...] = dataclasses.field(metadata=dict(static=True))
+    page_size: int = dataclasses.field(metadata=dict(static=True))
+    mode: str = dataclasses.field(metadata=dict(static=True))
+
+    def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
+        """(K, V) buffers of one global layer, shape [rows, kv_heads, dim]."""
+        index, is_swa = self.layers[layer_id]
+        if is_swa:
+            return self.swa_k[index], self.swa_v[index]
+        return self.full_k[index], self.full_v[index]
+
+
+def layers_mapping(cfg: HybridConfig) -> tuple[tuple[int, bool], ...]:
+    full_index = {layer: i for i, layer in enumerate(cfg.full_layer_ids)}
+    swa_index = {layer: i for i, layer in enumerate(cfg.swa_layer_ids)}
+    return tuple(
+        (swa_index[i], True) if i in swa_index else (full_index[i], False)
+        for i in range(cfg.num_layers)
+    )
+
+
+def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[jax.Array, ...]:
+    k = jnp.zeros((num_layers, rows, shape.num_kv_heads, shape.head_dim), dtype)
+    v = jnp.zeros((num_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype)
+    return k, v
+
+
+def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPools:
+    """Zeroed pools for the sizes of `swajax.sizing` (any mode)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"KV pool dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    mode = {"chunk_cap": "hybrid"}.get(sizes.mode, sizes.mode)
+    ps = sizes.page_size
+    full_rows = sizes.full_tokens + ps if mode != "all_swa" else ps
+    swa_rows = (sizes.full_tokens if mode == "single" else sizes.swa_tokens) + ps
+    full_k, full_v = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, DTYPES[dtype])
+    swa_k, swa_v = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, DTYPES[dtype])
+    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode)
+
+
+def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVWriteLoc) -> KVPools:
+    """Store one layer's new K [T, heads, k_dim] and V [T, heads, v_dim] at `loc`.
+
+    Full layers write at `loc.full` (any `loc.swa` is ignored); SWA layers write at `loc.swa`,
+    which must be given: a missing SWA location is a bug in the caller and fails at trace time.
+    """
+    index, is_swa = pools.layers[layer_id]
+    if not is_swa:
+        return dataclasses.replace(
+            pools,
+            full_k=pools.full_k.at[index, loc.full].set(k.astype(pools.full_k.dtype)),
+            full_v=pools.full_v.at[index, loc.full].set(v.astype(pools.full_v.dtype)),
+        )
+    if loc.swa is None:
+        raise ValueError(
+            f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
+            "(KVWriteLoc.swa), translated once per batch by the attention metadata"
+        )
+    return dataclasses.replace(
+        pools,
+        swa_k=pools.swa_k.at[index, loc.swa].set(k.astype(pools.swa_k.dtype)),
+        swa_v=pools.swa_v.at[index, loc.swa].set(v.astype(pools.swa_v.dtype)),
+    )
+
+
+write_kv_jit = jax.jit(write_kv, static_argnames="layer_id", donate_argnums=0)
+write_kv_jit.__doc__ = "`write_kv`, jit-compiled with the old pools donated."
+
+
+def bytes_allocated(pools: KVPools) -> int:
+    return sum(
+        x.size * x.dtype.itemsize for x in (pools.full_k, pools.full_v, pools.swa_k, pools.swa_v)
+    )
