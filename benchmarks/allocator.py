@@ -4,7 +4,8 @@
 
 Prints the median microseconds per call (after warm-up) of alloc_decode (64 and 256 running
 requests, page sizes 1, 16, 64, sequence lengths 1k-32k), alloc_extend (8 requests x 2,048 new
-tokens) and free_swa (a 128-token span of each of 64 requests in one call), for swajax and for
+tokens) and free_swa (a page-aligned 128-token span of each of 64 requests in one call, passed as
+one slot per page as runtime eviction does), for swajax and for
 the Python model of tests/allocator_model.py measured in the same run, with the ratio.
 """
 
@@ -105,7 +106,8 @@ def bench_free_swa(ps, iters, rng):
     def spans():
         i = box["i"]
         box["i"] += 1
-        return np.concatenate([row[i * span : (i + 1) * span] for row in reqs.rows])
+        # As runtime eviction calls it: the span is page aligned, so one slot per page suffices.
+        return np.concatenate([row[i * span : (i + 1) * span : ps] for row in reqs.rows])
 
     def jitted():
         box["state"] = A.free_swa(box["state"], spans())

@@ -116,9 +116,9 @@ def _extend_slots(stack, req, pos, valid, prefix_lens, seq_lens, last_loc, ps):
     new_pages = _ceil_div(seq_lens, ps) - first_new
     page_base = jnp.cumsum(new_pages) - new_pages
     in_tail = pos < first_new[req] * ps
-    page = stack.peek(page_base[req] + pos // ps - first_new[req])
+    page = jnp.where(valid & ~in_tail, stack.peek(page_base[req] + pos // ps - first_new[req]), 0)
     slot = jnp.where(in_tail, last_loc[req] + 1 + pos - prefix_lens[req], page * ps + pos % ps)
-    return jnp.where(valid, slot, 0)
+    return jnp.where(valid, slot, 0), page
 
 
 def _status(state, num_pages, swa_last_loc, needs_last):
@@ -131,14 +131,17 @@ def _status(state, num_pages, swa_last_loc, needs_last):
     return jnp.select(conditions, [primary_code, SWA_SHORT, SWA_LAST_LOC_MISSING], OK)
 
 
-def _commit(state, status, num_pages, full_slots, swa_slots):
+def _commit(state, status, num_pages, full_slots, swa_slots, full_pages, swa_pages):
     """Pop `num_pages` from each pool and pair the slots, only if status is OK.
+
+    `full_pages` / `swa_pages` list the pages taken (per token, 0 where none).
 
     Branch-free (a masked count and a dropped scatter), so the donated buffers are updated in
     place; a `lax.cond` here made XLA copy the mapping on every call.
     """
     ok = status == OK
     taken = jnp.where(ok, num_pages, 0)
+    full_pages, swa_pages = jnp.where(ok, full_pages, 0), jnp.where(ok, swa_pages, 0)
     mapping = state.full_to_swa
     if state.mode == "hybrid":
         # On failure every index falls off the end and is dropped; padding writes 0 into slot 0.
@@ -147,8 +150,10 @@ def _commit(state, status, num_pages, full_slots, swa_slots):
         )
     return dataclasses.replace(
         state,
-        full=state.full.pop(taken) if state.full is not None else None,
-        swa=state.swa.pop(taken) if state.swa is not None else None,
+        full=state.full.pop(taken, full_pages) if state.full is not None else None,
+        swa=state.swa.pop(taken, swa_pages if state.mode == "hybrid" else full_pages)
+        if state.swa is not None
+        else None,
         full_to_swa=mapping,
     )
 
@@ -158,19 +163,29 @@ def _alloc_extend(state, prefix_lens, seq_lens, last_loc, *, num_tokens):
     ps = state.page_size
     req, pos, valid = token_positions(prefix_lens, seq_lens, num_tokens)
     num_pages = jnp.sum(_ceil_div(seq_lens, ps) - _ceil_div(prefix_lens, ps))
-    full = _extend_slots(state.primary, req, pos, valid, prefix_lens, seq_lens, last_loc, ps)
+    layout = functools.partial(
+        _extend_slots,
+        req=req,
+        pos=pos,
+        valid=valid,
+        prefix_lens=prefix_lens,
+        seq_lens=seq_lens,
+        ps=ps,
+    )
+    full, full_pages = layout(state.primary, last_loc=last_loc)
     swa_last = translate(state, last_loc)
-    swa = full
+    swa, swa_pages = full, full_pages
     if state.mode == "hybrid":
-        swa = _extend_slots(state.swa, req, pos, valid, prefix_lens, seq_lens, swa_last, ps)
+        swa, swa_pages = layout(state.swa, last_loc=swa_last)
     needs_last = (prefix_lens % ps != 0) & (seq_lens > prefix_lens)
     status = _status(state, num_pages, swa_last, needs_last)
-    return _commit(state, status, num_pages, full, swa), AllocResult(status, full, swa)
+    state = _commit(state, status, num_pages, full, swa, full_pages, swa_pages)
+    return state, AllocResult(status, full, swa)
 
 
 def _decode_slots(stack, need_page, last_loc, valid, ps):
-    page = stack.peek(jnp.cumsum(need_page) - 1)
-    return jnp.where(valid, jnp.where(need_page, page * ps, last_loc + 1), 0)
+    page = jnp.where(need_page, stack.peek(jnp.cumsum(need_page) - 1), 0)
+    return jnp.where(valid, jnp.where(need_page, page * ps, last_loc + 1), 0), page
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -179,36 +194,30 @@ def _alloc_decode(state, seq_lens, last_loc, num_reqs):
     valid = jnp.arange(seq_lens.shape[0]) < num_reqs
     need_page = valid & ((seq_lens - 1) % ps == 0)  # ps = 1: every token takes a new slot
     num_pages = jnp.sum(need_page)
-    full = _decode_slots(state.primary, need_page, last_loc, valid, ps)
+    full, full_pages = _decode_slots(state.primary, need_page, last_loc, valid, ps)
     swa_last = translate(state, last_loc)
-    swa = full
+    swa, swa_pages = full, full_pages
     if state.mode == "hybrid":
-        swa = _decode_slots(state.swa, need_page, swa_last, valid, ps)
+        swa, swa_pages = _decode_slots(state.swa, need_page, swa_last, valid, ps)
     status = _status(state, num_pages, swa_last, valid & ~need_page)
-    return _commit(state, status, num_pages, full, swa), AllocResult(status, full, swa)
-
-
-def _touched_pages(slots, ps, num_pages):
-    """bool[num_pages + 1]: pages holding any of `slots` (slot 0 / the dummy page excluded)."""
-    mark = jnp.zeros(num_pages + 1, bool).at[slots // ps].set(True, mode="drop")
-    return mark.at[0].set(False)
+    state = _commit(state, status, num_pages, full, swa, full_pages, swa_pages)
+    return state, AllocResult(status, full, swa)
 
 
 def _free_swa_core(state, full_slots):
     if state.mode == "single":
         return state
     ps = state.page_size
-    if state.mode == "all_swa":
-        marks = _touched_pages(full_slots, ps, state.swa.size)
-        return dataclasses.replace(state, swa=state.swa.push(marks))
-    # Expand to whole full pages: a full page is paired with exactly one SWA page.
     pages = jnp.where(full_slots > 0, full_slots // ps, 0)
+    if state.mode == "all_swa":
+        return dataclasses.replace(state, swa=state.swa.push(pages))
+    # A full page is paired with exactly one SWA page, so clearing whole full pages frees whole
+    # SWA pages. Passing one slot per page is enough (and n / page_size times cheaper).
     expanded = (pages[:, None] * ps + jnp.arange(ps)).reshape(-1)
     swa_slots = state.full_to_swa[expanded]
-    swa_marks = _touched_pages(jnp.where(swa_slots > 0, swa_slots, 0), ps, state.swa.size)
     return dataclasses.replace(
         state,
-        swa=state.swa.push(swa_marks),
+        swa=state.swa.push(jnp.where(swa_slots > 0, swa_slots // ps, 0)),
         full_to_swa=state.full_to_swa.at[expanded].set(0),
     )
 
@@ -223,8 +232,8 @@ def _free(state, full_slots):
     state = _free_swa_core(state, full_slots)
     if state.mode == "all_swa":
         return state
-    marks = _touched_pages(full_slots, state.page_size, state.full.size)
-    return dataclasses.replace(state, full=state.full.push(marks))
+    pages = jnp.where(full_slots > 0, full_slots // state.page_size, 0)
+    return dataclasses.replace(state, full=state.full.push(pages))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +290,8 @@ def _free_pages(stack: PageStack, name: str) -> set[int]:
     free = pages[:count].tolist()
     assert len(set(free)) == count, f"{name}: free list has duplicates"
     assert all(1 <= p <= stack.size for p in free), f"{name}: free page outside 1..{stack.size}"
+    flags = set(np.nonzero(np.asarray(stack.is_free))[0].tolist())
+    assert flags == set(free), f"{name}: is_free disagrees with the free list"
     return set(free)
 
 

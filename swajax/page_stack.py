@@ -1,4 +1,8 @@
-"""A free list of pages as a device stack (a frozen pytree; pages are numbered from 1)."""
+"""A free list of pages as a device stack (a frozen pytree; pages are numbered from 1).
+
+Beside the stack, `is_free` answers "is page p free?" in O(1), so that a free costs O(n log n)
+in the number of pages freed, not O(pool size), and a double free is recognized and ignored.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,16 @@ import jax.numpy as jnp
 class PageStack:
     pages: jax.Array  # i32[num_pages]: free page ids in [0, count); the top is pages[count - 1]
     count: jax.Array  # i32[]: number of free pages
+    is_free: jax.Array  # bool[num_pages + 1]: page p is in pages[:count]; page 0 never is
 
     @staticmethod
     def init(num_pages: int) -> PageStack:
         """All pages 1..num_pages free, page 1 on top (popped first)."""
-        return PageStack(jnp.arange(num_pages, 0, -1, dtype=jnp.int32), jnp.int32(num_pages))
+        return PageStack(
+            pages=jnp.arange(num_pages, 0, -1, dtype=jnp.int32),
+            count=jnp.int32(num_pages),
+            is_free=jnp.ones(num_pages + 1, bool).at[0].set(False),
+        )
 
     @property
     def size(self) -> int:
@@ -27,26 +36,26 @@ class PageStack:
         """The page that the (j+1)-th pop would return (j may be an array; clamped in range)."""
         return self.pages[jnp.clip(self.count - 1 - j, 0, self.size - 1)]
 
-    def pop(self, n: jax.Array) -> PageStack:
-        return dataclasses.replace(self, count=self.count - n)
-
-    def free_mask(self) -> jax.Array:
-        """bool[num_pages + 1]: which pages are free (index 0, the dummy page, is False)."""
-        live = jnp.arange(self.size) < self.count
-        return jnp.zeros(self.size + 1, bool).at[jnp.where(live, self.pages, 0)].set(live)
-
-    def push(self, marks: jax.Array) -> PageStack:
-        """Push the marked pages (bool[num_pages + 1]) that are not free already.
-
-        The lowest page ends on top. Marks of free pages and of page 0 are ignored, so a double
-        free is a no-op rather than a corrupted list.
-        """
-        freed = marks & ~self.free_mask()
-        freed = freed.at[0].set(False)
-        k = jnp.sum(freed, dtype=jnp.int32)
-        dest = jnp.where(
-            freed, self.count + k - 1 - (jnp.cumsum(freed, dtype=jnp.int32) - 1), self.size
+    def pop(self, n: jax.Array, popped: jax.Array) -> PageStack:
+        """Take the top n pages; `popped` lists them (repeats and 0 for padding are fine)."""
+        return dataclasses.replace(
+            self, count=self.count - n, is_free=self.is_free.at[popped].set(False).at[0].set(False)
         )
-        ids = jnp.arange(self.size + 1, dtype=jnp.int32)
-        pages = self.pages.at[dest].set(ids, mode="drop")
-        return PageStack(pages, self.count + k)
+
+    def push(self, candidates: jax.Array) -> PageStack:
+        """Push the candidate pages (i32[n], any order, repeats and 0 allowed) that are in use.
+
+        The lowest page ends on top. Free pages and page 0 are skipped, so a double free is a
+        no-op rather than a corrupted list.
+        """
+        pages = jnp.sort(candidates)
+        first = jnp.concatenate([jnp.ones(1, bool), pages[1:] != pages[:-1]])
+        keep = first & (pages > 0) & ~self.is_free[pages]
+        k = jnp.sum(keep, dtype=jnp.int32)
+        rank = jnp.cumsum(keep, dtype=jnp.int32) - 1
+        dest = jnp.where(keep, self.count + k - 1 - rank, self.size)  # off the end: dropped
+        return PageStack(
+            pages=self.pages.at[dest].set(pages, mode="drop"),
+            count=self.count + k,
+            is_free=self.is_free.at[jnp.where(keep, pages, 0)].set(True).at[0].set(False),
+        )

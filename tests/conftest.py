@@ -10,7 +10,6 @@ from hypothesis import settings  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
-# Property tests: the default run keeps CI short; SWAJAX_SLOW=1 (with `pytest -m slow`) runs long.
-settings.register_profile("default", deadline=None, print_blob=True)
-settings.register_profile("slow", deadline=None, print_blob=True, max_examples=10_000)
-settings.load_profile("slow" if os.environ.get("SWAJAX_SLOW") else "default")
+# JIT warm-up makes first examples slow; long runs are separate tests marked `slow`.
+settings.register_profile("swajax", deadline=None, print_blob=True)
+settings.load_profile("swajax")
