@@ -1,0 +1,110 @@
+"""Math shared by every attention kernel and front end: pure jnp on values, no refs.
+
+The window convention (one definition, also used by the XLA path): a query at position q sees
+key position k iff k <= q and
+  "full":     always
+  "sliding":  k >= q - window            (window + 1 keys)
+  "chunked":  k >= floor(q / window) * window
+
+Online softmax over key tiles, per KV head, with optional per-head sinks: a sink is a logit with
+no value that only adds exp(sink) to the denominator. It starts the running max and sum, so
+`m = sink, l = 1` before the first tile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("full", "sliding", "chunked")
+MASK_VALUE = -1e30  # finite: a fully masked tile leaves no NaN behind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockSizes:
+    """Tuning knobs of the kernels (never literals in a kernel body)."""
+
+    block_q: int = 16  # queries per program of the ragged extend kernel (set by the metadata)
+    num_warps: int = 4  # Triton
+    num_stages: int = 2  # Triton
+
+
+DEFAULT_BLOCK_SIZES = BlockSizes()
+
+
+def window_lo(q_pos, kind: str, window: int):
+    """First visible key position for query position `q_pos` (clamped at 0)."""
+    if kind == "sliding":
+        lo = q_pos - window
+    elif kind == "chunked":
+        lo = q_pos // window * window
+    else:
+        lo = q_pos * 0
+    return jnp.maximum(lo, 0)
+
+
+def visible(q_pos, k_pos, kind: str, window: int):
+    """bool: the query at q_pos sees the key at k_pos (broadcasting)."""
+    return (k_pos <= q_pos) & (k_pos >= window_lo(q_pos, kind, window))
+
+
+def lookback(kind: str, window: int) -> int | None:
+    """Most tokens before a query that it can see (None: unbounded)."""
+    return {"sliding": window, "chunked": window - 1}.get(kind)
+
+
+def softmax_init(num_rows: int, dv: int, sink=None):
+    """Running (max, sum, accumulator) before the first key; `sink`: f32[num_rows] or None."""
+    if sink is None:
+        m = jnp.full((num_rows,), MASK_VALUE, jnp.float32)
+        l = jnp.zeros((num_rows,), jnp.float32)
+    else:
+        m, l = sink.astype(jnp.float32), jnp.ones((num_rows,), jnp.float32)
+    return m, l, jnp.zeros((num_rows, dv), jnp.float32)
+
+
+def softmax_step(m, l, acc, q, k, v, mask, *, scale: float, soft_cap: float | None):
+    """Fold one tile of keys into the running softmax of one KV head.
+
+    q: [Q, Dk]; k: [S, Dk]; v: [S, Dv]; mask: bool[Q, S]; m, l: [Q]; acc: [Q, Dv].
+    """
+    dims = (((1,), (1,)), ((), ()))
+    s = (
+        jax.lax.dot_general(
+            q.astype(jnp.float32), k.astype(jnp.float32), dims, preferred_element_type=jnp.float32
+        )
+        * scale
+    )
+    if soft_cap is not None:
+        s = jnp.tanh(s / soft_cap) * soft_cap
+    s = jnp.where(mask, s, MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+    # Keys no query of the tile sees may be garbage (freed slots, the dummy page): 0 * NaN = NaN.
+    seen = jnp.max(mask.astype(jnp.float32), axis=0) > 0  # (Triton has no reduce_or)
+    v = jnp.where(seen[:, None], v.astype(jnp.float32), 0.0)
+    pv = jnp.dot(p, v, preferred_element_type=jnp.float32)
+    return m_new, alpha * l + jnp.sum(p, axis=1), alpha[:, None] * acc + pv
+
+
+def fold_heads(carry, qs, ks, vs, mask, *, scale: float, soft_cap: float | None):
+    """`softmax_step` for every KV head: carry, qs, ks, vs are per-head tuples / lists."""
+    return tuple(
+        softmax_step(m, l, acc, q, k, v, mask, scale=scale, soft_cap=soft_cap)
+        for (m, l, acc), q, k, v in zip(carry, qs, ks, vs, strict=True)
+    )
+
+
+def softmax_finish(l, acc):
+    """Normalized output; rows that saw nothing (and had no sink) are 0."""
+    return acc / jnp.where(l > 0, l, 1.0)[:, None]
+
+
+def dense_reference(q, k, v, mask, *, scale, sink=None, soft_cap=None):
+    """One-shot softmax attention of one KV head ([Q, Dk] x [S, Dk]), for kernel references."""
+    m, l, acc = softmax_init(q.shape[0], v.shape[1], sink)
+    m, l, acc = softmax_step(m, l, acc, q, k, v, mask, scale=scale, soft_cap=soft_cap)
+    return softmax_finish(l, acc)

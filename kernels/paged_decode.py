@@ -1,0 +1,318 @@
+"""Windowed paged decode attention: one query per sequence over a paged KV pool.
+
+Two front ends share the math of `common.py`:
+  * GPU (Triton style): grid (batch,); the page table is an ordinary input and each program
+    gathers the pages of its window from the pool inside the kernel, looping only over pages
+    that intersect [window start, query] (pages outside the window are never read).
+  * TPU (Mosaic style): grid (batch, window pages); the page table is scalar-prefetched and
+    drives the K/V BlockSpec index maps; a page index past the window repeats the last page
+    (no new DMA) and its step is skipped.
+
+Layout: pools [pages, page_size, Hkv, D] (page 0 is a dummy); q [B, Hkv, G, Dk];
+page_table [B, NP] holds the pool page of logical page first_page[b] + j; seq_lens [B] counts
+the keys including the query's own (the query sits at position seq_len - 1; 0 = padding).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from swajax.kernels import common
+
+
+def _mask(k_pos, q_pos, lo, rows):
+    """bool[rows, ps]: every row (query head) of the one query sees the same keys."""
+    return jnp.broadcast_to(((k_pos >= lo) & (k_pos <= q_pos))[None, :], (rows, k_pos.shape[0]))
+
+
+def _init(sinks_ref, hkv, g, dv):
+    return tuple(
+        common.softmax_init(g, dv, None if sinks_ref is None else sinks_ref[h]) for h in range(hkv)
+    )
+
+
+def _finish(o_ref, carry):
+    for h, (_, l, acc) in enumerate(carry):
+        o_ref[h] = common.softmax_finish(l, acc).astype(o_ref.dtype)
+
+
+def _window(seq_ref, fp_ref, b, ps, num_cols, kind, window):
+    """Query position, first visible key, and the table columns [first, last] to read."""
+    q_pos = seq_ref[b] - 1
+    lo = common.window_lo(q_pos, kind, window)
+    first = jnp.maximum(lo // ps - fp_ref[b], 0)  # keys before the table are not in it
+    return q_pos, lo, first, jnp.minimum(q_pos // ps - fp_ref[b], num_cols - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU front end
+
+
+def paged_decode_kernel_gpu(
+    # inputs
+    q_ref,  # [Hkv, G, Dk] this sequence's query
+    k_ref,  # [pages, ps, Hkv, Dk] whole pool (ANY)
+    v_ref,  # [pages, ps, Hkv, Dv] whole pool (ANY)
+    pt_ref,  # [B, NP] page table (ANY)
+    fp_ref,  # [B] first logical page of each table row (ANY)
+    seq_ref,  # [B] sequence lengths (ANY)
+    *rest,  # optional sinks_ref [Hkv, G], then o_ref [Hkv, G, Dv]
+    kind: str,
+    window: int,
+    scale: float,
+    soft_cap: float | None,
+):
+    sinks_ref, o_ref = rest if len(rest) == 2 else (None, rest[0])
+    b = pl.program_id(0)
+    ps, hkv = k_ref.shape[1], k_ref.shape[2]
+    q_pos, lo, first_col, last_col = _window(seq_ref, fp_ref, b, ps, pt_ref.shape[1], kind, window)
+
+    qs = [q_ref[h] for h in range(hkv)]
+
+    def body(col, carry):
+        page = pt_ref[b, col]
+        k = [k_ref[page, :, h, :] for h in range(hkv)]
+        v = [v_ref[page, :, h, :] for h in range(hkv)]
+        k_pos = (fp_ref[b] + col) * ps + jax.lax.iota(jnp.int32, ps)
+        mask = _mask(k_pos, q_pos, lo, len(qs[0]))
+        return common.fold_heads(carry, qs, k, v, mask, scale=scale, soft_cap=soft_cap)
+
+    init = _init(sinks_ref, hkv, q_ref.shape[1], o_ref.shape[2])
+    _finish(o_ref, jax.lax.fori_loop(first_col, last_col + 1, body, init))
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU front end
+
+
+def paged_decode_kernel_tpu(
+    # scalar prefetch
+    pt_ref,  # [B * NP] flattened page table (SMEM)
+    fp_ref,  # [B] first logical page of each table row (SMEM)
+    seq_ref,  # [B] sequence lengths (SMEM)
+    # inputs
+    q_ref,  # [Hkv, G, Dk]
+    k_ref,  # [ps, Hkv, Dk] the page chosen by the index map
+    v_ref,  # [ps, Hkv, Dv]
+    *rest,  # optional sinks_ref [Hkv, G]; o_ref [Hkv, G, Dv]; scratch m, l [Hkv, G], acc
+    kind: str,
+    window: int,
+    scale: float,
+    soft_cap: float | None,
+):
+    *inputs, o_ref, m_ref, l_ref, acc_ref = rest
+    sinks_ref = inputs[0] if inputs else None
+    b, j = pl.program_id(0), pl.program_id(1)
+    ps, hkv = k_ref.shape[0], k_ref.shape[1]
+    num_cols = pt_ref.shape[0] // seq_ref.shape[0]
+    q_pos, lo, first_col, last_col = _window(seq_ref, fp_ref, b, ps, num_cols, kind, window)
+
+    @pl.when(j == 0)
+    def _():
+        for h, (m, l, acc) in enumerate(_init(sinks_ref, hkv, q_ref.shape[1], acc_ref.shape[2])):
+            m_ref[h], l_ref[h], acc_ref[h] = m, l, acc
+
+    @pl.when(first_col + j <= last_col)  # steps past the window read nothing new and are skipped
+    def _():
+        carry = tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv))
+        k = [k_ref[:, h, :] for h in range(hkv)]
+        v = [v_ref[:, h, :] for h in range(hkv)]
+        k_pos = (fp_ref[b] + first_col + j) * ps + jax.lax.iota(jnp.int32, ps)
+        qs = [q_ref[h] for h in range(hkv)]
+        mask = _mask(k_pos, q_pos, lo, len(qs[0]))
+        carry = common.fold_heads(carry, qs, k, v, mask, scale=scale, soft_cap=soft_cap)
+        for h, (m, l, acc) in enumerate(carry):
+            m_ref[h], l_ref[h], acc_ref[h] = m, l, acc
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        _finish(o_ref, tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+
+
+def static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window):
+    b, hkv, g, dk = q.shape
+    if k_pages.ndim != 4 or k_pages.shape[2:] != (hkv, dk):
+        raise ValueError(
+            f"k_pages must be [pages, ps, {hkv}, {dk}] for q {q.shape}, got {k_pages.shape}"
+        )
+    if v_pages.shape[:3] != k_pages.shape[:3]:
+        raise ValueError(
+            f"v_pages {v_pages.shape} must match k_pages {k_pages.shape} but the last dim"
+        )
+    if page_table.ndim != 2 or page_table.shape[0] != b:
+        raise ValueError(f"page_table must be [{b}, pages], got {page_table.shape}")
+    if first_page.shape != (b,) or seq_lens.shape != (b,):
+        raise ValueError(
+            f"first_page {first_page.shape} and seq_lens {seq_lens.shape} must be ({b},)"
+        )
+    if sinks is not None and sinks.shape != (hkv, g):
+        raise ValueError(f"sinks must be [{hkv}, {g}], got {sinks.shape}")
+    if kind not in common.KINDS:
+        raise ValueError(f"kind must be one of {common.KINDS}, got {kind!r}")
+    if kind != "full" and window < 1:
+        raise ValueError(f"a {kind} window must be >= 1, got {window}")
+
+
+def window_pages(kind: str, window: int, page_size: int, table_width: int) -> int:
+    """Most pages one query's window touches (the TPU grid's second axis)."""
+    back = common.lookback(kind, window)
+    if back is None:
+        return table_width
+    return min(-(-back // page_size) + 1, table_width)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("kind", "window", "scale", "soft_cap", "backend", "interpret", "block_sizes"),
+)
+def paged_decode(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    first_page,
+    seq_lens,
+    sinks=None,
+    *,
+    kind: str,
+    window: int = 0,
+    scale: float,
+    soft_cap: float | None = None,
+    backend: str = "gpu",
+    interpret: bool = False,
+    block_sizes: common.BlockSizes = common.DEFAULT_BLOCK_SIZES,
+):
+    """Decode attention of one query per sequence, reading only its window's pages.
+
+    Args:
+      q: [B, Hkv, G, Dk] queries at positions seq_lens - 1.
+      k_pages / v_pages: [pages, page_size, Hkv, Dk / Dv] one layer's pool.
+      page_table: i32[B, NP]: pool page of logical page first_page[b] + j.
+      first_page: i32[B]; seq_lens: i32[B] (0 marks padding: its output is 0).
+      sinks: optional f32[Hkv, G] per-head sink logits.
+      kind / window: "full", "sliding" (keys [q - window, q]) or "chunked" (chunk = window).
+      backend: "gpu" (pages gathered in the kernel) or "tpu" (scalar-prefetched page table).
+    Returns:
+      [B, Hkv, G, Dv] in q's dtype.
+    """
+    static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
+    b, hkv, g, dk = q.shape
+    dv = v_pages.shape[3]
+    params = dict(kind=kind, window=window, scale=scale, soft_cap=soft_cap)
+    out_shape = jax.ShapeDtypeStruct((b, hkv, g, dv), q.dtype)
+    extra = () if sinks is None else (sinks.astype(jnp.float32),)
+    if backend == "gpu":
+        any_spec = pl.BlockSpec(memory_space=pl.ANY)
+        compiler = None
+        if not interpret:
+            from jax.experimental.pallas import triton as plt
+
+            compiler = plt.CompilerParams(
+                num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages
+            )
+        return pl.pallas_call(
+            functools.partial(paged_decode_kernel_gpu, **params),
+            grid=(b,),
+            in_specs=[pl.BlockSpec((None, hkv, g, dk), lambda i: (i, 0, 0, 0))]
+            + [any_spec] * 5
+            + [pl.BlockSpec((hkv, g), lambda i: (0, 0))] * len(extra),
+            out_specs=pl.BlockSpec((None, hkv, g, dv), lambda i: (i, 0, 0, 0)),
+            out_shape=out_shape,
+            interpret=interpret,
+            compiler_params=compiler,
+            name="swajax_paged_decode_gpu",
+        )(q, k_pages, v_pages, page_table, first_page, seq_lens, *extra)
+    if backend == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        ps, np_ = k_pages.shape[1], page_table.shape[1]
+        steps = window_pages(kind, window, ps, np_)
+
+        def page_map(i, j, pt, fp, sl):
+            _, _, first, last = _window(sl, fp, i, ps, np_, kind, window)
+            return (pt[i * np_ + jnp.clip(first + j, 0, jnp.maximum(last, 0))], 0, 0, 0)
+
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, steps),
+            in_specs=[
+                pl.BlockSpec((None, hkv, g, dk), lambda i, j, *_: (i, 0, 0, 0)),
+                pl.BlockSpec((None, ps, hkv, dk), page_map),
+                pl.BlockSpec((None, ps, hkv, dv), page_map),
+            ]
+            + [pl.BlockSpec((hkv, g), lambda i, j, *_: (0, 0))] * len(extra),
+            out_specs=pl.BlockSpec((None, hkv, g, dv), lambda i, j, *_: (i, 0, 0, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((hkv, g), jnp.float32),
+                pltpu.VMEM((hkv, g), jnp.float32),
+                pltpu.VMEM((hkv, g, dv), jnp.float32),
+            ],
+        )
+        return pl.pallas_call(
+            functools.partial(paged_decode_kernel_tpu, **params),
+            grid_spec=grid_spec,
+            out_shape=out_shape,
+            interpret=interpret,
+            compiler_params=None
+            if interpret
+            else pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            name="swajax_paged_decode_tpu",
+        )(page_table.reshape(-1), first_page, seq_lens, q, k_pages, v_pages, *extra)
+    raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+
+
+def paged_decode_reference(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    first_page,
+    seq_lens,
+    sinks=None,
+    *,
+    kind: str,
+    window: int = 0,
+    scale: float,
+    soft_cap: float | None = None,
+    **_,
+):
+    """Same signature and result as `paged_decode`: gather every table page, mask, softmax."""
+    static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
+    b, hkv, g, _ = q.shape
+    ps, np_ = k_pages.shape[1], page_table.shape[1]
+
+    def one(qb, pt, fp, seq, sink):
+        k, v = k_pages[pt].reshape(np_ * ps, hkv, -1), v_pages[pt].reshape(np_ * ps, hkv, -1)
+        k_pos = fp * ps + jnp.arange(np_ * ps)
+        mask = common.visible(seq - 1, k_pos, kind, window)[None, :]
+        mask = jnp.broadcast_to(mask, (g, np_ * ps))
+        heads = [
+            common.dense_reference(
+                qb[h],
+                k[:, h],
+                v[:, h],
+                mask,
+                scale=scale,
+                sink=None if sink is None else sink[h],
+                soft_cap=soft_cap,
+            )
+            for h in range(hkv)
+        ]
+        return jnp.stack(heads)
+
+    sink_b = None if sinks is None else jnp.broadcast_to(sinks, (b, hkv, g))
+    out = jax.vmap(one, in_axes=(0, 0, 0, 0, None if sinks is None else 0))(
+        q, page_table, first_page, seq_lens, sink_b
+    )
+    return out.astype(q.dtype)

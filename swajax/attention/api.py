@@ -1,0 +1,87 @@
+"""`attention(...)`: one public entry for paged attention, dispatching to an implementation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+
+from swajax.attention.metadata import AttentionMetadata
+from swajax.attention.xla import attention_xla
+from swajax.config import LayerSpec
+
+Implementation = Literal["xla", "pallas"]
+
+
+def as_pages(buffer: jax.Array, page_size: int) -> jax.Array:
+    """One layer's pool buffer [rows, heads, dim] viewed as [pages, page_size, heads, dim]."""
+    rows, heads, dim = buffer.shape
+    if rows % page_size:
+        raise ValueError(f"pool rows {rows} are not a multiple of page_size {page_size}")
+    return buffer.reshape(rows // page_size, page_size, heads, dim)
+
+
+def _validate(q, k_pages, v_pages, meta, sinks):
+    if q.ndim != 3 or k_pages.ndim != 4 or v_pages.ndim != 4:
+        raise ValueError(
+            f"expected q [T, Hq, Dk] and pages [P, ps, Hkv, D], got q {q.shape}, "
+            f"k {k_pages.shape}, v {v_pages.shape}"
+        )
+    if q.shape[0] != meta.num_tokens:
+        raise ValueError(f"q has {q.shape[0]} tokens, the metadata {meta.num_tokens}")
+    if k_pages.shape[:3] != v_pages.shape[:3] or k_pages.shape[1] != meta.page_size:
+        raise ValueError(
+            f"k pages {k_pages.shape} and v pages {v_pages.shape} must share pages, page size "
+            f"{meta.page_size} and KV heads"
+        )
+    if q.shape[2] != k_pages.shape[3] or q.shape[1] % k_pages.shape[2]:
+        raise ValueError(
+            f"q {q.shape} does not match k pages {k_pages.shape}: need equal head dims and "
+            "query heads a multiple of KV heads"
+        )
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must have shape ({q.shape[1]},), got {sinks.shape}")
+
+
+def attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    meta: AttentionMetadata,
+    layer: LayerSpec,
+    *,
+    scale: float,
+    sinks: jax.Array | None = None,
+    soft_cap: float | None = None,
+    implementation: Implementation = "xla",
+    interpret: bool = False,
+    backend: str | None = None,
+) -> jax.Array:
+    """Paged attention of a flattened batch for one layer.
+
+    Args:
+      q: [T, Hq, Dk] queries, in the order of `meta.positions`.
+      k_pages, v_pages: the layer's pool as [pages, page_size, Hkv, D] (see `as_pages`); local
+        layers pass the SWA pool and read `meta.swa_page_table`, full layers the full pool.
+      layer: the layer's kind and window: full, sliding (keys [q - W, q]) or chunked.
+      scale: multiplies q.k (sinks are not scaled).
+      sinks: optional [Hq] per-head logits added to the softmax denominator only.
+      soft_cap: optional logit soft cap (Gemma 2): s -> cap * tanh(s / cap), before the mask.
+      implementation: "xla" (any device) or "pallas" (kernels in swajax.kernels).
+      interpret: run Pallas kernels in interpret mode (required on CPU).
+      backend: Pallas front end, "gpu" (Triton style) or "tpu" (scalar prefetch); default
+        from the JAX backend (the GPU front end on CPU).
+    Returns:
+      [T, Hq, Dv] in q's dtype.
+    """
+    _validate(q, k_pages, v_pages, meta, sinks)
+    kwargs = dict(scale=scale, sinks=sinks, soft_cap=soft_cap)
+    if implementation == "xla":
+        return attention_xla(q, k_pages, v_pages, meta, layer, **kwargs)
+    if implementation == "pallas":
+        from swajax.attention.pallas import attention_pallas
+
+        return attention_pallas(
+            q, k_pages, v_pages, meta, layer, interpret=interpret, backend=backend, **kwargs
+        )
+    raise ValueError(f"implementation must be 'xla' or 'pallas', got {implementation!r}")

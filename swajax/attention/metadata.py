@@ -1,0 +1,169 @@
+"""Per-batch attention metadata: page tables, the one full->SWA translation, KV write locations.
+
+Built once per batch on device from `req_to_token` and the allocator. Every SWA layer of the
+batch reuses the same translated SWA page table, which holds only the pages that intersect
+`[first query - W, last query]` of each request (W: the memory window of the model).
+
+The batch is ragged: request i contributes queries for positions [prefix_lens[i], seq_lens[i]),
+flattened request after request. Queries are also grouped into *blocks* of `block_q` queries of
+one request; implementations iterate over blocks, so a sliding layer reads about
+`W + block_q` keys per block whatever the sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swajax import allocator
+from swajax.pool import KVWriteLoc
+from swajax.ragged import bucket, pad, token_positions
+from swajax.req_to_token import ReqToToken
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    positions: jax.Array  # i32[T]: absolute position of each flattened query token
+    token_req: jax.Array  # i32[T]: its request (row of the batch)
+    token_valid: jax.Array  # bool[T]: False for padding
+    prefix_lens: jax.Array  # i32[R]: tokens cached before this batch
+    seq_lens: jax.Array  # i32[R]: tokens after it (keys visible to the last query)
+    cu_q_lens: jax.Array  # i32[R + 1]: start of each request's queries in the flat batch
+    full_page_table: jax.Array  # i32[R, FP]: full page of logical page j (0 past the end)
+    swa_page_table: jax.Array  # i32[R, SP]: SWA page of logical page swa_first_page + j
+    swa_first_page: jax.Array  # i32[R]: logical page of column 0 of swa_page_table
+    write: KVWriteLoc  # full and SWA slots of the new tokens (0 for padding)
+    block_req: jax.Array  # i32[NB]: request of each query block
+    block_pos: jax.Array  # i32[NB]: position of the block's first query
+    block_tokens: jax.Array  # i32[NB, block_q]: flat token index of each query (T = padding)
+    page_size: int = dataclasses.field(metadata=dict(static=True))
+    window: int = dataclasses.field(metadata=dict(static=True))  # memory window W (0: none)
+
+    @property
+    def block_q(self) -> int:
+        return self.block_tokens.shape[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _row_slots(r2t, req_rows, positions):
+    """Full slots at `positions` [R, n] of each request's row (0 past the table)."""
+    inside = positions < r2t.max_context
+    slots = r2t.table[req_rows[:, None], jnp.minimum(positions, r2t.max_context - 1)]
+    return jnp.where(inside, slots, 0)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("window", "block_q", "num_tokens", "full_pages", "swa_pages", "num_blocks"),
+)
+def _build(
+    r2t,
+    alloc,
+    req_rows,
+    prefix_lens,
+    seq_lens,
+    *,
+    window,
+    block_q,
+    num_tokens,
+    full_pages,
+    swa_pages,
+    num_blocks,
+):
+    ps = alloc.page_size
+    req, pos, valid = token_positions(prefix_lens, seq_lens, num_tokens)
+    full_loc = jnp.where(valid, r2t.table[req_rows[req], pos], 0)
+    swa_loc = jnp.where(valid, allocator.translate(alloc, full_loc), 0)
+
+    full_pos = jnp.arange(full_pages, dtype=jnp.int32)[None, :] * ps
+    full_pt = jnp.where(full_pos < seq_lens[:, None], _row_slots(r2t, req_rows, full_pos) // ps, 0)
+
+    # The one translation of the batch: only pages that intersect the window of some query.
+    first = jnp.maximum(prefix_lens - window, 0) // ps
+    swa_pos = (first[:, None] + jnp.arange(swa_pages, dtype=jnp.int32)[None, :]) * ps
+    swa_slots = allocator.translate(alloc, _row_slots(r2t, req_rows, swa_pos))
+    swa_pt = jnp.where(swa_pos < seq_lens[:, None], swa_slots // ps, 0)
+
+    extend = seq_lens - prefix_lens
+    cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(extend, dtype=jnp.int32)])
+    blocks = _ceil_div(extend, block_q)
+    b_req, b_idx, b_valid = token_positions(jnp.zeros_like(blocks), blocks, num_blocks)
+    tokens = cu[b_req][:, None] + b_idx[:, None] * block_q + jnp.arange(block_q, dtype=jnp.int32)
+    real = b_valid[:, None] & (tokens < cu[b_req + 1][:, None])
+    return AttentionMetadata(
+        positions=jnp.where(valid, pos, 0),
+        token_req=req,
+        token_valid=valid,
+        prefix_lens=prefix_lens,
+        seq_lens=seq_lens,
+        cu_q_lens=cu,
+        full_page_table=full_pt,
+        swa_page_table=swa_pt,
+        swa_first_page=first,
+        write=KVWriteLoc(full=full_loc, swa=swa_loc),
+        block_req=b_req,
+        block_pos=jnp.where(b_valid, prefix_lens[b_req] + b_idx * block_q, 0),
+        block_tokens=jnp.where(real, tokens, num_tokens),
+        page_size=ps,
+        window=window,
+    )
+
+
+def default_block_q(max_extend: int) -> int:
+    """Decode batches use one-query blocks; prefill blocks hold 16 or 64 queries."""
+    return 1 if max_extend <= 1 else 16 if max_extend <= 16 else 64
+
+
+def build_metadata(
+    r2t: ReqToToken,
+    alloc: allocator.AllocatorState,
+    req_rows,
+    prefix_lens,
+    seq_lens,
+    *,
+    window: int,
+    block_q: int | None = None,
+) -> AttentionMetadata:
+    """Metadata for a batch whose new tokens' slots are already in `r2t`.
+
+    Args:
+      req_rows: row of `r2t` of each request.
+      prefix_lens, seq_lens: per request, the tokens before and after this batch.
+      window: the memory window W of the model (`HybridConfig.sliding_window`; 0 if none).
+      block_q: queries per block (default from the longest extend).
+    """
+    pre, seq = np.asarray(prefix_lens, np.int32), np.asarray(seq_lens, np.int32)
+    if len(pre) == 0 or np.any(seq <= pre) or np.any(pre < 0):
+        raise ValueError(
+            f"every request needs 0 <= prefix < seq, got {pre.tolist()} / {seq.tolist()}"
+        )
+    ps, extend = alloc.page_size, seq - pre
+    block_q = block_q or default_block_q(int(extend.max()))
+    r = bucket(len(pre), 8)
+    first = np.maximum(pre - window, 0) // ps
+    swa_pages = int(((seq - 1) // ps - first + 1).max())
+    return _build(
+        r2t,
+        alloc,
+        pad(req_rows, r),
+        pad(pre, r),
+        pad(seq, r),
+        window=window,
+        block_q=block_q,
+        num_tokens=bucket(int(extend.sum()), 16),
+        full_pages=bucket(int(-(-seq.max() // ps)), 4),
+        swa_pages=bucket(swa_pages, 2),
+        num_blocks=bucket(int((-(-extend // block_q)).sum()), 8),
+    )

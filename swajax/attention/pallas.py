@@ -1,0 +1,88 @@
+"""Adapter from batch metadata to the Pallas kernels of `swajax.kernels`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from swajax.attention.metadata import AttentionMetadata
+from swajax.config import LayerSpec
+from swajax.kernels.paged_decode import paged_decode
+from swajax.kernels.ragged_extend import ragged_extend
+
+
+def _tables(meta: AttentionMetadata, layer: LayerSpec):
+    if layer.kind.is_local:
+        return meta.swa_page_table, meta.swa_first_page
+    return meta.full_page_table, jnp.zeros_like(meta.swa_first_page)
+
+
+def default_backend() -> str:
+    return "tpu" if jax.default_backend() == "tpu" else "gpu"
+
+
+def attention_pallas(
+    q,
+    k_pages,
+    v_pages,
+    meta: AttentionMetadata,
+    layer: LayerSpec,
+    *,
+    scale,
+    sinks=None,
+    soft_cap=None,
+    interpret=False,
+    backend=None,
+):
+    """Same contract as `attention_xla`; decode batches (block_q == 1) use the decode kernel."""
+    backend = backend or default_backend()
+    if jax.default_backend() == "cpu" and not interpret:
+        raise ValueError("Pallas kernels run on CPU only in interpret mode: pass interpret=True")
+    t, hq, dk = q.shape
+    hkv, dv = k_pages.shape[2], v_pages.shape[3]
+    g, nb, bq = hq // hkv, *meta.block_tokens.shape
+    table, first = _tables(meta, layer)
+    sink = None if sinks is None else sinks.reshape(hkv, g)
+    kw = dict(
+        kind=layer.kind.value,
+        window=layer.window or 0,
+        scale=scale,
+        soft_cap=soft_cap,
+        backend=backend,
+        interpret=interpret,
+    )
+    real = meta.block_tokens < t
+    q_blocks = jnp.concatenate([q, jnp.zeros((1, hq, dk), q.dtype)])[meta.block_tokens]
+    if bq == 1:
+        req = meta.block_req
+        seq = jnp.where(real[:, 0], meta.block_pos + 1, 0)
+        out = paged_decode(
+            q_blocks.reshape(nb, hkv, g, dk),
+            k_pages,
+            v_pages,
+            table[req],
+            first[req],
+            seq,
+            sink,
+            **kw,
+        )
+    else:
+        q_rows = q_blocks.reshape(nb, bq, hkv, g, dk).transpose(0, 2, 1, 3, 4)
+        out = ragged_extend(
+            q_rows.reshape(nb, hkv, bq * g, dk),
+            k_pages,
+            v_pages,
+            table,
+            first,
+            meta.seq_lens,
+            meta.block_req,
+            meta.block_pos,
+            jnp.sum(real, axis=1, dtype=jnp.int32),
+            sink,
+            g=g,
+            **kw,
+        )
+        out = out.reshape(nb, hkv, bq, g, dv).transpose(0, 2, 1, 3, 4)
+    flat = out.reshape(nb * bq, hq, dv)
+    result = jnp.zeros((t + 1, hq, dv), q.dtype).at[meta.block_tokens.reshape(-1)].set(flat)
+    return result[:t]

@@ -1,0 +1,233 @@
+"""Pallas kernels (both front ends, interpret mode) against the dense oracle and their references.
+
+One base class holds the cases; subclasses pick the front end (tokamax / jax tests/pallas style).
+Shapes stay small: interpret mode copies blocked inputs at every grid step.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_case import check, make_case
+from swajax.kernels.paged_decode import paged_decode, paged_decode_reference
+from swajax.kernels.ragged_extend import ragged_extend
+
+from swajax.attention import attention
+from swajax.config import LayerKind, LayerSpec
+
+LAYERS = {
+    "full": LayerSpec(LayerKind.FULL),
+    "sliding": LayerSpec(LayerKind.SLIDING, 8),
+    "chunked": LayerSpec(LayerKind.CHUNKED, 8),
+}
+
+
+class KernelCases:
+    BACKEND = "gpu"
+
+    def run(self, case, layer, **kw):
+        k, v = case.pages["swa" if layer.kind.is_local else "full"]
+        return attention(
+            case.q,
+            k,
+            v,
+            case.meta,
+            layer,
+            implementation="pallas",
+            interpret=True,
+            backend=self.BACKEND,
+            **kw,
+        )
+
+    @pytest.mark.parametrize("ps", [1, 4, 16])
+    @pytest.mark.parametrize("kind", list(LAYERS))
+    def test_decode(self, ps, kind):
+        seq = sorted({1, max(ps - 1, 1), ps + 1, 7, 8, 9, 26})
+        rng = np.random.default_rng(ps)
+        case = make_case(rng, ps=ps, prefix=[s - 1 for s in seq], seq=seq)
+        assert case.meta.block_q == 1
+        check(case, LAYERS[kind], self.run(case, LAYERS[kind], scale=0.25), scale=0.25)
+
+    @pytest.mark.parametrize("ps", [1, 4, 16])
+    @pytest.mark.parametrize("kind", list(LAYERS))
+    def test_extend(self, ps, kind):
+        rng = np.random.default_rng(ps + 1)
+        case = make_case(rng, ps=ps, prefix=[0, 5, 17], seq=[26, 9, 40])
+        check(case, LAYERS[kind], self.run(case, LAYERS[kind], scale=0.25), scale=0.25)
+
+    @pytest.mark.parametrize("hq, hkv", [(4, 4), (4, 2), (8, 1)])
+    def test_gqa_sinks_soft_cap(self, hq, hkv):
+        rng = np.random.default_rng(hq + hkv)
+        sink = rng.normal(size=hq).astype(np.float32)
+        for prefix, seq in (([9, 20], [10, 21]), ([0, 12], [20, 30])):  # decode, then extend
+            case = make_case(rng, ps=4, prefix=prefix, seq=seq, hq=hq, hkv=hkv)
+            for layer in (LAYERS["sliding"], LAYERS["full"]):
+                out = self.run(case, layer, scale=0.3, sinks=jnp.asarray(sink), soft_cap=4.0)
+                check(case, layer, out, scale=0.3, sinks=sink, soft_cap=4.0)
+
+    def test_deterministic(self):
+        case = make_case(np.random.default_rng(4), ps=4, prefix=[0, 3], seq=[20, 4])
+        a = self.run(case, LAYERS["sliding"], scale=0.2)
+        b = self.run(case, LAYERS["sliding"], scale=0.2)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class TestGpuFrontEnd(KernelCases):
+    BACKEND = "gpu"
+
+
+class TestTpuFrontEnd(KernelCases):
+    BACKEND = "tpu"
+
+
+def test_kernel_reference_agrees_with_kernel_directly():
+    rng = np.random.default_rng(0)
+    b, hkv, g, d, ps, pages = 3, 2, 2, 16, 4, 20
+    args = (
+        jnp.asarray(rng.normal(size=(b, hkv, g, d)), jnp.float32),
+        jnp.asarray(rng.normal(size=(pages, ps, hkv, d)), jnp.float32),
+        jnp.asarray(rng.normal(size=(pages, ps, hkv, d)), jnp.float32),
+        jnp.asarray(rng.integers(1, pages, size=(b, 6)), jnp.int32),
+        jnp.array([0, 2, 1], jnp.int32),
+        jnp.array([17, 24, 0], jnp.int32),
+    )
+    for kind, window in (("full", 0), ("sliding", 5), ("chunked", 4)):
+        ref = paged_decode_reference(*args, kind=kind, window=window, scale=0.3)
+        out = paged_decode(*args, kind=kind, window=window, scale=0.3, interpret=True)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+
+
+def test_kernel_validation_names_shapes():
+    q = jnp.zeros((2, 2, 2, 16))
+    pool = jnp.zeros((5, 4, 2, 16))
+    table, ones = jnp.zeros((2, 3), jnp.int32), jnp.ones(2, jnp.int32)
+    with pytest.raises(ValueError, match=r"k_pages must be \[pages, ps, 2, 16\]"):
+        paged_decode(q, jnp.zeros((5, 4, 3, 16)), pool, table, ones, ones, kind="full", scale=1.0)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        paged_decode(q, pool, pool, table, ones, ones, kind="sliding", window=0, scale=1.0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        paged_decode(q, pool, pool, table, ones, ones, kind="local", scale=1.0)
+    with pytest.raises(ValueError, match="backend"):
+        paged_decode(
+            q, pool, pool, table, ones, ones, kind="full", scale=1.0, backend="npu", interpret=True
+        )
+    with pytest.raises(ValueError, match="block_q"):
+        ragged_extend(
+            jnp.zeros((2, 2, 3, 16)),
+            pool,
+            pool,
+            table,
+            ones,
+            ones,
+            ones,
+            ones,
+            ones,
+            g=2,
+            kind="full",
+            scale=1.0,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU interpreter (Mosaic rules, NaN-filled fresh memory, race detection) and cross-lowering.
+
+
+def _small_inputs(rng, b=2, hkv=2, g=2, d=16, ps=4, pages=12, cols=4):
+    def f32(*shape):
+        return jnp.asarray(rng.normal(size=shape), jnp.float32)
+
+    return dict(
+        q=f32(b, hkv, g, d),
+        k=f32(pages, ps, hkv, d),
+        v=f32(pages, ps, hkv, d),
+        table=jnp.asarray(rng.integers(1, pages, size=(b, cols)), jnp.int32),
+        first=jnp.array([0, 1], jnp.int32),
+        seq=jnp.array([13, 19], jnp.int32),
+    )
+
+
+def _races_found() -> bool:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+
+    return bool(interpret_pallas_call.races.races_found)
+
+
+def test_tpu_interpreter_decode_no_races():
+    from jax.experimental.pallas import tpu as pltpu
+
+    x = _small_inputs(np.random.default_rng(0))
+    args = (x["q"], x["k"], x["v"], x["table"], x["first"], x["seq"])
+    kw = dict(kind="sliding", window=5, scale=0.3)
+    ref = paged_decode_reference(*args, **kw)
+    out = paged_decode(
+        *args, backend="tpu", interpret=pltpu.InterpretParams(detect_races=True), **kw
+    )
+    assert not _races_found()
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+
+
+def test_tpu_interpreter_extend_no_races():
+    from jax.experimental.pallas import tpu as pltpu
+    from swajax.kernels.ragged_extend import ragged_extend_reference
+
+    rng = np.random.default_rng(1)
+    x = _small_inputs(rng)
+    q = jnp.asarray(rng.normal(size=(3, 2, 4 * 2, 16)), jnp.float32)  # 3 blocks of 4 queries
+    blocks = (
+        jnp.array([0, 1, 1], jnp.int32),
+        jnp.array([9, 12, 16], jnp.int32),
+        jnp.array([4, 4, 3], jnp.int32),
+    )
+    args = (q, x["k"], x["v"], x["table"], x["first"], x["seq"], *blocks)
+    kw = dict(g=2, kind="chunked", window=4, scale=0.3)
+    ref = ragged_extend_reference(*args, **kw)
+    params = pltpu.InterpretParams(detect_races=True)
+    out = ragged_extend(*args, backend="tpu", interpret=params, **kw)
+    assert not _races_found()
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+
+
+def _export(fn, args, platform, device_kind=None):
+    import functools
+
+    import jax
+    from jax import export
+
+    f = jax.jit(
+        functools.partial(
+            fn, kind="sliding", window=128, scale=0.1, backend="tpu" if platform == "tpu" else "gpu"
+        )
+    )
+    if platform == "tpu":
+        from jax.sharding import AbstractDevice, AbstractMesh
+
+        device = AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+        with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
+            return export.export(f, platforms=["tpu"])(*args)
+    check = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    return export.export(f, platforms=["cuda"], disabled_checks=[check])(*args)
+
+
+@pytest.mark.parametrize(
+    "platform, device_kind", [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
+)
+def test_front_ends_lower_at_production_shapes(platform, device_kind):
+    """Lowering only (no hardware): GPT-OSS-like decode, batch 8, 8 KV heads x 8, head dim 128."""
+    import functools
+
+    import jax
+
+    s = jax.ShapeDtypeStruct
+    b, hkv, g, d, ps, pages, cols = 8, 8, 8, 128, 16, 512, 64
+    pool = s((pages, ps, hkv, d), jnp.bfloat16)
+    small = (s((b, cols), jnp.int32), s((b,), jnp.int32), s((b,), jnp.int32))
+    _export(
+        paged_decode, (s((b, hkv, g, d), jnp.bfloat16), pool, pool, *small), platform, device_kind
+    )
+    blocks = tuple(s((b,), jnp.int32) for _ in range(3))
+    extend = functools.partial(ragged_extend, g=g)
+    _export(
+        extend,
+        (s((b, hkv, 16 * g, d), jnp.bfloat16), pool, pool, *small, *blocks),
+        platform,
+        device_kind,
+    )
