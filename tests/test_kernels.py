@@ -231,3 +231,22 @@ def test_front_ends_lower_at_production_shapes(platform, device_kind):
         platform,
         device_kind,
     )
+
+
+def test_device_benchmark_script_smoke():
+    """benchmarks/device_attention.py runs (tiny shapes, interpret mode) and checks itself."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_attention.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--small", "--interpret", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["full"]["rel_err"] < 2e-2 and result["sliding"]["rel_err"] < 2e-2
