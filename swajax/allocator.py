@@ -236,6 +236,20 @@ def _free(state, full_slots):
     return dataclasses.replace(state, full=state.full.push(pages))
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _release(state, swa_slots, full_slots):
+    return _free(_free_swa(state, swa_slots), full_slots)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _move_swa(state, dst, src):
+    if state.mode != "hybrid":
+        return state
+    moved = state.full_to_swa[src]
+    mapping = state.full_to_swa.at[src].set(0).at[dst].set(moved)
+    return dataclasses.replace(state, full_to_swa=mapping)
+
+
 # ---------------------------------------------------------------------------------------------
 # Host wrappers: pad to buckets, call the jitted core. Inputs are host integers / numpy arrays.
 
@@ -278,6 +292,26 @@ def free_swa(state, full_slots):
     """Free the SWA pages paired with the full pages holding `full_slots`; idempotent."""
     slots = np.asarray(full_slots, np.int32)
     return _free_swa(state, pad(slots, bucket(len(slots), MIN_TOKEN_BUCKET)))
+
+
+def release(state, swa_slots, full_slots):
+    """`free_swa(swa_slots)` then `free(full_slots)` in one call."""
+    swa, full = np.asarray(swa_slots, np.int32), np.asarray(full_slots, np.int32)
+    n = bucket(max(len(swa), len(full)), MIN_TOKEN_BUCKET)
+    return _release(state, pad(swa, n), pad(full, n))
+
+
+def move_swa(state, dst_slots, src_slots):
+    """Hand the SWA slots of `src_slots` to `dst_slots` (equal length, same in-page offsets).
+
+    Used to revive a cached node whose full KV is locked by other requests: the node keeps its
+    full slots and takes over the SWA KV a request has just computed for the same tokens.
+    """
+    dst, src = np.asarray(dst_slots, np.int32), np.asarray(src_slots, np.int32)
+    if dst.shape != src.shape or np.any(dst % state.page_size != src % state.page_size):
+        raise ValueError("move_swa needs equally long slot lists with matching in-page offsets")
+    n = bucket(len(dst), MIN_TOKEN_BUCKET)
+    return _move_swa(state, pad(dst, n), pad(src, n))
 
 
 # ---------------------------------------------------------------------------------------------

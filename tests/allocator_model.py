@@ -125,3 +125,13 @@ class ModelAllocator:
         self.free_swa(slots)
         if self.mode != "all_swa":
             self._release(self.full_free, self._used_pages(self.full_free, slots))
+
+    def move_swa(self, dst, src):
+        if self.mode != "hybrid":
+            return
+        moved = [self.mapping.pop(s, 0) for s in src]
+        for d, m in zip(dst, moved):
+            if m:
+                self.mapping[d] = m
+            else:
+                self.mapping.pop(d, None)

@@ -1,0 +1,32 @@
+"""Prefix caches (host code, no JAX): the radix cache with full + SWA parts, the chunk cache."""
+
+from swajax.prefix_cache.checks import check_invariants as check_invariants, stats as stats
+from swajax.prefix_cache.chunk import ChunkCache as ChunkCache
+from swajax.prefix_cache.locks import LockHandle as LockHandle
+from swajax.prefix_cache.radix import (
+    MatchResult as MatchResult,
+    RadixCache as RadixCache,
+    Releaser as Releaser,
+)
+
+
+def make_prefix_cache(
+    releaser,
+    *,
+    page_size: int,
+    window: int | None,
+    pool_mode: str,
+    enabled: bool = True,
+    cap_leaf_to_window: bool = True,
+):
+    """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache."""
+    if not enabled:
+        return ChunkCache(releaser, page_size=page_size, window=window, pool_mode=pool_mode)
+    window = None if pool_mode == "single" else window
+    return RadixCache(
+        releaser,
+        page_size=page_size,
+        window=window,
+        pool_mode=pool_mode,
+        cap_leaf_to_window=cap_leaf_to_window,
+    )

@@ -1,0 +1,49 @@
+"""Invariant checks and counters of a `RadixCache` (spec §13 items 12-14, for tests and debug)."""
+
+from __future__ import annotations
+
+
+def check_invariants(cache) -> None:
+    """Raise AssertionError if structure, recency lists, lock counts or size totals are off."""
+    ps, root = cache.ps, cache.root
+    assert root.full_lock == root.swa_lock == 1 and root.parent is None
+    sizes = dict(full_evictable=0, full_protected=0, swa_evictable=0, swa_protected=0)
+    nodes = list(cache._nodes())
+    for node in nodes:
+        assert node.parent is not None and node.parent.children.get(node.key[:ps]) is node
+        assert len(node) > 0 and len(node) % ps == 0, f"{node}: length not a page multiple"
+        assert len(node.value) == len(node), f"{node}: {len(node.value)} slots"
+        assert node.full_lock >= node.swa_lock >= 0, f"{node}: lock counts"
+        assert node in cache.full_lru, f"{node} missing from the full LRU"
+        assert (node in cache.swa_lru) == (node.swa_live and cache.swa), f"{node}: SWA LRU"
+        if not node.swa_live:
+            assert cache.swa and node.swa_lock == 0, f"{node}: a locked tombstone"
+            assert not (node.is_leaf and node.full_lock == 0), f"{node}: unlocked tombstone leaf"
+        sizes["full_protected" if node.full_lock else "full_evictable"] += len(node)
+        if node.swa_live and cache.swa:
+            sizes["swa_protected" if node.swa_lock else "swa_evictable"] += len(node)
+    assert len(cache.full_lru) == len(nodes) and len(cache.swa_lru) <= len(nodes)
+    if not cache.swa:
+        sizes["swa_evictable"], sizes["swa_protected"] = (
+            sizes["full_evictable"],
+            sizes["full_protected"],
+        )
+    actual = dict(
+        full_evictable=cache.full_evictable,
+        full_protected=cache.full_protected,
+        swa_evictable=cache.swa_evictable,
+        swa_protected=cache.swa_protected,
+    )
+    assert actual == sizes, f"size accounting {actual} != recomputed {sizes}"
+
+
+def stats(cache) -> dict:
+    return dict(
+        hit_tokens=cache.hit_tokens,
+        swa_tail_miss_tokens=cache.tail_miss_tokens,
+        tombstones=cache.tombstones,
+        full_evictable=cache.full_evictable,
+        full_protected=cache.full_protected,
+        swa_evictable=cache.swa_evictable,
+        swa_protected=cache.swa_protected,
+    )

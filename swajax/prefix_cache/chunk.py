@@ -1,0 +1,65 @@
+"""The chunk cache: no sharing between requests; a request's KV is freed when it finishes.
+
+With no prefix cache, runtime window eviction is the only SWA reclamation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.prefix_cache.radix import MatchResult, Releaser
+
+_EMPTY = np.zeros(0, np.int32)
+
+
+class ChunkCache:
+    swa_evictable = swa_protected = full_evictable = full_protected = 0
+    hit_tokens = tail_miss_tokens = tombstones = 0
+
+    def __init__(
+        self, releaser: Releaser, *, page_size: int, window: int | None, pool_mode: str = "hybrid"
+    ):
+        self.releaser, self.ps, self.window, self.mode = releaser, page_size, window, pool_mode
+
+    def match(self, tokens) -> MatchResult:
+        return MatchResult(_EMPTY, None, 0)
+
+    def lock(self, node):
+        return None
+
+    def unlock(self, handle) -> None:
+        pass
+
+    def release_swa(self, handle) -> None:
+        pass
+
+    def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
+        return 0, 0
+
+    def cache_finished(
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len: int,
+        swa_evicted_seqlen: int,
+        handle=None,
+        insert: bool = True,
+        swa_evict_floor: int = 0,
+    ) -> None:
+        """Free what the request holds: in hybrid mode `free` skips SWA already evicted; with
+        no full pool the evicted positions are already free and must not be freed again."""
+        slots = np.asarray(slots, np.int32)
+        start, end = cache_protected_len, len(tokens)
+        if self.mode != "all_swa" or swa_evicted_seqlen <= swa_evict_floor:
+            self.releaser.free(slots[start:end])
+            return
+        # All-SWA: [floor, evicted) was freed by eviction; free around it (spec §8.2).
+        keep = [slots[start:swa_evict_floor]] if swa_evict_floor > start else []
+        keep.append(slots[max(swa_evicted_seqlen, start) : end])
+        self.releaser.free(np.concatenate(keep))
+
+    def cache_unfinished(
+        self, tokens, slots, *, cache_protected_len: int, swa_evicted_seqlen: int, handle=None
+    ):
+        return np.asarray(slots[:cache_protected_len], np.int32), None

@@ -1,0 +1,86 @@
+"""Window locks: a lock pins the full KV of a whole path but the SWA KV of its last W tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from swajax.prefix_cache.node import Node
+
+
+@dataclasses.dataclass
+class LockHandle:
+    node: Node
+    id: int
+    swa_released: bool = False
+
+
+class WindowLocks:
+    """Mixin of `RadixCache`: lock, unlock and early SWA release."""
+
+    def lock(self, node: Node) -> LockHandle:
+        """Lock the full KV from `node` to the root and the SWA KV of the last W tokens."""
+        handle = LockHandle(node, next(self._ids))
+        size, done = 0, not self.swa
+        for x in node.path_to_root():
+            if x.full_lock == 0:
+                self.full_evictable -= len(x)
+                self.full_protected += len(x)
+            x.full_lock += 1
+            if done:
+                continue
+            if not x.swa_live:
+                x.swa_skips.add(handle.id)  # remembered, so the release skips it too
+                continue
+            if x.swa_lock == 0:
+                self.swa_evictable_ -= len(x)
+                self.swa_protected_ += len(x)
+            x.swa_lock += 1
+            size += len(x)
+            if size >= self.window:
+                x.swa_tops.add(handle.id)
+                done = True
+        return handle
+
+    def _swa_unlock(self, handle: LockHandle, on_zero) -> None:
+        """Drop the handle's SWA lock from its node up to the top of its window."""
+        handle.swa_released = True
+        for x in handle.node.path_to_root():
+            if handle.id in x.swa_skips:
+                x.swa_skips.discard(handle.id)
+                continue
+            x.swa_lock -= 1
+            if x.swa_lock == 0:
+                self.swa_protected_ -= len(x)
+                on_zero(x)
+            if handle.id in x.swa_tops:
+                x.swa_tops.discard(handle.id)
+                return
+
+    def unlock(self, handle: LockHandle | None) -> None:
+        """Release a lock (never frees anything it still covers, but a tombstone leaf)."""
+        if handle is None:
+            return
+        if self.swa and not handle.swa_released:
+            self._swa_unlock(handle, self._make_swa_evictable)
+        for x in handle.node.path_to_root():
+            x.full_lock -= 1
+            if x.full_lock == 0:
+                self.full_protected -= len(x)
+                self.full_evictable += len(x)
+        node = handle.node
+        if node is not self.root and not node.swa_live and node.is_leaf and node.full_lock == 0:
+            self._delete_leaf(node)  # a tombstone leaf outlives no lock
+
+    def release_swa(self, handle: LockHandle) -> None:
+        """Release only the SWA part of a lock early (the request has moved past its window)."""
+        if self.swa and not handle.swa_released:
+            self._swa_unlock(handle, self._tombstone_leaf_or_evictable)
+
+    def _make_swa_evictable(self, node: Node) -> None:
+        self.swa_evictable_ += len(node)
+
+    def _tombstone_leaf_or_evictable(self, node: Node) -> None:
+        if node.is_leaf:  # nobody else can resume at a leaf this request still holds
+            self._tombstone(node, counted=False)
+        else:
+            self.swa_evictable_ += len(node)

@@ -1,0 +1,98 @@
+"""Radix tree nodes and the recency lists the two evictors walk (plain Python, no JAX)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+import numpy as np
+
+_clock = itertools.count()
+
+
+class Node:
+    """A run of tokens (a whole number of pages) and the full-pool slots holding their KV.
+
+    A node whose SWA KV was freed while its full KV stays is a *tombstone* (`swa_live` False).
+    Invariants (checked by `RadixCache.check_invariants`): full_lock >= swa_lock; a tombstone has
+    swa_lock 0; a tombstone leaf exists only while full-locked.
+    """
+
+    __slots__ = (
+        "key",
+        "value",
+        "children",
+        "parent",
+        "swa_live",
+        "full_lock",
+        "swa_lock",
+        "swa_tops",
+        "swa_skips",
+        "last_access",
+    )
+
+    def __init__(self, key=(), value=None, parent=None, swa_live=True):
+        self.key: tuple[int, ...] = tuple(key)
+        self.value: np.ndarray = np.zeros(0, np.int32) if value is None else value
+        self.children: dict[tuple[int, ...], Node] = {}
+        self.parent: Node | None = parent
+        self.swa_live = swa_live
+        self.full_lock = 0  # locks holding this node's full KV (every lock below it)
+        self.swa_lock = 0  # locks whose window reaches this node
+        self.swa_tops: set[int] = set()  # locks whose SWA window ends at this node
+        self.swa_skips: set[int] = set()  # locks that passed this node as a tombstone
+        self.touch()
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def __repr__(self) -> str:
+        state = "live" if self.swa_live else "tombstone"
+        return f"Node({len(self)} tokens, {state}, locks {self.full_lock}/{self.swa_lock})"
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def touch(self) -> None:
+        self.last_access = next(_clock)
+
+    def path_to_root(self):
+        """This node and its ancestors, excluding the root."""
+        node = self
+        while node.parent is not None:
+            yield node
+            node = node.parent
+
+
+class LRUList:
+    """Nodes in recency order: the front is least recently used."""
+
+    def __init__(self):
+        self._nodes: OrderedDict[Node, None] = OrderedDict()
+
+    def __contains__(self, node: Node) -> bool:
+        return node in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self):
+        return iter(self._nodes)
+
+    def add(self, node: Node) -> None:
+        """Insert or move to the most recent end."""
+        self._nodes[node] = None
+        self._nodes.move_to_end(node)
+
+    def remove(self, node: Node) -> None:
+        self._nodes.pop(node, None)
+
+    def add_path(self, path: list[Node]) -> None:
+        """Refresh a root-to-node path so that every child is more recent than its parent."""
+        for node in path:
+            self.add(node)
+
+    def oldest(self, accept) -> Node | None:
+        """The least recently used node for which `accept(node)` holds."""
+        return next((node for node in self._nodes if accept(node)), None)

@@ -1,0 +1,299 @@
+"""The radix prefix cache with a full and an SWA component (host code, no JAX).
+
+Every node holds the full-pool slots of its tokens and a flag saying whether their SWA KV is live.
+Matching follows the **window hit rule**: a match may end at a node only if at least W
+contiguous live-SWA tokens precede the end (or the whole path from the root is live), because a
+request resuming there reads the SWA KV of the last W tokens. Two recency lists drive eviction:
+full eviction deletes unlocked leaves (freeing full and SWA KV); SWA eviction frees the SWA KV
+of unlocked nodes, turning internal ones into tombstones. A lock holds the full KV of the whole
+path but the SWA KV of only the last W tokens.
+
+Rule set: the legacy tree's (spec §8.3) — a leaf is never a tombstone unless a request still
+holds it; childless tombstones are deleted — with three fixes from the unified tree (§8.4):
+window locks pass over tombstones and remember them, so a revival under a lock cannot unbalance
+the counts; leaves are capped to one page-aligned window at insert (`cap_leaf_to_window`); and
+unfinished requests insert with their `swa_evicted_seqlen`. See BUILD_NOTES.md.
+
+Pool modes: "hybrid" (full + SWA pools), "all_swa" (no full layers: the one pool is the SWA
+pool, so a tombstone holds no KV at all) and "single" (no separate SWA memory: no window rule,
+no tombstones; `window` must be None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Protocol
+
+import numpy as np
+
+from swajax.prefix_cache.eviction import Eviction
+from swajax.prefix_cache.locks import LockHandle, WindowLocks
+from swajax.prefix_cache.node import LRUList, Node
+from swajax.prefix_cache.requests import RequestCaching
+
+INF = float("inf")
+__all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
+
+
+class Releaser(Protocol):
+    """What the cache needs from the allocator (see `swajax.kv_allocator.KVAllocator`)."""
+
+    def free(self, slots) -> None: ...
+    def free_swa(self, slots) -> None: ...
+    def move_swa(self, dst, src) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchResult:
+    slots: np.ndarray  # full slots of the accepted prefix (a multiple of the page size)
+    node: Node | None  # last accepted node (the root when nothing matched)
+    tail_miss: int  # tokens on the key's path that the window rule cut off
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+_EMPTY = np.zeros(0, np.int32)
+
+
+class RadixCache(WindowLocks, Eviction, RequestCaching):
+    def __init__(
+        self,
+        releaser: Releaser,
+        *,
+        page_size: int,
+        window: int | None,
+        pool_mode: str = "hybrid",
+        cap_leaf_to_window: bool = True,
+    ):
+        if pool_mode not in ("hybrid", "all_swa", "single"):
+            raise ValueError(f"pool_mode must be hybrid, all_swa or single, got {pool_mode!r}")
+        if (window is None) != (pool_mode == "single"):
+            raise ValueError(
+                f"pool_mode {pool_mode!r} with window {window}: only 'single' has none"
+            )
+        self.releaser, self.ps, self.window, self.mode = releaser, page_size, window, pool_mode
+        self.swa = window is not None
+        self.cap_leaf = cap_leaf_to_window
+        self.root = Node()
+        self.root.full_lock = self.root.swa_lock = 1
+        self.full_lru, self.swa_lru = LRUList(), LRUList()
+        self.full_evictable = self.full_protected = 0
+        self.swa_evictable_ = self.swa_protected_ = 0
+        self.hit_tokens = self.tail_miss_tokens = 0
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------------------------------
+    # Sizes (tokens). Without an SWA component the SWA figures mirror the full ones.
+
+    @property
+    def swa_evictable(self) -> int:
+        return self.swa_evictable_ if self.swa else self.full_evictable
+
+    @property
+    def swa_protected(self) -> int:
+        return self.swa_protected_ if self.swa else self.full_protected
+
+    @property
+    def tombstones(self) -> int:
+        return sum(1 for node in self._nodes() if not node.swa_live)
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
+
+    # ------------------------------------------------------------------------------------------
+    # Walking and splitting
+
+    def _aligned(self, tokens) -> tuple[int, ...]:
+        return tuple(tokens[: len(tokens) // self.ps * self.ps])
+
+    def _common(self, node_key, key, start) -> int:
+        """Length of the common prefix of node_key and key[start:], rounded down to pages."""
+        n = min(len(node_key), len(key) - start)
+        if node_key[:n] != key[start : start + n]:
+            n = next(i for i in range(n) if node_key[i] != key[start + i])
+        return n // self.ps * self.ps
+
+    def _walk(self, key: tuple[int, ...]) -> list[Node]:
+        """The nodes along `key` (page aligned) from the root, splitting where it diverges."""
+        node, path, i = self.root, [], 0
+        while i < len(key):
+            child = node.children.get(key[i : i + self.ps])
+            if child is None:
+                break
+            n = self._common(child.key, key, i)
+            if n < len(child):
+                child = self._split(child, n)
+            path.append(child)
+            node, i = child, i + n
+        return path
+
+    def _split(self, child: Node, k: int) -> Node:
+        """Cut `child` after k tokens; returns the new upper node (the child keeps the rest)."""
+        upper = Node(child.key[:k], child.value[:k], child.parent, child.swa_live)
+        upper.full_lock, upper.swa_lock = child.full_lock, child.swa_lock
+        upper.swa_tops, child.swa_tops = child.swa_tops, set()  # a window ends at the top part
+        upper.swa_skips = set(child.swa_skips)
+        upper.last_access = child.last_access
+        child.parent.children[upper.key[: self.ps]] = upper
+        child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
+        upper.children = {child.key[: self.ps]: child}
+        child.touch()
+        for lru in (
+            (self.full_lru, self.swa_lru) if self.swa and child.swa_live else (self.full_lru,)
+        ):
+            lru.add(upper)
+            lru.add(child)
+        return upper
+
+    def _refresh(self, path: list[Node]) -> None:
+        for node in path:
+            node.touch()
+        self.full_lru.add_path(path)
+        if self.swa:
+            self.swa_lru.add_path([node for node in path if node.swa_live])
+
+    # ------------------------------------------------------------------------------------------
+    # Match
+
+    def match(self, tokens) -> MatchResult:
+        """Longest cached prefix of `tokens` that satisfies the window hit rule."""
+        path = self._walk(self._aligned(tokens))
+        best = len(path)
+        if self.swa:
+            best, since = 0, INF  # a path with no tombstone from the root is always fine
+            for i, node in enumerate(path):
+                if not node.swa_live:
+                    best = i if since >= self.window else best
+                    since = 0
+                else:
+                    since += len(node)
+            best = len(path) if since >= self.window else best
+        accepted = path[:best]
+        self._refresh(accepted)
+        slots = np.concatenate([n.value for n in accepted]) if accepted else _EMPTY
+        miss = sum(len(n) for n in path[best:])
+        self.hit_tokens += len(slots)
+        self.tail_miss_tokens += miss
+        return MatchResult(slots, accepted[-1] if accepted else self.root, miss)
+
+    # ------------------------------------------------------------------------------------------
+    # Releasing KV the cache or a request held
+
+    def _free_node(self, node: Node) -> None:
+        """Give back a node's KV (a tombstone holds only full KV, or nothing if all-SWA)."""
+        if node.swa_live or self.mode != "all_swa":
+            self.releaser.free(node.value)
+
+    def _free_request(self, slots, start: int, evicted: int) -> None:
+        """Give back a request's slots for positions [start, start + len): duplicates of the
+        tree's. All-SWA: the positions before `evicted` were freed by eviction already."""
+        if self.mode == "all_swa":
+            slots = slots[max(0, evicted - start) :]
+        self.releaser.free(slots)
+
+    # ------------------------------------------------------------------------------------------
+    # Insert
+
+    def insert(
+        self,
+        tokens,
+        slots,
+        prev_prefix_len: int = 0,
+        swa_evicted_seqlen: int = 0,
+        keep_tombstone_leaf: bool = False,
+    ) -> int:
+        """Cache tokens[:A] (A = page-aligned length) with their full slots; returns the overlap.
+
+        Positions [0, prev_prefix_len) are the request's prefix that came from this tree (its
+        slots are the tree's own). Positions before `swa_evicted_seqlen` have no live SWA KV and
+        go in as tombstones; new SWA KV revives a tombstone. Slots duplicating cached tokens are
+        freed.
+        """
+        key = self._aligned(tokens)
+        value = np.asarray(slots[: len(key)], np.int32)
+        if self.swa and self.mode == "hybrid" and swa_evicted_seqlen % self.ps:
+            raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
+        node, total = self.root, 0
+        while total < len(key):
+            child = node.children.get(key[total : total + self.ps])
+            if child is None:
+                break
+            n = self._common(child.key, key, total)
+            if n < len(child):
+                child = self._split(child, n)
+            child = self._overlap(
+                child, value[total : total + n], total, prev_prefix_len, swa_evicted_seqlen
+            )
+            self._refresh([child])
+            node, total = child, total + n
+        if total < len(key):
+            self._add_leaf(
+                node, key[total:], value[total:], total, swa_evicted_seqlen, keep_tombstone_leaf
+            )
+        return total
+
+    def _overlap(self, node, req, start, prev, evicted) -> Node:
+        """Settle the request's slots `req` for a node it shares; returns the deepest part."""
+        dup = max(0, prev - start)
+        if dup >= len(node):
+            return node  # the request's own cached prefix: these are the tree's slots
+        if dup:  # the request's cached prefix ends inside the node
+            self._split(node, dup)
+            req, start = req[dup:], start + dup
+        if node.swa_live or not self.swa:
+            self._free_request(req, start, evicted)
+        elif evicted <= start:
+            self._revive(node, req)
+        elif evicted < start + len(node):  # the request has SWA KV for the lower part only
+            s = evicted - start
+            self._split(node, s)
+            self._free_request(req[:s], start, evicted)
+            self._revive(node, req[s:])
+        else:
+            self._free_request(req, start, evicted)
+        return node
+
+    def _revive(self, node: Node, req) -> None:
+        """A tombstone takes the SWA KV a request computed for the same tokens."""
+        if node.full_lock == 0 or self.mode == "all_swa":
+            self._free_node(node)
+            node.value = np.asarray(req, np.int32)
+        else:  # other requests read the node's full slots: move the SWA KV under them
+            self.releaser.move_swa(node.value, req)
+            self.releaser.free(req)
+        node.swa_live = True
+        self.swa_lru.add(node)
+        self.swa_evictable_ += len(node)
+
+    def _new_node(self, parent, key, value, live) -> Node:
+        node = Node(key, value, parent, live)
+        parent.children[key[: self.ps]] = node
+        self.full_lru.add(node)
+        self.full_evictable += len(node)
+        if live and self.swa:
+            self.swa_lru.add(node)
+            self.swa_evictable_ += len(node)
+        return node
+
+    def _add_leaf(self, parent, key, value, start, evicted, keep_tombstone_leaf) -> None:
+        end = start + len(key)
+        if self.swa and evicted >= end:
+            if keep_tombstone_leaf:  # the caller locks it at once (an unfinished request)
+                self._new_node(parent, key, value, live=False)
+            else:  # a leaf is never a tombstone: drop what could never be matched
+                self._free_request(value, start, evicted)
+            return
+        if self.swa and evicted > start:
+            s = evicted - start
+            parent = self._new_node(parent, key[:s], value[:s], live=False)
+            key, value = key[s:], value[s:]
+        leaf = self._new_node(parent, key, value, live=True)
+        tail = -(-(self.window or 0) // self.ps) * self.ps
+        if self.swa and self.cap_leaf and len(leaf) > tail:
+            self._split(leaf, len(leaf) - tail)  # so a window lock pins one window, not more

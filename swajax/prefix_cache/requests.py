@@ -1,0 +1,70 @@
+"""Caching a request's KV when it finishes or between the chunks of a chunked prefill."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.prefix_cache.locks import LockHandle
+
+
+class RequestCaching:
+    """Mixin of `RadixCache`: `cache_finished` and `cache_unfinished`."""
+
+    def cache_finished(
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len: int,
+        swa_evicted_seqlen: int,
+        handle: LockHandle | None,
+        insert: bool = True,
+    ) -> None:
+        """Hand a finished (or aborted, with insert=False) request's KV to the cache.
+
+        `slots` are the request's full slots for positions [0, len(tokens)); the first
+        `cache_protected_len` came from this cache. The page-aligned part is inserted (or
+        freed); the unaligned tail is freed; then the request's lock is released.
+        """
+        n = len(tokens)
+        aligned = n // self.ps * self.ps
+        slots = np.asarray(slots, np.int32)
+        if insert:
+            self.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
+        else:
+            start = cache_protected_len
+            self._free_request(slots[start:aligned], start, swa_evicted_seqlen)
+        self._free_request(slots[aligned:n], aligned, swa_evicted_seqlen)
+        self.unlock(handle)
+
+    def cache_unfinished(
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len: int,
+        swa_evicted_seqlen: int,
+        handle: LockHandle | None,
+    ):
+        """Insert what a chunked prefill has computed so far and move the request's lock there.
+
+        Returns (prefix_slots, handle): the cache's full slots for positions [0, A) (A = the
+        page-aligned length), which the request must now use in its req_to_token row, and the
+        new lock. The request's `cache_protected_len` becomes A.
+        """
+        aligned = len(tokens) // self.ps * self.ps
+        if aligned <= cache_protected_len:
+            return np.asarray(slots[:cache_protected_len], np.int32), handle
+        self.insert(
+            tokens[:aligned],
+            np.asarray(slots[:aligned], np.int32),
+            cache_protected_len,
+            swa_evicted_seqlen,
+            keep_tombstone_leaf=True,
+        )
+        path = self._walk(self._aligned(tokens[:aligned]))
+        prefix = np.concatenate([node.value for node in path])
+        assert len(prefix) == aligned, (len(prefix), aligned)
+        new_handle = self.lock(path[-1])
+        self.unlock(handle)
+        return prefix, new_handle

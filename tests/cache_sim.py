@@ -1,0 +1,90 @@
+"""A minimal request lifecycle over an allocator + prefix cache, for tests.
+
+It does what the engine does for one request, in plain steps: match and lock the cached
+prefix, allocate the rest, grow, evict out-of-window SWA, cache the unfinished prefix, finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from swajax.window import eviction_frontier
+
+
+@dataclasses.dataclass(eq=False)
+class SimRequest:
+    tokens: list
+    slots: np.ndarray  # full slot of every position
+    protected: int  # cache_protected_len
+    handle: object
+    evicted: int = 0  # swa_evicted_seqlen
+
+
+def ok(status) -> bool:
+    return int(status) == 0
+
+
+def alloc(allocator, pre_slots, n_pre, n_new):
+    """(status, new slots) for positions [n_pre, n_pre + n_new) after `pre_slots`."""
+    last = int(pre_slots[n_pre - 1]) if n_pre else -1
+    status, full, *_ = allocator.alloc_extend([n_pre], [n_pre + n_new], [last])
+    return status, np.asarray(full[:n_new], np.int32)
+
+
+def start(cache, allocator, tokens) -> SimRequest | None:
+    """Match, lock, allocate the rest; None (and nothing held) if the pools are too small."""
+    match = cache.match(tokens)
+    handle = cache.lock(match.node)
+    n = len(match)
+    status, new = alloc(allocator, match.slots, n, len(tokens) - n)
+    if not ok(status):
+        cache.unlock(handle)
+        return None
+    return SimRequest(list(tokens), np.concatenate([match.slots, new]).astype(np.int32), n, handle)
+
+
+def grow(allocator, req: SimRequest, new_tokens) -> bool:
+    status, new = alloc(allocator, req.slots, len(req.tokens), len(new_tokens))
+    if ok(status):
+        req.tokens += list(new_tokens)
+        req.slots = np.concatenate([req.slots, new])
+    return ok(status)
+
+
+def evict_window(allocator, req: SimRequest, *, window, page_size, chunk_cache=False) -> None:
+    start_, end = eviction_frontier(
+        len(req.tokens) - 1,
+        window=window,
+        page_size=page_size,
+        cache_protected_len=req.protected,
+        swa_evicted_seqlen=req.evicted,
+        chunk_cache=chunk_cache,
+    )
+    if end > start_:
+        allocator.free_swa(req.slots[start_:end])
+    req.evicted = max(req.evicted, end)
+
+
+def unfinished(cache, req: SimRequest) -> None:
+    prefix, req.handle = cache.cache_unfinished(
+        req.tokens,
+        req.slots,
+        cache_protected_len=req.protected,
+        swa_evicted_seqlen=req.evicted,
+        handle=req.handle,
+    )
+    req.slots[: len(prefix)] = prefix
+    req.protected = max(req.protected, len(prefix))
+
+
+def finish(cache, req: SimRequest, insert=True) -> None:
+    cache.cache_finished(
+        req.tokens,
+        req.slots,
+        cache_protected_len=req.protected,
+        swa_evicted_seqlen=req.evicted,
+        handle=req.handle,
+        insert=insert,
+    )
