@@ -1,4 +1,4 @@
-"""Compiled Pallas attention kernels on a GPU or TPU: check against the reference, measure bandwidth.
+"""Compiled Pallas attention kernels on a GPU or TPU: check them, measure their bandwidth.
 
     python benchmarks/device_attention.py [--json]            # on a GPU / TPU machine, < 5 min
     python benchmarks/device_attention.py --small --interpret # anywhere (a smoke run on CPU)

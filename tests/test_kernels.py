@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from attention_case import check, make_case
-from swajax.kernels.paged_decode import paged_decode, paged_decode_reference
-from swajax.kernels.ragged_extend import ragged_extend
 
 from swajax.attention import attention
 from swajax.config import LayerKind, LayerSpec
+from swajax.kernels.paged_decode import paged_decode, paged_decode_reference
+from swajax.kernels.ragged_extend import ragged_extend
 
 LAYERS = {
     "full": LayerSpec(LayerKind.FULL),
@@ -167,6 +167,7 @@ def test_tpu_interpreter_decode_no_races():
 
 def test_tpu_interpreter_extend_no_races():
     from jax.experimental.pallas import tpu as pltpu
+
     from swajax.kernels.ragged_extend import ragged_extend_reference
 
     rng = np.random.default_rng(1)
