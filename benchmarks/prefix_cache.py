@@ -59,16 +59,31 @@ def turn(alloc, cache, timer, prompt, reply):
     handle = cache.lock(match.node)
     ensure(alloc, cache, timer, len(prompt) + len(reply) + 2 * PS)
     slots = extend(alloc, match.slots, len(prompt) - len(match))
-    prefix, handle = timer("insert", cache.cache_unfinished, prompt, slots,
-                           cache_protected_len=len(match), swa_evicted_seqlen=0, handle=handle)
+    prefix, handle = timer(
+        "insert",
+        cache.cache_unfinished,
+        prompt,
+        slots,
+        cache_protected_len=len(match),
+        swa_evicted_seqlen=0,
+        handle=handle,
+    )
     slots[: len(prefix)] = prefix
     seq = prompt + reply
     slots = extend(alloc, slots, len(reply))
-    start, end = eviction_frontier(len(seq) - 1, window=W, page_size=PS,
-                                   cache_protected_len=len(prefix), swa_evicted_seqlen=0)
+    start, end = eviction_frontier(
+        len(seq) - 1, window=W, page_size=PS, cache_protected_len=len(prefix), swa_evicted_seqlen=0
+    )
     alloc.free_swa(slots[start:end:PS])  # one slot per page frees the whole page
-    timer("insert", cache.cache_finished, seq, slots, cache_protected_len=len(prefix),
-          swa_evicted_seqlen=max(end, start), handle=handle)
+    timer(
+        "insert",
+        cache.cache_finished,
+        seq,
+        slots,
+        cache_protected_len=len(prefix),
+        swa_evicted_seqlen=max(end, start),
+        handle=handle,
+    )
     return len(match)
 
 

@@ -34,12 +34,12 @@ class KVAllocator:
     def free(self, slots) -> None:
         """Release full slots (their whole pages) and, through the mapping, their SWA pages."""
         if len(slots):
-            self._free.append(np.asarray(slots, np.int32))
+            self._free.append(np.array(slots, np.int32))  # a copy: callers may reuse arrays
 
     def free_swa(self, slots) -> None:
         """Release only the SWA pages paired with these full slots' pages."""
         if len(slots):
-            self._free_swa.append(np.asarray(slots, np.int32))
+            self._free_swa.append(np.array(slots, np.int32))
 
     def flush(self) -> None:
         if self._free or self._free_swa:

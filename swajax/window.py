@@ -42,3 +42,37 @@ def eviction_frontier(
     threshold = pre_len - (window if chunk_cache else max(window, ps))
     end = max(start, threshold) // ps * ps
     return start, max(end, start)
+
+
+def decode_eviction_due(start: int, end: int, interval: int) -> bool:
+    """Evict during decode only once `interval` out-of-window tokens have piled up (amortizes
+    the free over many steps; the pool keeps W + interval + page_size SWA tokens per request)."""
+    return end - start >= max(1, interval)
+
+
+def swa_budget_for_req(extend: int, *, window: int, page_size: int, rem_chunk: int | None = None):
+    """SWA tokens to reserve when admitting an extend of `extend` tokens (spec §9.1).
+
+    The chunk and a window of decode headroom must fit: max(min(extend, rem_chunk), W) + ps.
+    """
+    alloc = extend if rem_chunk is None else min(extend, rem_chunk)
+    return max(alloc, window) + page_size
+
+
+def chunk_continue_len(
+    remaining: int, *, rem_chunk: int, rem_total: int, rem_swa: int | None, page_size: int
+) -> int:
+    """Length of the next chunk of a chunked prefill, or 0 to park it this step (spec §9.3).
+
+    With an SWA pool (`rem_swa` not None) one page stays reserved for the allocator's partial
+    page; when even that is missing the request waits instead of taking a chunk it cannot
+    place.
+    """
+    rem = min(rem_chunk, rem_total)
+    if rem_swa is not None:
+        rem = min(rem, rem_swa - page_size)
+        if rem <= 0:
+            return 0
+    elif rem <= 0:
+        rem = rem_chunk
+    return max(0, min(remaining, rem))

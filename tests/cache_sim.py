@@ -75,7 +75,7 @@ def unfinished(cache, req: SimRequest) -> None:
         swa_evicted_seqlen=req.evicted,
         handle=req.handle,
     )
-    req.slots[: len(prefix)] = prefix
+    req.slots = np.concatenate([prefix, req.slots[len(prefix) :]]).astype(np.int32)
     req.protected = max(req.protected, len(prefix))
 
 

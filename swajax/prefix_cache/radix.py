@@ -216,7 +216,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         freed.
         """
         key = self._aligned(tokens)
-        value = np.asarray(slots[: len(key)], np.int32)
+        value = np.array(slots[: len(key)], np.int32)  # the tree's own copy, never a view
         if self.swa and self.mode == "hybrid" and swa_evicted_seqlen % self.ps:
             raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
         node, total = self.root, 0
@@ -263,7 +263,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         """A tombstone takes the SWA KV a request computed for the same tokens."""
         if node.full_lock == 0 or self.mode == "all_swa":
             self._free_node(node)
-            node.value = np.asarray(req, np.int32)
+            node.value = np.array(req, np.int32)
         else:  # other requests read the node's full slots: move the SWA KV under them
             self.releaser.move_swa(node.value, req)
             self.releaser.free(req)
