@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -71,10 +72,63 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_plan)
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from swajax.simulate import plot, simulate
+
+    if args.requests < 1:
+        raise UsageError(f"--requests must be >= 1, got {args.requests}")
+    result = simulate(
+        _model_config(args),
+        sizing.gib_to_bytes(args.kv_budget_gib),
+        workload=args.workload,
+        requests=args.requests,
+        ratio=sizing.check_ratio(args.ratio),
+        page_size=args.page_size,
+        seed=args.seed,
+        progress=not args.json,
+    )
+    if args.plot:
+        plot(result, args.plot)
+    report = {k: v for k, v in result.items() if k not in ("hybrid", "single")}
+    for name in ("hybrid", "single"):
+        run = dataclasses.asdict(result[name])
+        del run["full_occupancy"], run["swa_occupancy"]
+        report[name] = run
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    keys = [k for k in report["hybrid"] if k != "mode"]
+    print(f"{'':24}{'hybrid':>14}{'single pool':>14}")
+    for k in keys:
+        a, b = report["hybrid"][k], report["single"][k]
+        fmt = "{:>14.3f}" if isinstance(a, float) else "{:>14,}"
+        print(f"{k:24}" + fmt.format(a) + fmt.format(b))
+    print(f"peak concurrency hybrid / single: {report['peak_concurrency_ratio']:.2f}x")
+    return 0
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    from swajax.workloads import WORKLOADS
+
+    p = sub.add_parser("simulate", help="run the null-model engine: hybrid pools vs one pool")
+    p.add_argument("--preset", metavar="NAME", help=f"one of: {', '.join(presets.preset_names())}")
+    p.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    p.add_argument("--kv-budget-gib", type=float, required=True)
+    p.add_argument("--ratio", type=float, default=0.8)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--workload", choices=WORKLOADS, required=True)
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="FILE.png", help="pool occupancy over steps (matplotlib)")
+    p.set_defaults(func=_cmd_simulate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swajax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
+    _add_simulate(sub)
     return parser
 
 
@@ -82,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ConfigError, sizing.SizingError) as e:
+    except (UsageError, ConfigError, sizing.SizingError, ValueError, RuntimeError) as e:
         print(f"swajax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -250,8 +250,8 @@ class Engine:
             swa_evictable=c.swa_evictable,
             full_protected=c.full_protected,
             swa_protected=c.swa_protected,
-            hit_tokens=c.hit_tokens,
-            swa_tail_miss_tokens=c.tail_miss_tokens,
+            hit_tokens=self.scheduler.hit_tokens,
+            swa_tail_miss_tokens=self.scheduler.tail_miss_tokens,
             retractions=self.scheduler.retractions,
             compilations=compilation_count() - self._compiles0,
         )

@@ -57,6 +57,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_rows = list(range(cfg.max_running - 1, -1, -1))
         self.retractions = 0
+        # Per admission (a refused attempt's match does not count): cached / all tokens.
+        self.hit_tokens = self.admitted_tokens = self.tail_miss_tokens = 0
 
     @property
     def separate_swa(self) -> bool:
@@ -195,6 +197,9 @@ class Scheduler:
         if n <= 0:
             return 0
         req.handle = self.cache.lock(match.node)
+        self.hit_tokens += len(match)
+        self.tail_miss_tokens += match.tail_miss
+        self.admitted_tokens += len(tokens)
         req.slots = np.asarray(match.slots, np.int32)
         req.prefix_len = req.cache_protected_len = len(match)
         self._charge(budget, n, max_new if n == extend else 0)
@@ -235,6 +240,26 @@ class Scheduler:
             for r, n in zip(batch.reqs, batch.lens)
         )
 
+    def _shrink_to_fit(self, batch: Batch) -> None:
+        """Keep the requests that fit in order; with chunked prefill, cut the first one that does
+        not to the room left (the budget is an estimate; the pools decide)."""
+        ps = self.cfg.page_size
+        full, swa = self.alloc.available()
+        room = min(full, swa) // ps * ps
+        reqs, lens = [], []
+        for req, n in zip(batch.reqs, batch.lens):
+            tail = -(-req.kv_len // ps) * ps - req.kv_len  # free slots on its last page
+            pages = -(-max(n - tail, 0) // ps) * ps
+            if pages > room:
+                n = min(n, tail + room) if self.cfg.chunk_size is not None else 0
+                pages = room
+            if n <= 0:
+                break
+            reqs.append(req)
+            lens.append(n)
+            room -= pages
+        batch.reqs, batch.lens = reqs, lens
+
     def _fits(self, tokens: int) -> bool:
         full, swa = self.alloc.available()
         if full >= tokens and swa >= tokens:
@@ -244,17 +269,16 @@ class Scheduler:
         return full >= tokens and swa >= tokens
 
     def allocate(self, batch: Batch) -> Batch:
-        """Allocate the batch's new tokens; retract (decode) or defer (extend) what cannot fit."""
-        while batch.reqs and not self._fits(self._pages_needed(batch)):
-            if batch.kind == "decode" and len(self.running) > 1:
+        """Allocate the batch's new tokens; retract (decode) or shrink (extend) what can't fit."""
+        if batch.kind == "extend" and not self._fits(self._pages_needed(batch)):
+            self._shrink_to_fit(batch)
+        while batch.kind == "decode" and batch.reqs and not self._fits(self._pages_needed(batch)):
+            if len(self.running) > 1:
                 victim = min(self.running, key=lambda r: (len(r.output), -len(r.prompt), -r.rid))
                 self.retract(victim)
                 if victim in batch.reqs:
                     i = batch.reqs.index(victim)
                     del batch.reqs[i], batch.lens[i]
-            elif batch.kind == "extend":  # the last request waits (it keeps its row and lock)
-                batch.reqs.pop()
-                batch.lens.pop()
             else:
                 self.abort(batch.reqs[0], "out of memory: the pools cannot hold this request")
                 batch.reqs, batch.lens = [], []

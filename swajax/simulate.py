@@ -1,0 +1,170 @@
+"""`swajax simulate`: the null-model engine on a workload, hybrid pools against one pool.
+
+Both runs get the same KV budget and the same workload in the same process, so their ratio is
+a like-for-like measure of what hybrid SWA memory buys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from swajax import sizing
+from swajax.config import HybridConfig
+from swajax.engine import Engine, EngineOptions
+from swajax.null_model import NullModel
+from swajax.request import RequestError, Status
+from swajax.workloads import make_workload
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    mode: str
+    full_tokens: int
+    swa_tokens: int
+    steps: int
+    requests: int
+    finished: int
+    rejected: int  # refused at submission with a clear error (too long for the pools)
+    lost: int  # accepted requests that never finished (must be 0)
+    peak_concurrency: int
+    mean_concurrency: float
+    tokens_per_step: float
+    prefix_hit_rate: float
+    swa_tail_miss_tokens: int
+    retractions: int
+    compilations: int
+    full_occupancy: list[float]  # per step
+    swa_occupancy: list[float]
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r{label:8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+
+
+def run_workload(
+    cfg: HybridConfig,
+    sizes: sizing.PoolSizes,
+    workload_name: str,
+    n: int,
+    *,
+    seed: int,
+    options: EngineOptions,
+    progress: bool,
+) -> RunSummary:
+    model = NullModel()
+    engine = Engine(cfg, model, sizes, options)
+    workload = make_workload(workload_name, n, seed, model.vocab_size)
+    arrivals, rejected = {}, []
+
+    def submit(arrival):
+        try:
+            arrivals[engine.add_request(arrival.prompt, arrival.params)] = arrival
+        except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
+            rejected.append(str(e))
+
+    for arrival in workload.initial:
+        submit(arrival)
+    finished = set()
+    while not engine.idle:
+        if engine.step() is None:
+            break
+        for rid, arrival in list(arrivals.items()):
+            req = engine.requests[rid]
+            if req.status is Status.FINISHED and rid not in finished:
+                finished.add(rid)
+                nxt = workload.follow_up(arrival, req.output)
+                if nxt is not None:
+                    submit(nxt)
+        if progress and len(engine.metrics) % 200 == 0:
+            _progress(len(finished) + len(rejected), workload.total, sizes.mode)
+    if progress:
+        _progress(len(finished) + len(rejected), workload.total, sizes.mode)
+    return _summary(engine, sizes, arrivals, finished, len(rejected))
+
+
+def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
+    steps = engine.metrics
+    last = steps[-1] if steps else None
+    full_total = max(sizes.full_tokens, 1)
+    swa_total = max(sizes.swa_tokens, 1)
+    return RunSummary(
+        mode=sizes.mode,
+        full_tokens=sizes.full_tokens,
+        swa_tokens=sizes.swa_tokens,
+        steps=len(steps),
+        requests=len(arrivals),
+        finished=len(finished),
+        rejected=rejected,
+        lost=len(arrivals) - len(finished),
+        peak_concurrency=max((m.running for m in steps), default=0),
+        mean_concurrency=sum(m.running for m in steps) / max(len(steps), 1),
+        tokens_per_step=sum(m.new_tokens for m in steps) / max(len(steps), 1),
+        prefix_hit_rate=engine.scheduler.hit_tokens / max(engine.scheduler.admitted_tokens, 1),
+        swa_tail_miss_tokens=last.swa_tail_miss_tokens if last else 0,
+        retractions=last.retractions if last else 0,
+        compilations=last.compilations if last else 0,
+        full_occupancy=[m.full_used / full_total for m in steps],
+        swa_occupancy=[m.swa_used / swa_total for m in steps],
+    )
+
+
+def simulate(
+    cfg: HybridConfig,
+    budget_bytes: int,
+    *,
+    workload: str,
+    requests: int,
+    ratio: float,
+    page_size: int,
+    seed: int = 0,
+    chunk_size: int = 8192,
+    max_running: int = 256,
+    dtype: str = "bf16",
+    progress: bool = False,
+) -> dict:
+    """Run the workload with hybrid pools and with one pool; returns both summaries and ratios."""
+    hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
+    single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
+    options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size)
+    runs = {
+        name: run_workload(
+            cfg, sizes, workload, requests, seed=seed, options=options, progress=progress
+        )
+        for name, sizes in (("hybrid", hybrid), ("single", single))
+    }
+    h, s = runs["hybrid"], runs["single"]
+    return dict(
+        hybrid=h,
+        single=s,
+        peak_concurrency_ratio=h.peak_concurrency / max(s.peak_concurrency, 1),
+        mean_concurrency_ratio=h.mean_concurrency / max(s.mean_concurrency, 1e-9),
+        steps_ratio=s.steps / max(h.steps, 1),
+    )
+
+
+def plot(result: dict, path: str) -> None:
+    """Full and SWA pool occupancy per step for both runs (needs matplotlib: `.[plot]`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("--plot needs matplotlib: pip install -e '.[plot]'") from e
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharey=True)
+    for ax, name in zip(axes, ("hybrid", "single")):
+        run = result[name]
+        ax.plot(run.full_occupancy, label="full pool")
+        if name == "hybrid":
+            ax.plot(run.swa_occupancy, label="SWA pool")
+        ax.set_title(f"{name}: peak {run.peak_concurrency} running requests")
+        ax.set_ylabel("occupancy")
+        ax.legend()
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path)
