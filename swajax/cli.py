@@ -124,11 +124,27 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_simulate)
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from swajax.models import load_decoder, save_orbax
+
+    save_orbax(load_decoder(args.source), args.source, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="save a Hugging Face checkpoint's params as orbax")
+    p.add_argument("source", metavar="DIR", help="config.json + *.safetensors")
+    p.add_argument("out", metavar="OUT", help="output folder (config.json + params/)")
+    p.set_defaults(func=_cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swajax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     _add_simulate(sub)
+    _add_convert(sub)
     return parser
 
 
@@ -136,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ConfigError, sizing.SizingError, ValueError, RuntimeError) as e:
+    except (UsageError, ConfigError, sizing.SizingError, ValueError, RuntimeError, OSError) as e:
         print(f"swajax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -114,7 +114,9 @@ class Engine:
             return min(self.sizes.full_tokens or self.sizes.swa_tokens, self.sizes.swa_tokens)
         return self.sizes.full_tokens
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+    def add_request(
+        self, prompt, params: SamplingParams | None = None, *, keep_logits: bool = False
+    ) -> int:
         """Queue a request; raises RequestError (naming the value and the limit) if it can never
         be served. Other requests are unaffected either way."""
         params = params or SamplingParams()
@@ -138,7 +140,7 @@ class Engine:
                 "tokens per request)"
             )
         rid = next(self._ids)
-        req = Request(rid, prompt, params)
+        req = Request(rid, prompt, params, keep_logits=keep_logits)
         self.requests[rid] = req
         self.scheduler.waiting.append(req)
         return rid
@@ -174,7 +176,9 @@ class Engine:
             start = req.kv_len - n
             tokens += req.tokens[start : req.kv_len]
             positions += range(start, req.kv_len)
-            if req.kv_len == len(req.tokens):
+            if req.keep_logits:  # every row; the last one also serves sampling
+                sample_index += range(len(tokens) - n, len(tokens))
+            elif req.kv_len == len(req.tokens):
                 sample_index.append(len(tokens) - 1)
         meta = self._metadata(batch) if self.model.needs_kv else None
         return ForwardBatch(
@@ -194,11 +198,22 @@ class Engine:
         return build_metadata(self.r2t, self.alloc.state, rows, pre, seq, window=self.window)
 
     def _update(self, batch: Batch, fwd: ForwardBatch, logits) -> None:
+        logits = np.asarray(logits)
+        rows, row = [], 0  # the logits row each sampled request samples from
+        for req, n in zip(batch.reqs, batch.lens):
+            sampled = req.kv_len == len(req.tokens)
+            if req.keep_logits:
+                req.logits += list(logits[row : row + n])
+                row += n
+            elif sampled:
+                row += 1
+            if sampled:
+                rows.append(row - 1)
         sampled = [r for r in batch.reqs if r.kv_len == len(r.tokens)]
         if sampled:
             p = [r.params for r in sampled]
             tokens, logprobs = sample(
-                logits,
+                logits[rows],
                 [x.temperature for x in p],
                 [x.top_p for x in p],
                 [x.seed for x in p],

@@ -59,6 +59,8 @@ class Request:
     swa_evicted_seqlen: int = 0  # positions [0, this) have had their SWA KV released
     handle: object = None  # prefix-cache lock
     retractions: int = 0
+    keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
+    logits: list = dataclasses.field(default_factory=list)  # per computed position, if kept
 
     @property
     def tokens(self) -> list[int]:
@@ -87,5 +89,6 @@ class Request:
     def reset_kv(self) -> None:
         """Forget every slot (after they were given back): the request starts over."""
         self.row, self.handle = None, None
+        self.logits = []
         self.slots = np.zeros(0, np.int32)
         self.prefix_len = self.cache_protected_len = self.swa_evicted_seqlen = 0

@@ -1,0 +1,161 @@
+"""The hybrid decoder (Flax NNX) and its engine adapter.
+
+Every layer reads and writes KV through the pools and the per-batch metadata, so the model runs
+inside the engine; `HybridLM` is the engine's model interface (`init_pools`, `forward`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from swajax import pool as pool_lib
+from swajax.models.layers import (
+    HIGHEST,
+    Attention,
+    DenseMLP,
+    GptOssMoE,
+    Linear,
+    Llama4MoE,
+    MimoMoE,
+    RMSNorm,
+    _set,
+    take,
+)
+from swajax.models.spec import ModelSpec
+
+MLPS = {"gpt_oss_moe": GptOssMoE, "llama4_moe": Llama4MoE, "mimo_moe": MimoMoE}
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, spec: ModelSpec, i: int):
+        self.spec = spec
+        h, eps, plus = spec.hidden, spec.eps, spec.norm_plus_one
+        self.self_attn = Attention(spec, i)
+        self.input_layernorm = RMSNorm(h, eps, plus)
+        self.post_attention_layernorm = RMSNorm(h, eps, plus)
+        if spec.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(h, eps, plus)
+            self.post_feedforward_layernorm = RMSNorm(h, eps, plus)
+        kind = spec.mlps[i]
+        self.mlp = MLPS[kind](spec) if kind in MLPS else DenseMLP(h, spec.intermediate[i], spec.act)
+
+    def load(self, w, prefix):
+        self.self_attn.load(w, f"{prefix}.self_attn")
+        names = ["input_layernorm", "post_attention_layernorm"]
+        if self.spec.sandwich_norms:
+            names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for name in names:
+            getattr(self, name).load(w, f"{prefix}.{name}.weight")
+        self.mlp.load(w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}")
+
+    def __call__(self, x, positions, pools, meta, implementation, interpret):
+        a, pools = self.self_attn(
+            self.input_layernorm(x), positions, pools, meta, implementation, interpret
+        )
+        if self.spec.sandwich_norms:
+            x = x + self.post_attention_layernorm(a)
+            return x + self.post_feedforward_layernorm(
+                self.mlp(self.pre_feedforward_layernorm(x))
+            ), pools
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), pools
+
+
+class Decoder(nnx.Module):
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.embed = nnx.Param(jnp.zeros((spec.vocab_size, spec.hidden), jnp.float32))
+        self.layers = nnx.List([DecoderLayer(spec, i) for i in range(spec.num_layers)])
+        self.norm = RMSNorm(spec.hidden, spec.eps, spec.norm_plus_one)
+        self.lm_head = None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size)
+
+    def load(self, w):
+        _set(self.embed, take(w, "model.embed_tokens.weight", self.embed[...].shape))
+        for i, layer in enumerate(self.layers):
+            layer.load(w, f"model.layers.{i}")
+        self.norm.load(w, "model.norm.weight")
+        if self.lm_head is not None:
+            self.lm_head.load(w, "lm_head")
+
+    def __call__(
+        self, tokens, positions, pools, meta, sample_index, *, implementation="xla", interpret=False
+    ):
+        """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
+        x = self.embed[...][tokens] * jnp.asarray(self.spec.embed_scale, jnp.float32)
+        for layer in self.layers:
+            x, pools = layer(x, positions, pools, meta, implementation, interpret)
+        x = self.norm(x[sample_index])
+        if self.lm_head is None:
+            logits = jnp.dot(x, self.embed[...].T, precision=HIGHEST)
+        else:
+            logits = self.lm_head(x)
+        if self.spec.final_soft_cap is not None:
+            cap = self.spec.final_soft_cap
+            logits = jnp.tanh(logits / cap) * cap
+        return logits, pools
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "implementation", "interpret"), donate_argnames=("pools",)
+)
+def _forward(graphdef, state, pools, tokens, meta, sample_index, implementation, interpret):
+    model = nnx.merge(graphdef, state)
+    return model(
+        tokens,
+        meta.positions,
+        pools,
+        meta,
+        sample_index,
+        implementation=implementation,
+        interpret=interpret,
+    )
+
+
+class HybridLM:
+    """The engine's model: a `Decoder` plus its KV pools' dtype and attention implementation."""
+
+    needs_kv = True
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        *,
+        dtype: str = "fp32",
+        implementation: str = "xla",
+        interpret: bool = False,
+    ):
+        self.spec = decoder.spec
+        self.vocab_size = self.spec.vocab_size
+        self.graphdef, self.state = nnx.split(decoder)
+        self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
+
+    @property
+    def decoder(self) -> Decoder:
+        return nnx.merge(self.graphdef, self.state)
+
+    def init_pools(self, sizes):
+        return pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype)
+
+    def forward(self, pools, batch):
+        meta = batch.meta
+        t, r = meta.num_tokens, len(batch.sample_index)
+        tokens = np.zeros(t, np.int32)
+        tokens[: len(batch.tokens)] = batch.tokens
+        rows = np.zeros(max(8, 1 << max(0, r - 1).bit_length()), np.int32)
+        rows[:r] = batch.sample_index
+        logits, pools = _forward(
+            self.graphdef,
+            self.state,
+            pools,
+            tokens,
+            meta,
+            rows,
+            self.implementation,
+            self.interpret,
+        )
+        return np.asarray(logits)[:r], pools

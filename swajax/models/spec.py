@@ -1,0 +1,216 @@
+"""Model hyper-parameters from a Hugging Face config, per family (what `HybridConfig` leaves out).
+
+Families: gpt_oss, mimo_v2_flash, llama4_text, gemma3_text (and gemma2's soft caps), qwen3 /
+qwen2, mistral. The layer kinds and windows come from `swajax.config`; this adds norms, RoPE,
+projections and feed-forward blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from swajax.config import ConfigError, HybridConfig, LayerKind, parse_hf_config
+from swajax.models.rope import RopeSpec
+
+FAMILIES = {
+    "gpt_oss": "gpt_oss",
+    "mimo_v2_flash": "mimo",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3_text": "gemma",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "mistral": "llama",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    family: str
+    hybrid: HybridConfig
+    vocab_size: int
+    hidden: int
+    eps: float
+    act: str  # silu | gelu_tanh
+    norm_plus_one: bool  # Gemma: x * (1 + w)
+    sandwich_norms: bool  # Gemma: norms after attention and around the feed-forward block
+    qk_norm: str  # none | weight (before RoPE) | l2 (Llama 4: weightless, after RoPE)
+    attn_bias: bool
+    embed_scale: float
+    scales: tuple[float, ...]  # attention scale per layer
+    ropes: tuple[RopeSpec | None, ...]  # per layer (None: NoPE)
+    mlps: tuple[str, ...]  # per layer: dense | gpt_oss_moe | llama4_moe | mimo_moe
+    intermediate: tuple[int, ...]  # per layer dense width
+    num_experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    attn_soft_cap: float | None = None
+    final_soft_cap: float | None = None
+    tie_embeddings: bool = False
+    value_scale: float = 1.0
+    attn_temperature: tuple[float, float] | None = None  # Llama 4 NoPE: (attn_scale, floor_scale)
+    routed_scale: float = 1.0
+    norm_topk: bool = True
+
+    @property
+    def num_layers(self) -> int:
+        return self.hybrid.num_layers
+
+
+def _rope(
+    cfg: Mapping[str, Any],
+    kind: LayerKind,
+    head_dim: int,
+    default_theta: float,
+    interleaved: bool = False,
+) -> RopeSpec:
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    name = {
+        LayerKind.FULL: "full_attention",
+        LayerKind.SLIDING: "sliding_attention",
+        LayerKind.CHUNKED: "chunked_attention",
+    }[kind]
+    if isinstance(params.get(name), Mapping):
+        params = dict(params[name])
+    elif any(isinstance(v, Mapping) for v in params.values()):
+        params = {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", default_theta))
+    if (
+        kind.is_local
+        and "rope_local_base_freq" in cfg
+        and name not in (cfg.get("rope_parameters") or {})
+    ):
+        theta = cfg["rope_local_base_freq"]
+    kind_name = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    dim = int(head_dim * partial) // 2 * 2
+    return RopeSpec(
+        theta=float(theta),
+        dim=dim,
+        kind=kind_name,
+        factor=float(params.get("factor", 1.0)),
+        interleaved=interleaved,
+        original_max_position=int(params.get("original_max_position_embeddings", 4096)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast", 32.0)),
+        beta_slow=float(params.get("beta_slow", 1.0)),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=params.get("attention_factor"),
+    )
+
+
+def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
+    """Parse a Hugging Face config.json dict; `ConfigError` names what is missing or unknown."""
+    hybrid = parse_hf_config(cfg)
+    text = cfg.get("text_config") if "num_hidden_layers" not in cfg else cfg
+    family = FAMILIES.get(hybrid.model_type)
+    if family is None:
+        raise ConfigError(
+            f"model_type {hybrid.model_type!r} has no model implementation; "
+            f"supported: {sorted(FAMILIES)}"
+        )
+    n, hidden = hybrid.num_layers, hybrid.hidden_size
+    layers = hybrid.layers
+
+    def head_dim(layer):
+        return (hybrid.swa_attention if layer.kind.is_local else hybrid.full_attention).head_dim
+
+    common = dict(
+        family=family,
+        hybrid=hybrid,
+        vocab_size=int(text["vocab_size"]),
+        hidden=hidden,
+        eps=float(text.get("rms_norm_eps", 1e-6)),
+        act="silu",
+        norm_plus_one=False,
+        sandwich_norms=False,
+        qk_norm="none",
+        attn_bias=bool(text.get("attention_bias", False)),
+        embed_scale=1.0,
+        scales=tuple(head_dim(la) ** -0.5 for la in layers),
+        mlps=("dense",) * n,
+        intermediate=(int(text.get("intermediate_size", 0)),) * n,
+        tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+    )
+    rope = lambda la, theta, **kw: _rope(text, la.kind, head_dim(la), theta, **kw)  # noqa: E731
+    if family == "llama":
+        qk = "weight" if hybrid.model_type == "qwen3" else "none"
+        return ModelSpec(
+            **{**common, "qk_norm": qk, "ropes": tuple(rope(la, 1e4) for la in layers)}
+        )
+    if family == "gpt_oss":
+        return ModelSpec(
+            **{
+                **common,
+                "ropes": tuple(rope(la, 150000.0) for la in layers),
+                "mlps": ("gpt_oss_moe",) * n,
+                "num_experts": int(text["num_local_experts"]),
+                "top_k": int(text["num_experts_per_tok"]),
+                "expert_intermediate": int(text["intermediate_size"]),
+                "swiglu_limit": float(text.get("swiglu_limit", 7.0)),
+                "swiglu_alpha": float(text.get("swiglu_alpha", 1.702)),
+            }
+        )
+    if family == "gemma":
+        scale = float(text.get("query_pre_attn_scalar", head_dim(layers[0]))) ** -0.5
+        return ModelSpec(
+            **{
+                **common,
+                "act": "gelu_tanh",
+                "norm_plus_one": True,
+                "sandwich_norms": True,
+                "qk_norm": "weight" if hybrid.model_type != "gemma2" else "none",
+                "embed_scale": float(hidden) ** 0.5,
+                "scales": (scale,) * n,
+                "ropes": tuple(
+                    rope(la, 1e6 if la.kind is LayerKind.FULL else 1e4) for la in layers
+                ),
+                "attn_soft_cap": text.get("attn_logit_softcapping"),
+                "final_soft_cap": text.get("final_logit_softcapping"),
+                "tie_embeddings": bool(text.get("tie_word_embeddings", True)),
+            }
+        )
+    if family == "llama4":
+        step = int(text.get("interleave_moe_layer_step", 1))
+        mlps = tuple("llama4_moe" if (i + 1) % step == 0 else "dense" for i in range(n))
+        width = tuple(int(text["intermediate_size_mlp"]) for _ in range(n))
+        temp = None
+        if text.get("attn_temperature_tuning", True):
+            temp = (float(text.get("attn_scale", 0.1)), float(text.get("floor_scale", 8192)))
+        return ModelSpec(
+            **{
+                **common,
+                "qk_norm": "l2" if text.get("use_qk_norm", True) else "none",
+                "ropes": tuple(
+                    rope(la, 500000.0, interleaved=True) if la.uses_rope else None for la in layers
+                ),
+                "mlps": mlps,
+                "intermediate": width,
+                "num_experts": int(text["num_local_experts"]),
+                "top_k": int(text["num_experts_per_tok"]),
+                "expert_intermediate": int(text["intermediate_size"]),
+                "attn_temperature": temp,
+            }
+        )
+    # MiMo-V2-Flash
+    kinds = text.get("mlp_layer_types") or ["dense"] * n
+    return ModelSpec(
+        **{
+            **common,
+            "ropes": tuple(rope(la, 1e4) for la in layers),
+            "mlps": tuple("mimo_moe" if k == "sparse" else "dense" for k in kinds[:n]),
+            "num_experts": int(text.get("n_routed_experts", 0)),
+            "top_k": int(text.get("num_experts_per_tok", 0)),
+            "expert_intermediate": int(text.get("moe_intermediate_size", 0)),
+            "value_scale": float(text.get("attention_value_scale", 1.0)),
+            "routed_scale": float(text.get("routed_scaling_factor", 1.0)),
+            "norm_topk": bool(text.get("norm_topk_prob", True)),
+        }
+    )
