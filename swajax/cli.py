@@ -139,12 +139,124 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_convert)
 
 
+def _setup(args: argparse.Namespace):
+    from swajax.generate import Setup
+
+    return Setup(
+        kv_budget_gib=args.kv_budget_gib,
+        ratio=sizing.check_ratio(args.ratio),
+        page_size=args.page_size,
+        hybrid_memory=not args.disable_hybrid_memory,
+        prefix_cache=not args.no_prefix_cache,
+        attention=args.attention,
+    )
+
+
+def _prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
+    from swajax.generate import read_prompts_file
+
+    given = [x is not None for x in (args.prompt, args.prompt_ids, args.prompts_file)]
+    if sum(given) > 1:
+        raise UsageError("give one of --prompt, --prompt-ids, --prompts-file")
+    if args.prompts_file:
+        return read_prompts_file(args.prompts_file, tokenizer)
+    if args.prompt_ids:
+        try:
+            return [[int(t) for t in args.prompt_ids.split(",")]]
+        except ValueError as e:
+            raise UsageError(f"--prompt-ids must be comma-separated integers: {e}") from e
+    return [tokenizer.encode(args.prompt if args.prompt is not None else "Sliding windows")]
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from swajax.generate import generate, load, make_engine
+    from swajax.request import SamplingParams
+
+    decoder, tokenizer = load(args.model)
+    prompts = _prompts(args, tokenizer)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    reqs, summary = generate(make_engine(decoder, _setup(args)), prompts, params)
+    for prompt, req in zip(prompts, reqs):
+        text = tokenizer.decode(req.output)
+        if args.json:
+            print(
+                json.dumps(
+                    dict(
+                        prompt_ids=prompt,
+                        tokens=req.output,
+                        logprobs=req.logprobs,
+                        text=text,
+                        finish_reason=req.finish_reason,
+                    )
+                )
+            )
+        else:
+            shown = f" {text!r}" if text is not None else ""
+            print(f"[{len(prompt)} prompt tokens] -> {req.output}{shown}")
+    if args.json:
+        print(json.dumps(dict(summary=summary)))
+    else:
+        print(
+            f"memory: peak full {summary['peak_full_used']}/{summary['full_tokens']} tokens, "
+            f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
+            f"{summary['prefix_hit_tokens']}, SWA KV freed {summary['swa_freed_tokens']} tokens"
+        )
+    return 0
+
+
+def _cmd_logits(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from swajax.generate import load, make_engine, teacher_forced_logits
+
+    decoder, tokenizer = load(args.model)
+    prompt = _prompts(args, tokenizer)[0]
+    logits = teacher_forced_logits(make_engine(decoder, _setup(args)), prompt)
+    np.save(args.out, logits)
+    print(f"wrote {args.out}: logits {logits.shape}")
+    return 0
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a checkpoint folder")
+    p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
+    p.add_argument("--prompt-ids", help="comma-separated token ids")
+    p.add_argument("--prompts-file", help="JSON lines with 'prompt' or 'prompt_ids'")
+    p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
+    p.add_argument("--kv-budget-gib", type=float, default=0.004)
+    p.add_argument("--ratio", type=float, default=0.5)
+    p.add_argument("--page-size", type=int, default=4)
+    p.add_argument("--disable-hybrid-memory", action="store_true")
+    p.add_argument("--no-prefix-cache", action="store_true")
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate tokens through the engine")
+    _add_model_args(p)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_generate)
+    p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
+    _add_model_args(p)
+    p.add_argument("--out", required=True, help="FILE.npy")
+    p.set_defaults(func=_cmd_logits)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swajax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     _add_simulate(sub)
     _add_convert(sub)
+    _add_generate(sub)
     return parser
 
 

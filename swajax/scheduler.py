@@ -57,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_rows = list(range(cfg.max_running - 1, -1, -1))
         self.retractions = 0
+        self.swa_freed_tokens = 0  # out-of-window SWA KV given back by runtime eviction
         # Per admission (a refused attempt's match does not count): cached / all tokens.
         self.hit_tokens = self.admitted_tokens = self.tail_miss_tokens = 0
 
@@ -231,6 +232,7 @@ class Scheduler:
                 continue  # the tree owns inserted chunks; only decode evicts with a radix cache
             if end > start:
                 self.alloc.free_swa(req.slots[start : end : self.cfg.page_size])
+                self.swa_freed_tokens += end - start
             req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, end)
 
     def _pages_needed(self, batch: Batch) -> int:
