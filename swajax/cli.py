@@ -250,6 +250,75 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_logits)
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    from swajax.engine import EngineOptions
+    from swajax.simulate import run_workload
+    from swajax.trace import Tracer
+
+    cfg = _model_config(args)
+    sizes = sizing.size_hybrid(
+        cfg,
+        sizing.gib_to_bytes(args.kv_budget_gib),
+        ratio=sizing.check_ratio(args.ratio),
+        page_size=args.page_size,
+        dtype="bf16",
+    )
+    if not cfg.sliding_window:
+        raise UsageError(f"{cfg.model_type} has no sliding layers: nothing hybrid to record")
+    tracers = []
+    options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size)
+    run_workload(
+        cfg,
+        sizes,
+        args.workload,
+        args.requests,
+        seed=args.seed,
+        options=options,
+        progress=False,
+        on_engine=lambda e: tracers.append(Tracer(e.alloc, e.cache)),
+    )
+    tracers[0].write(args.out)
+    print(f"wrote {len(tracers[0].lines)} lines to {args.out}")
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from swajax.trace import replay
+
+    result = replay(args.trace)
+    if args.json:
+        print(json.dumps(result))
+    elif result["ok"]:
+        print(f"OK: {result['ops']} operations replayed, every result as recorded")
+    else:
+        print(
+            f"diverged at operation {result['op_number']} ({result['op']}): "
+            f"expected {result['expected']}, got {result['actual']}"
+        )
+    return 0 if result["ok"] else 1
+
+
+def _add_trace(sub: argparse._SubParsersAction) -> None:
+    from swajax.workloads import WORKLOADS
+
+    p = sub.add_parser("record", help="record allocator / prefix-cache operations of a run")
+    p.add_argument("--preset", metavar="NAME", default="tiny-hybrid")
+    p.add_argument("--hf-config", metavar="PATH")
+    p.add_argument("--kv-budget-gib", type=float, default=0.002)
+    p.add_argument("--ratio", type=float, default=0.3)
+    p.add_argument("--page-size", type=int, default=4)
+    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument("--workload", choices=WORKLOADS, default="multi-turn")
+    p.add_argument("--requests", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, metavar="TRACE.jsonl")
+    p.set_defaults(func=_cmd_record)
+    p = sub.add_parser("replay", help="replay a trace against swajax; report the first divergence")
+    p.add_argument("trace", metavar="TRACE.jsonl")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_replay)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swajax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_convert(sub)
     _add_generate(sub)
+    _add_trace(sub)
     return parser
 
 

@@ -55,9 +55,12 @@ def run_workload(
     seed: int,
     options: EngineOptions,
     progress: bool,
+    on_engine=None,
 ) -> RunSummary:
     model = NullModel()
     engine = Engine(cfg, model, sizes, options)
+    if on_engine is not None:
+        on_engine(engine)  # e.g. attach a trace recorder
     workload = make_workload(workload_name, n, seed, model.vocab_size)
     arrivals, rejected = {}, []
 

@@ -1,0 +1,249 @@
+"""Trace record and replay of allocator and prefix-cache operations (JSON lines).
+
+A trace lets another backend be driven with exactly the operations swajax saw, and checked
+against swajax's results. Line 1 is `{"op": "init", ...}` (pool sizes, page size, mode, window,
+leaf cap). Every other line is one operation with its arguments and an `expect` object:
+
+  alloc_extend  prefix_lens, seq_lens, last_loc     -> status, slots
+  alloc_decode  seq_lens, last_loc                   -> status, slots
+  free / free_swa  slots                             -> available
+  match         tokens                               -> length, slots, tail_miss
+  insert        tokens, slots, prev_prefix_len, swa_evicted_seqlen -> prefix_len
+  lock          node (tokens from the root to the node's end) -> handle
+  unlock / release_swa  handle
+  evict         full, swa                            -> evicted
+  cache_finished    tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, insert
+  cache_unfinished  tokens, slots, cache_protected_len, swa_evicted_seqlen, handle
+                                                     -> prefix, handle
+
+Every `expect` also carries `available` ([full, SWA] free tokens after the operation) and the
+cache's evictable / protected sizes. Handles are numbered in the order locks are taken. Only
+outermost calls are recorded: what the cache does inside `insert` is replayed by `insert`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from swajax.kv_allocator import KVAllocator
+from swajax.prefix_cache import RadixCache
+
+ALLOC_OPS = ("alloc_extend", "alloc_decode", "free", "free_swa")
+CACHE_OPS = (
+    "match",
+    "insert",
+    "lock",
+    "unlock",
+    "release_swa",
+    "evict",
+    "cache_finished",
+    "cache_unfinished",
+)
+
+
+def _ints(x) -> list[int]:
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _node_tokens(node) -> list[int]:
+    keys = [n.key for n in node.path_to_root()] if node is not None else []
+    return [t for key in reversed(keys) for t in key]
+
+
+class Tracer:
+    """Wraps a KVAllocator and a RadixCache (in place) and records their outermost calls."""
+
+    def __init__(self, alloc: KVAllocator, cache: RadixCache):
+        self.alloc, self.cache, self.lines, self.depth = alloc, cache, [], 0
+        self.handles: dict[int, object] = {}  # trace id -> LockHandle
+        self.lines.append(
+            dict(
+                op="init",
+                full_size=int(alloc.state.primary.size * alloc.page_size),
+                swa_size=int((alloc.state.swa or alloc.state.primary).size * alloc.page_size),
+                page_size=alloc.page_size,
+                mode=alloc.mode,
+                window=cache.window,
+                cap_leaf_to_window=cache.cap_leaf,
+            )
+        )
+        for name in ALLOC_OPS:
+            self._wrap(alloc, name)
+        for name in CACHE_OPS:
+            self._wrap(cache, name)
+
+    def _wrap(self, obj, name):
+        inner = getattr(obj, name)
+
+        def call(*args, **kwargs):
+            self.depth += 1
+            try:
+                result = inner(*args, **kwargs)
+            finally:
+                self.depth -= 1
+            if name == "lock":
+                result.trace_id = len(self.handles)
+                self.handles[result.trace_id] = result
+            if self.depth == 0:
+                self.lines.append(
+                    dict(
+                        op=name,
+                        **encode_args(name, args, kwargs),
+                        expect=self.observe(name, result),
+                    )
+                )
+            return result
+
+        setattr(obj, name, call)
+
+    def observe(self, name, result) -> dict:
+        return observe(name, result, self.alloc, self.cache)
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text("".join(json.dumps(line) + "\n" for line in self.lines))
+
+
+def encode_args(name, args, kwargs) -> dict:
+    names = {
+        "alloc_extend": ("prefix_lens", "seq_lens", "last_loc"),
+        "alloc_decode": ("seq_lens", "last_loc"),
+        "free": ("slots",),
+        "free_swa": ("slots",),
+        "match": ("tokens",),
+        "insert": (
+            "tokens",
+            "slots",
+            "prev_prefix_len",
+            "swa_evicted_seqlen",
+            "keep_tombstone_leaf",
+        ),
+        "lock": ("node",),
+        "unlock": ("handle",),
+        "release_swa": ("handle",),
+        "evict": ("full", "swa"),
+        "cache_finished": ("tokens", "slots"),
+        "cache_unfinished": ("tokens", "slots"),
+    }[name]
+    out = dict(zip(names, args))
+    out.update({k: v for k, v in kwargs.items()})
+    for key, value in list(out.items()):
+        if key == "node":
+            out[key] = _node_tokens(value)
+        elif key == "handle":
+            out[key] = getattr(value, "trace_id", None)
+        elif isinstance(value, bool) or value is None:
+            pass
+        elif isinstance(value, (int, np.integer)):
+            out[key] = int(value)
+        else:
+            out[key] = _ints(value)
+    return out
+
+
+def observe(name, result, alloc, cache) -> dict:
+    out = dict(
+        available=list(alloc.available()),
+        sizes=[
+            cache.full_evictable,
+            cache.full_protected,
+            cache.swa_evictable,
+            cache.swa_protected,
+        ],
+    )
+    if name in ("alloc_extend", "alloc_decode"):
+        out.update(status=int(result[0]), slots=_ints(result[1]))
+    elif name == "match":
+        out.update(length=len(result), slots=_ints(result.slots), tail_miss=int(result.tail_miss))
+    elif name == "insert":
+        out.update(prefix_len=int(result))
+    elif name == "lock":
+        out.update(handle=result.trace_id)
+    elif name == "evict":
+        out.update(evicted=[int(result[0]), int(result[1])])
+    elif name == "cache_unfinished":
+        out.update(prefix=_ints(result[0]), handle=getattr(result[1], "trace_id", None))
+    return out
+
+
+def replay(path: str | Path) -> dict:
+    """Replay a trace against swajax; {"ok": True, "ops": n} or the first divergence."""
+    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    if not lines or lines[0].get("op") != "init":
+        raise ValueError(f"{path}: the first line must be an 'init' operation")
+    init = lines[0]
+    alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
+    cache = RadixCache(
+        alloc,
+        page_size=init["page_size"],
+        window=init["window"],
+        pool_mode=init["mode"],
+        cap_leaf_to_window=init["cap_leaf_to_window"],
+    )
+    handles: dict[int, object] = {}
+    counter = [0]
+    inner_lock = cache.lock
+
+    def lock(node):  # number handles the way the recorder did, nested locks included
+        handle = inner_lock(node)
+        handle.trace_id, counter[0] = counter[0], counter[0] + 1
+        handles[handle.trace_id] = handle
+        return handle
+
+    cache.lock = lock
+    for number, line in enumerate(lines[1:], 1):
+        actual = observe(line["op"], _apply(line, alloc, cache, handles), alloc, cache)
+        if actual != line["expect"]:
+            keys = [k for k in line["expect"] if line["expect"][k] != actual.get(k)]
+            return dict(
+                ok=False,
+                op_number=number,
+                op=line["op"],
+                fields=keys,
+                expected={k: line["expect"][k] for k in keys},
+                actual={k: actual.get(k) for k in keys},
+            )
+    return dict(ok=True, ops=len(lines) - 1)
+
+
+def _apply(line, alloc, cache, handles):
+    op = line["op"]
+    if op in ("alloc_extend", "alloc_decode"):
+        names = (
+            ("prefix_lens", "seq_lens", "last_loc")
+            if op == "alloc_extend"
+            else ("seq_lens", "last_loc")
+        )
+        return getattr(alloc, op)(*(line[n] for n in names))
+    if op in ("free", "free_swa"):
+        return getattr(alloc, op)(np.asarray(line["slots"], np.int32))
+    if op == "match":
+        return cache.match(line["tokens"])
+    if op == "insert":
+        return cache.insert(
+            line["tokens"],
+            np.asarray(line["slots"], np.int32),
+            line.get("prev_prefix_len", 0),
+            line.get("swa_evicted_seqlen", 0),
+            line.get("keep_tombstone_leaf", False),
+        )
+    if op == "lock":
+        node = cache._walk(tuple(line["node"]))[-1] if line["node"] else cache.root
+        return cache.lock(node)
+    if op in ("unlock", "release_swa"):
+        return getattr(cache, op)(handles.get(line["handle"]))
+    if op == "evict":
+        return cache.evict(line["full"], line["swa"])
+    kwargs = dict(
+        cache_protected_len=line["cache_protected_len"],
+        swa_evicted_seqlen=line["swa_evicted_seqlen"],
+        handle=handles.get(line["handle"]),
+    )
+    slots = np.asarray(line["slots"], np.int32)
+    if op == "cache_finished":
+        return cache.cache_finished(
+            line["tokens"], slots, insert=line.get("insert", True), **kwargs
+        )
+    return cache.cache_unfinished(line["tokens"], slots, **kwargs)
