@@ -128,18 +128,30 @@ class HybridLM:
         dtype: str = "fp32",
         implementation: str = "xla",
         interpret: bool = False,
+        mesh=None,
     ):
         self.spec = decoder.spec
         self.vocab_size = self.spec.vocab_size
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
+        self.mesh = mesh  # tensor parallel over KV heads (swajax.models.sharding)
+        if mesh is not None:
+            from swajax.models import sharding
+
+            sharding.check_divisible(self.spec, mesh)
+            self.state = sharding.shard_state(self.state, mesh)
 
     @property
     def decoder(self) -> Decoder:
         return nnx.merge(self.graphdef, self.state)
 
     def init_pools(self, sizes):
-        return pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype)
+        pools = pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype)
+        if self.mesh is not None:
+            from swajax.models.sharding import shard_pools
+
+            pools = shard_pools(pools, self.mesh)
+        return pools
 
     def forward(self, pools, batch):
         meta = batch.meta
@@ -148,6 +160,10 @@ class HybridLM:
         tokens[: len(batch.tokens)] = batch.tokens
         rows = np.zeros(max(8, 1 << max(0, r - 1).bit_length()), np.int32)
         rows[:r] = batch.sample_index
+        if self.mesh is not None:  # the batch's metadata is built on one device: replicate it
+            from swajax.models.sharding import replicate
+
+            meta = replicate(meta, self.mesh)
         logits, pools = _forward(
             self.graphdef,
             self.state,

@@ -1,0 +1,58 @@
+"""Tensor parallelism over KV heads on a `jax.sharding.Mesh` (JAX's own SPMD, no home-made
+distribution): projections split by heads, both KV pools split on their head axis, everything
+else replicated. XLA inserts the one all-reduce each layer needs (after the output projection)."""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXIS = "tp"
+
+# Parameter path suffix -> how it splits (heads are the outer part of the projection axis).
+_RULES = {
+    ("q_proj", "kernel"): P(None, AXIS),
+    ("q_proj", "bias"): P(AXIS),
+    ("k_proj", "kernel"): P(None, AXIS),
+    ("k_proj", "bias"): P(AXIS),
+    ("v_proj", "kernel"): P(None, AXIS),
+    ("v_proj", "bias"): P(AXIS),
+    ("o_proj", "kernel"): P(AXIS, None),
+    ("self_attn", "sinks"): P(AXIS),
+}
+
+
+def kv_mesh(num_devices: int | None = None) -> Mesh:
+    devices = jax.devices()[: num_devices or len(jax.devices())]
+    return Mesh(devices, (AXIS,))
+
+
+def check_divisible(spec, mesh: Mesh) -> None:
+    n = mesh.shape[AXIS]
+    for name, shape in (("full", spec.hybrid.full_attention), ("SWA", spec.hybrid.swa_attention)):
+        if shape.num_kv_heads % n:
+            raise ValueError(
+                f"{name} layers have {shape.num_kv_heads} KV heads, not divisible by "
+                f"the {n} devices of the mesh"
+            )
+
+
+def shard_state(state, mesh: Mesh):
+    """Place NNX params: attention projections split by heads, the rest replicated."""
+
+    def place(path, x):
+        names = tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+        spec = next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    return jax.tree_util.tree_map_with_path(place, state)
+
+
+def shard_pools(pools, mesh: Mesh):
+    """KV pools [layers, rows, kv_heads, dim]: split on the head axis."""
+    heads = NamedSharding(mesh, P(None, None, AXIS, None))
+    return jax.tree.map(lambda x: jax.device_put(x, heads), pools)
+
+
+def replicate(tree, mesh: Mesh):
+    return jax.device_put(tree, NamedSharding(mesh, P()))
