@@ -1,0 +1,101 @@
+"""End-to-end generation: swajax's engine against transformers' generate, same model, same run.
+
+    python benchmarks/end_to_end.py [--json] [--hf-python PATH]
+
+The GPT-OSS fixture family (4 layers, alternating sliding / full, sinks, MoE), 16 prompts of
+256 tokens, 64 generated tokens each, greedy. swajax runs the prompts together through the
+engine (XLA attention, hybrid pools); transformers runs `generate` on the same batch in the
+fixtures environment (torch + transformers, see tools/make_fixtures.py), which is skipped with a
+message if absent. Prints tokens / s for both and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "gpt_oss"
+N_PROMPTS, PROMPT_LEN, NEW = 16, 256, 64
+
+HF_SCRIPT = """
+import sys, time, json, torch, transformers as tf
+path, prompts, new = sys.argv[1], json.loads(sys.stdin.read()), int(sys.argv[2])
+torch.set_num_threads(2)
+model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+ids = torch.tensor(prompts)
+with torch.no_grad():
+    model.generate(ids[:2, :16], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+    t0 = time.perf_counter()
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)
+    seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist()}))
+"""
+
+
+def prompts():
+    rng = np.random.default_rng(0)
+    return rng.integers(3, 128, (N_PROMPTS, PROMPT_LEN)).tolist()
+
+
+def run_swajax(batch):
+    from swajax.generate import Setup, generate, make_engine
+    from swajax.models import load_decoder
+    from swajax.request import SamplingParams
+
+    setup = Setup(kv_budget_gib=0.05, page_size=16, chunk_size=None, max_running=N_PROMPTS,
+                  max_context=PROMPT_LEN + NEW + 16)
+    decoder = load_decoder(FIXTURE)
+    warm = make_engine(decoder, setup)  # compile every program the run needs
+    generate(warm, batch, SamplingParams(max_new_tokens=NEW))
+    engine = make_engine(decoder, setup)
+    t0 = time.perf_counter()
+    reqs, _ = generate(engine, batch, SamplingParams(max_new_tokens=NEW))
+    return time.perf_counter() - t0, [r.output for r in reqs]
+
+
+def run_transformers(batch, python):
+    if not python or not Path(python).exists():
+        return None
+    out = subprocess.run([python, "-c", HF_SCRIPT, str(FIXTURE), str(NEW)], input=json.dumps(batch),
+                         capture_output=True, text=True, timeout=1200)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--hf-python", default=os.environ.get("SWAJAX_HF_PYTHON",
+                                                              str(ROOT / ".hfenv/bin/python")))
+    args = parser.parse_args()
+    batch = prompts()
+    seconds, outputs = run_swajax(batch)
+    generated = N_PROMPTS * NEW
+    result = dict(swajax_tokens_per_s=generated / seconds, swajax_seconds=seconds)
+    hf = run_transformers(batch, args.hf_python)
+    if hf is None:
+        result["transformers"] = f"skipped: no fixtures environment at {args.hf_python}"
+    else:
+        result.update(transformers_tokens_per_s=generated / hf["seconds"],
+                      transformers_seconds=hf["seconds"],
+                      ratio=hf["seconds"] / seconds,
+                      same_tokens=sum(a == b for a, b in zip(outputs, hf["tokens"])))
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:26} {value:.2f}" if isinstance(value, float) else f"{key:26} {value}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
