@@ -13,3 +13,14 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # JIT warm-up makes first examples slow; long runs are separate tests marked `slow`.
 settings.register_profile("swajax", deadline=None, print_blob=True)
 settings.load_profile("swajax")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jit_caches():
+    """Drop compiled programs between test modules: hundreds of small executables kept alive in
+    one process made XLA's CPU compiler abort late in the run (2-core, 24 GB machine)."""
+    yield
+    jax.clear_caches()
