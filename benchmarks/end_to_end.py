@@ -29,7 +29,8 @@ HF_SCRIPT = """
 import sys, time, json, torch, transformers as tf
 path, prompts, new = sys.argv[1], json.loads(sys.stdin.read()), int(sys.argv[2])
 torch.set_num_threads(2)
-model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+model = tf.AutoModelForCausalLM.from_pretrained(
+    path, dtype=torch.float32, attn_implementation="eager").eval()
 ids = torch.tensor(prompts)
 with torch.no_grad():
     model.generate(ids[:2, :16], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
