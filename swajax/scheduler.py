@@ -317,47 +317,38 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
-    def retract(self, req: Request) -> None:
-        """Give back all of a running request's KV and requeue it at the front; it recomputes
-        its prompt and output later and goes on exactly where it stopped."""
+    def _hand_over(self, req: Request, insert: bool) -> None:
+        """Give the request's KV to the prefix cache (insert) or back to the pools, and unlock."""
         self.cache.cache_finished(
             req.tokens[: req.kv_len],
             req.slots,
             cache_protected_len=req.cache_protected_len,
             swa_evicted_seqlen=req.swa_evicted_seqlen,
             handle=req.handle,
-            insert=False,
+            insert=insert,
         )
         req.handle = None
+
+    def retract(self, req: Request) -> None:
+        """Give back all of a running request's KV and requeue it at the front; it recomputes
+        its prompt and output later and goes on exactly where it stopped."""
+        self._hand_over(req, insert=False)
         self._requeue(req)
         req.retractions += 1
         self.retractions += 1
 
     def finish(self, req: Request, reason: str) -> None:
         """Cache a finished request's KV (its last sampled token has none) and release it."""
-        self.cache.cache_finished(
-            req.tokens[: req.kv_len],
-            req.slots,
-            cache_protected_len=req.cache_protected_len,
-            swa_evicted_seqlen=req.swa_evicted_seqlen,
-            handle=req.handle,
-        )
+        self._hand_over(req, insert=True)
         self._release_row(req)
-        req.status, req.finish_reason, req.handle = Status.FINISHED, reason, None
+        req.status, req.finish_reason = Status.FINISHED, reason
 
     def abort(self, req: Request, reason: str = "aborted") -> None:
         """Stop a request in any state, giving back everything it holds."""
         if req.status is Status.WAITING:
             self.waiting.remove(req)
         elif req.status is Status.RUNNING:
-            self.cache.cache_finished(
-                req.tokens[: req.kv_len],
-                req.slots,
-                cache_protected_len=req.cache_protected_len,
-                swa_evicted_seqlen=req.swa_evicted_seqlen,
-                handle=req.handle,
-                insert=False,
-            )
+            self._hand_over(req, insert=False)
             self._release_row(req)
         else:
             return
