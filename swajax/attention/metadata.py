@@ -53,6 +53,20 @@ class AttentionMetadata:
         return self.positions.shape[0]
 
 
+def to_blocks(x, meta: AttentionMetadata):
+    """Rows [T, ...] of the flat batch -> [NB, block_q, ...] query blocks (padding rows 0)."""
+    padded = jnp.concatenate([x, jnp.zeros((1, *x.shape[1:]), x.dtype)])
+    return padded[meta.block_tokens]
+
+
+def from_blocks(blocks, meta: AttentionMetadata, dtype):
+    """[NB, block_q, ...] query blocks -> rows [T, ...] of the flat batch."""
+    t = meta.num_tokens
+    flat = blocks.reshape(-1, *blocks.shape[2:]).astype(dtype)
+    out = jnp.zeros((t + 1, *flat.shape[1:]), dtype).at[meta.block_tokens.reshape(-1)].set(flat)
+    return out[:t]
+
+
 def _ceil_div(a, b):
     return -(-a // b)
 

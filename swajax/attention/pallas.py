@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from swajax.attention.metadata import AttentionMetadata
+from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
 from swajax.config import LayerSpec
 from swajax.kernels.paged_decode import paged_decode
 from swajax.kernels.ragged_extend import ragged_extend
@@ -52,7 +52,7 @@ def attention_pallas(
         interpret=interpret,
     )
     real = meta.block_tokens < t
-    q_blocks = jnp.concatenate([q, jnp.zeros((1, hq, dk), q.dtype)])[meta.block_tokens]
+    q_blocks = to_blocks(q, meta)
     if bq == 1:
         req = meta.block_req
         seq = jnp.where(real[:, 0], meta.block_pos + 1, 0)
@@ -83,6 +83,4 @@ def attention_pallas(
             **kw,
         )
         out = out.reshape(nb, hkv, bq, g, dv).transpose(0, 2, 1, 3, 4)
-    flat = out.reshape(nb * bq, hq, dv)
-    result = jnp.zeros((t + 1, hq, dv), q.dtype).at[meta.block_tokens.reshape(-1)].set(flat)
-    return result[:t]
+    return from_blocks(out.reshape(nb, bq, hq, dv), meta, q.dtype)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from swajax.attention.mask import lookback, visible, window_start
-from swajax.attention.metadata import AttentionMetadata
+from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
 from swajax.config import LayerSpec
 from swajax.kernels import common
 
@@ -95,8 +95,7 @@ def attention_xla(
     hkv, dv = k_pages.shape[2], v_pages.shape[3]
     g = hq // hkv
     sink = None if sinks is None else sinks.astype(jnp.float32).reshape(hkv, g)
-    q_padded = jnp.concatenate([q, jnp.zeros((1, hq, dk), q.dtype)])
-    q_blocks = q_padded[meta.block_tokens].reshape(*meta.block_tokens.shape, hkv, g, dk)
+    q_blocks = to_blocks(q, meta).reshape(*meta.block_tokens.shape, hkv, g, dk)
 
     def one_block(args):
         qb, req, first_q, tokens = args
@@ -112,6 +111,4 @@ def attention_xla(
     batch = max(1, KEYS_PER_BATCH // keys)
     args = (q_blocks, meta.block_req, meta.block_pos, meta.block_tokens)
     out = jax.lax.map(one_block, args, batch_size=batch)  # [NB, block_q, Hkv, G, Dv]
-    flat = out.reshape(-1, hq, dv).astype(q.dtype)
-    result = jnp.zeros((t + 1, hq, dv), q.dtype).at[meta.block_tokens.reshape(-1)].set(flat)
-    return result[:t]
+    return from_blocks(out.reshape(*meta.block_tokens.shape, hq, dv), meta, q.dtype)
