@@ -52,8 +52,13 @@ def run_swajax(batch):
     from swajax.models import load_decoder
     from swajax.request import SamplingParams
 
-    setup = Setup(kv_budget_gib=0.05, page_size=16, chunk_size=None, max_running=N_PROMPTS,
-                  max_context=PROMPT_LEN + NEW + 16)
+    setup = Setup(
+        kv_budget_gib=0.05,
+        page_size=16,
+        chunk_size=None,
+        max_running=N_PROMPTS,
+        max_context=PROMPT_LEN + NEW + 16,
+    )
     decoder = load_decoder(FIXTURE)
     warm = make_engine(decoder, setup)  # compile every program the run needs
     generate(warm, batch, SamplingParams(max_new_tokens=NEW))
@@ -66,8 +71,13 @@ def run_swajax(batch):
 def run_transformers(batch, python):
     if not python or not Path(python).exists():
         return None
-    out = subprocess.run([python, "-c", HF_SCRIPT, str(FIXTURE), str(NEW)], input=json.dumps(batch),
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [python, "-c", HF_SCRIPT, str(FIXTURE), str(NEW)],
+        input=json.dumps(batch),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -76,8 +86,9 @@ def run_transformers(batch, python):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--hf-python", default=os.environ.get("SWAJAX_HF_PYTHON",
-                                                              str(ROOT / ".hfenv/bin/python")))
+    parser.add_argument(
+        "--hf-python", default=os.environ.get("SWAJAX_HF_PYTHON", str(ROOT / ".hfenv/bin/python"))
+    )
     args = parser.parse_args()
     batch = prompts()
     seconds, outputs = run_swajax(batch)
@@ -87,10 +98,12 @@ def main() -> None:
     if hf is None:
         result["transformers"] = f"skipped: no fixtures environment at {args.hf_python}"
     else:
-        result.update(transformers_tokens_per_s=generated / hf["seconds"],
-                      transformers_seconds=hf["seconds"],
-                      ratio=hf["seconds"] / seconds,
-                      same_tokens=sum(a == b for a, b in zip(outputs, hf["tokens"])))
+        result.update(
+            transformers_tokens_per_s=generated / hf["seconds"],
+            transformers_seconds=hf["seconds"],
+            ratio=hf["seconds"] / seconds,
+            same_tokens=sum(a == b for a, b in zip(outputs, hf["tokens"])),
+        )
     if args.json:
         print(json.dumps(result))
         return

@@ -34,6 +34,22 @@ class BlockSizes:
 DEFAULT_BLOCK_SIZES = BlockSizes()
 
 
+def compiler_params(backend: str, interpret, block_sizes: BlockSizes = DEFAULT_BLOCK_SIZES):
+    """Backend compiler parameters, chosen in one place (none in interpret mode). Triton params
+    are what select the Triton lowering on GPU; TPU grids are (parallel, arbitrary)."""
+    if interpret:
+        return None
+    if backend == "gpu":
+        from jax.experimental.pallas import triton as plt
+
+        return plt.CompilerParams(
+            num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages
+        )
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+
+
 def window_lo(q_pos, kind: str, window: int):
     """First visible key position for query position `q_pos` (clamped at 0)."""
     if kind == "sliding":

@@ -211,13 +211,6 @@ def paged_decode(
     extra = () if sinks is None else (sinks.astype(jnp.float32),)
     if backend == "gpu":
         any_spec = pl.BlockSpec(memory_space=pl.ANY)
-        compiler = None
-        if not interpret:
-            from jax.experimental.pallas import triton as plt
-
-            compiler = plt.CompilerParams(
-                num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages
-            )
         return pl.pallas_call(
             functools.partial(paged_decode_kernel_gpu, **params),
             grid=(b,),
@@ -227,7 +220,7 @@ def paged_decode(
             out_specs=pl.BlockSpec((None, hkv, g, dv), lambda i: (i, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
-            compiler_params=compiler,
+            compiler_params=common.compiler_params("gpu", interpret, block_sizes),
             name="swajax_paged_decode_gpu",
         )(q, k_pages, v_pages, page_table, first_page, seq_lens, *extra)
     if backend == "tpu":
@@ -261,9 +254,7 @@ def paged_decode(
             grid_spec=grid_spec,
             out_shape=out_shape,
             interpret=interpret,
-            compiler_params=None
-            if interpret
-            else pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            compiler_params=common.compiler_params("tpu", interpret),
             name="swajax_paged_decode_tpu",
         )(page_table.reshape(-1), first_page, seq_lens, q, k_pages, v_pages, *extra)
     raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")

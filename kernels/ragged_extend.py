@@ -266,13 +266,6 @@ def ragged_extend(
     tables = (page_table, first_page, block_req, block_pos, block_len)
     if backend == "gpu":
         any_spec = pl.BlockSpec(memory_space=pl.ANY)
-        compiler = None
-        if not interpret:
-            from jax.experimental.pallas import triton as plt
-
-            compiler = plt.CompilerParams(
-                num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages
-            )
         return pl.pallas_call(
             functools.partial(ragged_extend_kernel_gpu, **params),
             grid=(nb,),
@@ -282,7 +275,7 @@ def ragged_extend(
             out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i: (i, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
-            compiler_params=compiler,
+            compiler_params=common.compiler_params("gpu", interpret, block_sizes),
             name="swajax_ragged_extend_gpu",
         )(q, k_pages, v_pages, *tables, *extra)
     if backend == "tpu":
@@ -316,9 +309,7 @@ def ragged_extend(
             grid_spec=grid_spec,
             out_shape=out_shape,
             interpret=interpret,
-            compiler_params=None
-            if interpret
-            else pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            compiler_params=common.compiler_params("tpu", interpret),
             name="swajax_ragged_extend_tpu",
         )(page_table.reshape(-1), *tables[1:], q, k_pages, v_pages, *extra)
     raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")

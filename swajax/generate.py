@@ -49,6 +49,7 @@ class Tokenizer:
 
     def __init__(self, path: Path | None):
         self.hf = None
+        self.missing = None  # a checkpoint folder without tokenizer.json: ids only
         if path is not None and (path / "tokenizer.json").exists():
             try:
                 from tokenizers import Tokenizer as HFTokenizer
@@ -61,14 +62,14 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if self.hf is not None:
             return self.hf.encode(text).ids
-        if hasattr(self, "missing"):
+        if self.missing is not None:
             raise ValueError(f"{self.missing} has no tokenizer.json: use --prompt-ids")
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str | None:
         if self.hf is not None:
             return self.hf.decode(ids)
-        if hasattr(self, "missing"):
+        if self.missing is not None:
             return None
         return bytes(ids).decode("utf-8", errors="replace")
 
