@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from allocator_model import ModelAllocator  # noqa: E402
 
-from swajax import allocator as A  # noqa: E402
+from swajax.memory import allocator as A  # noqa: E402
 
 
 def median_us(fn, iters: int, warmup: int = 3) -> float:

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax import allocator as A, req_to_token as R
 from swajax.attention import as_pages, attention, build_metadata
 from swajax.config import LayerKind, LayerSpec
+from swajax.memory import allocator as A, req_to_token as R
 
 W, PS, HKV, D = 128, 16, 8, 64
 FULL, SLIDING = LayerSpec(LayerKind.FULL), LayerSpec(LayerKind.SLIDING, W)

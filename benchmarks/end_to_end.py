@@ -48,9 +48,9 @@ def prompts():
 
 
 def run_swajax(batch):
-    from swajax.generate import Setup, generate, make_engine
+    from swajax.cli.generate import Setup, generate, make_engine
     from swajax.models import load_decoder
-    from swajax.request import SamplingParams
+    from swajax.serving.request import SamplingParams
 
     setup = Setup(
         kv_budget_gib=0.05,

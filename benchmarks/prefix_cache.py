@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from swajax.kv_allocator import KVAllocator
+from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache, stats
-from swajax.window import eviction_frontier
+from swajax.serving.window import eviction_frontier
 
 W, PS, FULL, SWA = 128, 16, 262_144, 65_536
 

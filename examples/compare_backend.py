@@ -10,9 +10,9 @@ Builds paged pools with swajax's allocator (shuffled pages, freed SWA slots NaN-
 import jax.numpy as jnp
 import numpy as np
 
-from swajax import allocator as A, req_to_token as R
 from swajax.attention import as_pages, attention, build_metadata
 from swajax.config import LayerKind, LayerSpec
+from swajax.memory import allocator as A, req_to_token as R
 from swajax.oracle import compare, reference_attention
 
 PS, W, HQ, HKV, D = 4, 8, 4, 2, 16

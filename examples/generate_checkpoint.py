@@ -10,9 +10,9 @@ cache.
 import sys
 from pathlib import Path
 
-from swajax.generate import Setup, generate, make_engine
+from swajax.cli.generate import Setup, generate, make_engine
 from swajax.models import load_decoder
-from swajax.request import SamplingParams
+from swajax.serving.request import SamplingParams
 
 DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gpt_oss"
 

@@ -9,7 +9,7 @@ ratio worth considering.
 
 import sys
 
-from swajax.plan import capacity_report
+from swajax.cli.plan import capacity_report
 from swajax.presets import load_preset
 
 

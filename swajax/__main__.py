@@ -1,5 +1,5 @@
 import sys
 
-from swajax.cli import main
+from swajax.cli.main import main
 
 sys.exit(main())

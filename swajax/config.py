@@ -44,6 +44,8 @@ class LayerSpec:
     window: int | None = None  # W for sliding layers, C for chunked layers, None for full layers
     uses_rope: bool = True
     rope_theta: float | None = None  # None: the config does not say (the model's default applies)
+    # The layer's RoPE scaling fields (rope_type, factor, ...) as sorted (name, value) pairs.
+    rope_params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.kind is LayerKind.FULL and self.window is not None:
@@ -110,15 +112,16 @@ class HybridConfig:
         return "".join(layer.kind.letter for layer in self.layers)
 
     @property
-    def mode(self) -> str:
-        """'hybrid' (both kinds), 'all_swa' (no full layers) or 'full_only' (no local layers)."""
+    def layer_mix(self) -> str:
+        """The model's layers (not the pools): 'hybrid' (both kinds), 'all_swa' (no full
+        layers) or 'full_only' (no local layers)."""
         if not self.swa_layer_ids:
             return "full_only"
         return "hybrid" if self.full_layer_ids else "all_swa"
 
     @property
     def is_hybrid(self) -> bool:
-        return self.mode == "hybrid"
+        return self.layer_mix == "hybrid"
 
     @property
     def sliding_window(self) -> int | None:
@@ -246,7 +249,10 @@ def _llama4_layers(cfg: Mapping[str, Any], n: int) -> list[LayerSpec]:
         else:
             kind = LayerKind.FULL
         theta = _rope_theta(cfg, kind, i) if uses_rope[i] else None
-        layers.append(LayerSpec(kind, chunk if kind.is_local else None, uses_rope[i], theta))
+        params = _rope_params(cfg, kind) if uses_rope[i] else ()
+        layers.append(
+            LayerSpec(kind, chunk if kind.is_local else None, uses_rope[i], theta, params)
+        )
     return layers
 
 
@@ -290,7 +296,8 @@ def _shapes(model_type: str, cfg: Mapping[str, Any]) -> tuple[AttentionShape, At
     return full, local
 
 
-def _text_config(cfg: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+def text_config(cfg: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """(model_type, the decoder's fields): multimodal wrappers nest them under text_config."""
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         raise ConfigError(f"config field 'model_type' must be a string, got {model_type!r}")
@@ -305,7 +312,7 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
     """Turn a Hugging Face config dict into a `HybridConfig` (`ConfigError` names bad fields)."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"config must be a JSON object, got {type(cfg).__name__}")
-    model_type, text = _text_config(cfg)
+    model_type, text = text_config(cfg)
     n = _positive_int(text, "num_hidden_layers")
     full_shape, local_shape = _shapes(model_type, text)
     if model_type in ("llama4", "llama4_text"):
@@ -357,6 +364,33 @@ def _rope_theta(cfg: Mapping[str, Any], kind: LayerKind, layer: int) -> float | 
     return None if theta is None else float(theta)
 
 
+def _frozen(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _rope_params(cfg: Mapping[str, Any], kind: LayerKind) -> tuple[tuple[str, Any], ...]:
+    """RoPE scaling of one kind of layer: v5 `rope_parameters` (per layer type or shared) or the
+    legacy `rope_scaling`, plus a model-wide `partial_rotary_factor`."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"config field 'rope_parameters' must be an object, got {params!r}")
+    per_type = params.get(_LAYER_TYPE_NAMES[kind])
+    if isinstance(per_type, Mapping):
+        params = per_type
+    elif any(isinstance(v, Mapping) for v in params.values()):
+        params = {}  # per-type parameters that do not name this kind
+    elif kind.is_local and cfg.get("rope_local_base_freq") is not None:
+        params = {}  # Gemma 3's legacy form: the scaling is the global layers' only
+    params = {k: _frozen(v) for k, v in params.items() if k != "rope_theta"}
+    if "type" in params:  # the oldest spelling
+        params.setdefault("rope_type", params.pop("type"))
+    if params.get("rope_type") == "default":
+        del params["rope_type"]
+    if "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is not None:
+        params["partial_rotary_factor"] = cfg["partial_rotary_factor"]
+    return tuple(sorted(params.items()))
+
+
 def _layer_specs(
     model_type: str, cfg: Mapping[str, Any], kinds: list[LayerKind]
 ) -> list[LayerSpec]:
@@ -366,7 +400,12 @@ def _layer_specs(
     if LayerKind.CHUNKED in kinds:
         windows[LayerKind.CHUNKED] = _positive_int(cfg, "attention_chunk_size")
     return [
-        LayerSpec(kind, windows[kind], rope_theta=_rope_theta(cfg, kind, i))
+        LayerSpec(
+            kind,
+            windows[kind],
+            rope_theta=_rope_theta(cfg, kind, i),
+            rope_params=_rope_params(cfg, kind),
+        )
         for i, kind in enumerate(kinds)
     ]
 

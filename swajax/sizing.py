@@ -15,6 +15,7 @@ pool (hybrid memory disabled) gives every layer a slot for every token.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 from swajax.config import HybridConfig
@@ -27,19 +28,41 @@ class SizingError(ValueError):
     """A budget, ratio or page size that gives no usable pools; the message names the values."""
 
 
+class PoolMode(enum.StrEnum):
+    """How the KV pools are laid out; the one vocabulary every layer uses.
+
+    HYBRID: a full pool and an SWA pool joined by `full_to_swa`. SINGLE: hybrid memory disabled,
+    one pool for every layer (SWA layers still attend only their window). ALL_SWA: no full
+    layers; the one pool is the SWA pool.
+    """
+
+    HYBRID = "hybrid"
+    SINGLE = "single"
+    ALL_SWA = "all_swa"
+
+    @classmethod
+    def _missing_(cls, value):
+        names = ", ".join(m.value for m in cls)
+        raise ValueError(f"pool mode must be one of {names}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolSizes:
     """Token capacities of the two pools. In single-pool mode both equal the one pool's size."""
 
-    mode: str  # "hybrid" | "all_swa" | "single" | "chunk_cap"
+    mode: PoolMode
     full_tokens: int
     swa_tokens: int
     page_size: int
+    chunk_capped: bool = False  # hybrid, SWA pool sized to the running requests' worst case
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", PoolMode(self.mode))
 
     @property
     def max_total_tokens(self) -> int:
         """How many tokens of context the pools hold (the full pool, or the SWA pool if all-SWA)."""
-        return self.swa_tokens if self.mode == "all_swa" else self.full_tokens
+        return self.swa_tokens if self.mode is PoolMode.ALL_SWA else self.full_tokens
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -86,7 +109,7 @@ def _ceil_align(x: int, page_size: int) -> int:
 def cell_bytes(cfg: HybridConfig, ratio: float, dtype: str) -> float:
     """Bytes per unit of max_total_tokens for a hybrid (or all-SWA) model."""
     full, swa = token_bytes(cfg, dtype)
-    if cfg.mode == "all_swa":
+    if cfg.layer_mix == "all_swa":
         return swa
     return full + check_ratio(ratio) * swa
 
@@ -96,22 +119,22 @@ def solve_pool_sizes(
 ) -> PoolSizes:
     """Pool sizes from a token capacity (SGLang's constraint path: it caps the full pool)."""
     ps = _check_page_size(page_size)
-    if cfg.mode == "full_only":
+    if cfg.layer_mix == "full_only":
         raise SizingError(
             f"model_type {cfg.model_type!r} has no sliding or chunked layers; use a single pool"
         )
-    if cfg.mode == "all_swa":
+    if cfg.layer_mix == "all_swa":
         swa = _align(max_tokens, ps)
         if swa <= 0:
             raise SizingError(f"KV budget holds {max_tokens} tokens, less than page_size={ps}")
-        return PoolSizes("all_swa", 0, swa, ps)
+        return PoolSizes(PoolMode.ALL_SWA, 0, swa, ps)
     r = check_ratio(ratio)
     full = _align(max_tokens, ps)
     if full <= 0:
         raise SizingError(f"KV budget holds {max_tokens} tokens, less than page_size={ps}")
     swa = _align(int(full * r), ps)
     _check_swa_floor(cfg, swa, ps)
-    return PoolSizes("hybrid", full, swa, ps)
+    return PoolSizes(PoolMode.HYBRID, full, swa, ps)
 
 
 def _check_swa_floor(cfg: HybridConfig, swa_tokens: int, page_size: int) -> None:
@@ -127,7 +150,7 @@ def size_hybrid(
     cfg: HybridConfig, budget_bytes: int, *, ratio: float, page_size: int, dtype: str
 ) -> PoolSizes:
     """Hybrid (or all-SWA) pools for a KV budget in bytes."""
-    cell = cell_bytes(cfg, ratio, dtype) if cfg.mode != "full_only" else 0
+    cell = cell_bytes(cfg, ratio, dtype) if cfg.layer_mix != "full_only" else 0
     if cell <= 0:
         return solve_pool_sizes(cfg, 0, ratio=ratio, page_size=page_size)
     return solve_pool_sizes(cfg, int(budget_bytes // cell), ratio=ratio, page_size=page_size)
@@ -145,7 +168,7 @@ def size_single_pool(
             f"KV budget of {budget_bytes} bytes holds no page of {ps} tokens "
             f"({full + swa} bytes per token)"
         )
-    return PoolSizes("single", tokens, tokens, ps)
+    return PoolSizes(PoolMode.SINGLE, tokens, tokens, ps)
 
 
 def bytes_used(cfg: HybridConfig, sizes: PoolSizes, dtype: str) -> int:
@@ -207,9 +230,9 @@ def size_chunk_cap(
     cfg: HybridConfig, budget_bytes: int, cap: ChunkCap, *, page_size: int, dtype: str
 ) -> PoolSizes:
     """SWA pool at its worst case; everything else of the budget goes to the full pool."""
-    if cfg.mode != "hybrid":
+    if cfg.layer_mix != "hybrid":
         raise SizingError(
-            f"chunk-cap sizing needs a hybrid model, {cfg.model_type!r} is {cfg.mode}"
+            f"chunk-cap sizing needs a hybrid model, {cfg.model_type!r} is {cfg.layer_mix}"
         )
     ps = _check_page_size(page_size)
     full_bytes, swa_bytes = token_bytes(cfg, dtype)
@@ -220,7 +243,7 @@ def size_chunk_cap(
             f"SWA pool cap of {swa} tokens ({swa * swa_bytes} bytes) leaves no room for the full "
             f"pool in a budget of {budget_bytes} bytes"
         )
-    return PoolSizes("chunk_cap", full, swa, ps)
+    return PoolSizes(PoolMode.HYBRID, full, swa, ps, chunk_capped=True)
 
 
 def size_chunk_cap_from_max_tokens(
@@ -228,7 +251,7 @@ def size_chunk_cap_from_max_tokens(
 ) -> PoolSizes:
     ps = _check_page_size(page_size)
     swa = min(_ceil_align(chunk_cap_tokens(cfg.sliding_window, ps, cap), ps), max_tokens)
-    return PoolSizes("chunk_cap", _align(max_tokens, ps), swa, ps)
+    return PoolSizes(PoolMode.HYBRID, _align(max_tokens, ps), swa, ps, chunk_capped=True)
 
 
 def min_ratio_estimate(

@@ -1,7 +1,8 @@
 """The simplest correct hybrid allocator, written from the spec (§4-§5) with plain lists and dicts.
 
 Free lists are Python lists whose front is allocated first; freed pages are prepended in ascending
-order (SGLang's paged allocator). A double free is ignored. Status codes match swajax.allocator.
+order (SGLang's paged allocator). A double free is ignored.
+Status codes match swajax.memory.allocator.
 """
 
 OK, FULL_SHORT, SWA_SHORT, SWA_LAST_LOC_MISSING = 0, 1, 2, 3

@@ -12,9 +12,9 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from swajax import allocator as A, req_to_token as R
 from swajax.attention import as_pages, build_metadata
 from swajax.config import LayerKind, LayerSpec
+from swajax.memory import allocator as A, req_to_token as R
 
 
 @dataclasses.dataclass

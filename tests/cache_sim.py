@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from swajax.window import eviction_frontier
+from swajax.serving.window import eviction_frontier
 
 
 @dataclasses.dataclass(eq=False)

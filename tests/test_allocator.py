@@ -7,7 +7,7 @@ from allocator_model import ModelAllocator
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from swajax import allocator as A
+from swajax.memory import allocator as A
 
 
 def slots(result, n):
@@ -253,7 +253,7 @@ def test_bad_arguments():
 
 def test_compilations_stay_bounded():
     """1,000 calls with varied batch sizes reuse a handful of compiled programs."""
-    from swajax.compilations import compilation_count
+    from swajax.memory.compilations import compilation_count
 
     rng = np.random.default_rng(0)
     state = A.init_allocator(4096, 4096, 16)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from swajax.cli import main
+from swajax.cli.main import main
 
 
 def run(capsys, *argv):

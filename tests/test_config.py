@@ -73,9 +73,9 @@ def test_family_layer_kinds(model_type, n, fields, kinds, window):
 
 
 def test_modes():
-    assert cfg("gpt_oss", 4, sliding_window=8).mode == "hybrid"
-    assert cfg("mistral", 4, sliding_window=8).mode == "all_swa"
-    assert cfg("qwen3", 4, use_sliding_window=False).mode == "full_only"
+    assert cfg("gpt_oss", 4, sliding_window=8).layer_mix == "hybrid"
+    assert cfg("mistral", 4, sliding_window=8).layer_mix == "all_swa"
+    assert cfg("qwen3", 4, use_sliding_window=False).layer_mix == "full_only"
     # No allowlist: Gemma 2/3 are hybrid here (SGLang forces them to one pool).
     assert cfg("gemma3_text", 12, sliding_window=1024).is_hybrid
 
@@ -125,7 +125,14 @@ def test_gemma_presets_and_gemma4_full_shapes():
 
 
 def test_rope_legacy_and_v5_forms():
-    legacy = cfg("gemma3_text", 6, sliding_window=8, rope_theta=1e6, rope_local_base_freq=1e4)
+    legacy = cfg(
+        "gemma3_text",
+        6,
+        sliding_window=8,
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},  # the global layers' only
+    )
     v5 = cfg(
         "gemma3_text",
         6,
@@ -138,6 +145,7 @@ def test_rope_legacy_and_v5_forms():
     )
     assert legacy.layers == v5.layers
     assert [layer.rope_theta for layer in v5.layers] == [1e4] * 5 + [1e6]
+    assert [dict(layer.rope_params).get("factor") for layer in legacy.layers] == [None] * 5 + [8.0]
     flat = cfg("qwen3", 2, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
     assert flat.layers[0].rope_theta == 5e5
 

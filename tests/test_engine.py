@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 
-from swajax import allocator as A, sizing, window
-from swajax.engine import Engine, EngineOptions
-from swajax.null_model import NullModel
+from swajax import sizing
+from swajax.memory import allocator as A
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
-from swajax.request import RequestError, SamplingParams, Status
+from swajax.serving import window
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.null_model import NullModel
+from swajax.serving.request import RequestError, SamplingParams, Status
 
 CFG = load_preset("tiny-hybrid")  # W = 7
 
@@ -58,10 +60,19 @@ def held(engine):
     return full, swa
 
 
+def device_available(engine):
+    """Free tokens the device pools report (after applying what the host has queued)."""
+    engine.flush()
+    avail = A.available(engine.runner.alloc)
+    return int(avail.full), int(avail.swa)
+
+
 def check_engine(engine):
     check_invariants(engine.cache)
-    A.check_invariants(engine.alloc.state)
-    full_free, swa_free = engine.alloc.available()
+    engine.flush()
+    A.check_invariants(engine.runner.alloc)
+    full_free, swa_free = engine.ledger.available()
+    assert device_available(engine) == (full_free, swa_free)
     held_full, held_swa = held(engine)
     c = engine.cache
     assert full_free + c.full_evictable + c.full_protected + held_full == engine.sizes.full_tokens
@@ -77,7 +88,9 @@ def drain(engine, check=True):
 
 def assert_no_leak(engine):
     engine.cache.evict(10**9, 10**9)
-    assert engine.alloc.available() == (engine.sizes.full_tokens, engine.sizes.swa_tokens)
+    full = (engine.sizes.full_tokens, engine.sizes.swa_tokens)
+    assert engine.ledger.available() == full
+    assert device_available(engine) == full
 
 
 def workload(engine, n, seed=0, shared=24):

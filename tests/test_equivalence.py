@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swajax.generate import Setup, make_engine
+from swajax.cli.generate import Setup, make_engine
 from swajax.models import load_decoder
-from swajax.request import SamplingParams
+from swajax.serving.request import SamplingParams
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BASE = Setup(kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128)

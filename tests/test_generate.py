@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swajax.cli import main
+from swajax.cli.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpt_oss"
 CASE = json.loads((FIXTURE / "greedy.json").read_text())

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from swajax import allocator as A
-from swajax.kv_allocator import KVAllocator
+from swajax.memory import allocator as A
+from swajax.memory.kv_allocator import KVAllocator
 
 
 def test_deferred_free_copies_its_input():

@@ -14,9 +14,9 @@ import pytest
 
 from swajax import sizing
 from swajax.config import ConfigError
-from swajax.engine import Engine, EngineOptions
 from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
-from swajax.request import SamplingParams
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.request import SamplingParams
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
@@ -25,7 +25,7 @@ FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8):
     model = HybridLM(load_decoder(path))
     cfg = model.spec.hybrid
-    if hybrid_memory and cfg.mode != "full_only":
+    if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)
     else:
         sizes = sizing.PoolSizes("single", 256, 256, page_size)
@@ -53,7 +53,7 @@ def test_matches_transformers_inside_the_engine(family):
     expected = np.load(path / "logits.npy")
     assert rel_err(logits, expected) <= 1e-4
     assert output == greedy
-    if engine.model.spec.hybrid.mode == "hybrid":
+    if engine.model.spec.hybrid.layer_mix == "hybrid":
         assert engine.metrics[-1].swa_used < engine.metrics[-1].full_used  # SWA KV was freed
 
 
@@ -113,7 +113,7 @@ def test_unknown_family_without_layer_types(tmp_path):
 
 
 def test_convert_cli(tmp_path, capsys):
-    from swajax.cli import main
+    from swajax.cli.main import main
 
     out = tmp_path / "orbax"
     assert main(["convert", str(FIXTURES / "mistral"), str(out)]) == 0

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swajax import pool as P
+from swajax.memory import pool as P
 from swajax.presets import load_preset
 from swajax.sizing import PoolSizes
 

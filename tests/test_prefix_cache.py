@@ -8,7 +8,7 @@ the test's docstring says so.
 import numpy as np
 import pytest
 
-from swajax.kv_allocator import KVAllocator
+from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import ChunkCache, RadixCache, check_invariants
 
 

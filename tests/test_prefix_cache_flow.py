@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from cache_sim import evict_window, finish, start, unfinished
 
-from swajax.kv_allocator import KVAllocator
+from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache, check_invariants
-from swajax.window import eviction_frontier
+from swajax.serving.window import eviction_frontier
 
 
 def setup(full=1024, swa=512, ps=1, window=4, cap=False):

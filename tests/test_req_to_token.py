@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from swajax import allocator as A, req_to_token as R
+from swajax.memory import allocator as A, req_to_token as R
 
 
 def test_extend_writes_rows_and_last_loc():

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from swajax import sizing
-from swajax.engine import Engine, EngineOptions
 from swajax.models import HybridLM, load_decoder
 from swajax.models.sharding import kv_mesh
-from swajax.request import SamplingParams
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.request import SamplingParams
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -30,7 +30,7 @@ def run(path, mesh):
     rid = engine.add_request(prompt, SamplingParams(max_new_tokens=6), keep_logits=True)
     engine.run()
     req = engine.requests[rid]
-    return req.output, np.stack(req.logits), engine.pools
+    return req.output, np.stack(req.logits), engine.runner.pools
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "mimo_v2_flash"])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from swajax.cli import main
+from swajax.cli.main import main
 
 
 def run(capsys, *argv):

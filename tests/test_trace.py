@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from swajax.cli import main
-from swajax.trace import replay
+from swajax.cli.main import main
+from swajax.cli.trace import replay
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,15 @@ one request; implementations iterate over blocks, so a sliding layer reads about
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax import allocator
-from swajax.pool import KVWriteLoc
-from swajax.ragged import bucket, pad, token_positions
-from swajax.req_to_token import ReqToToken
+from swajax.memory import allocator
+from swajax.memory.padding import bucket, pad, token_positions
+from swajax.memory.pool import KVWriteLoc
+from swajax.memory.req_to_token import ReqToToken
 
 
 @jax.tree_util.register_dataclass
@@ -42,7 +41,6 @@ class AttentionMetadata:
     block_pos: jax.Array  # i32[NB]: position of the block's first query
     block_tokens: jax.Array  # i32[NB, block_q]: flat token index of each query (T = padding)
     page_size: int = dataclasses.field(metadata=dict(static=True))
-    window: int = dataclasses.field(metadata=dict(static=True))  # memory window W (0: none)
 
     @property
     def block_q(self) -> int:
@@ -78,42 +76,58 @@ def _row_slots(r2t, req_rows, positions):
     return jnp.where(inside, slots, 0)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("window", "block_q", "num_tokens", "full_pages", "swa_pages", "num_blocks"),
-)
-def _build(
-    r2t,
-    alloc,
-    req_rows,
-    prefix_lens,
-    seq_lens,
-    *,
-    window,
-    block_q,
-    num_tokens,
-    full_pages,
-    swa_pages,
-    num_blocks,
-):
-    ps = alloc.page_size
-    req, pos, valid = token_positions(prefix_lens, seq_lens, num_tokens)
+@dataclasses.dataclass(frozen=True)
+class MetadataShape:
+    """The static sizes of a batch's metadata (host ints, bucketed so programs are reused)."""
+
+    window: int  # memory window W (0: none)
+    block_q: int
+    num_tokens: int
+    full_pages: int
+    swa_pages: int
+    num_blocks: int
+
+
+def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_q=None):
+    """Bucketed static sizes for a batch (host arrays of per-request lengths)."""
+    pre, seq = np.asarray(prefix_lens, np.int32), np.asarray(seq_lens, np.int32)
+    if len(pre) == 0 or np.any(seq <= pre) or np.any(pre < 0):
+        raise ValueError(
+            f"every request needs 0 <= prefix < seq, got {pre.tolist()} / {seq.tolist()}"
+        )
+    ps, extend = page_size, seq - pre
+    block_q = block_q or default_block_q(int(extend.max()))
+    first = np.maximum(pre - window, 0) // ps
+    return MetadataShape(
+        window=window,
+        block_q=block_q,
+        num_tokens=bucket(int(extend.sum()), 16),
+        full_pages=bucket(int(-(-seq.max() // ps)), 4),
+        swa_pages=bucket(int(((seq - 1) // ps - first + 1).max()), 2),
+        num_blocks=bucket(int((-(-extend // block_q)).sum()), 8),
+    )
+
+
+def metadata_core(r2t, alloc, req_rows, prefix_lens, seq_lens, shape: MetadataShape):
+    """The metadata of a padded batch, traced inside a jitted caller (`commit_step`)."""
+    ps, window, block_q = alloc.page_size, shape.window, shape.block_q
+    req, pos, valid = token_positions(prefix_lens, seq_lens, shape.num_tokens)
     full_loc = jnp.where(valid, r2t.table[req_rows[req], pos], 0)
     swa_loc = jnp.where(valid, allocator.translate(alloc, full_loc), 0)
 
-    full_pos = jnp.arange(full_pages, dtype=jnp.int32)[None, :] * ps
+    full_pos = jnp.arange(shape.full_pages, dtype=jnp.int32)[None, :] * ps
     full_pt = jnp.where(full_pos < seq_lens[:, None], _row_slots(r2t, req_rows, full_pos) // ps, 0)
 
     # The one translation of the batch: only pages that intersect the window of some query.
     first = jnp.maximum(prefix_lens - window, 0) // ps
-    swa_pos = (first[:, None] + jnp.arange(swa_pages, dtype=jnp.int32)[None, :]) * ps
+    swa_pos = (first[:, None] + jnp.arange(shape.swa_pages, dtype=jnp.int32)[None, :]) * ps
     swa_slots = allocator.translate(alloc, _row_slots(r2t, req_rows, swa_pos))
     swa_pt = jnp.where(swa_pos < seq_lens[:, None], swa_slots // ps, 0)
 
     extend = seq_lens - prefix_lens
     cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(extend, dtype=jnp.int32)])
     blocks = _ceil_div(extend, block_q)
-    b_req, b_idx, b_valid = token_positions(jnp.zeros_like(blocks), blocks, num_blocks)
+    b_req, b_idx, b_valid = token_positions(jnp.zeros_like(blocks), blocks, shape.num_blocks)
     tokens = cu[b_req][:, None] + b_idx[:, None] * block_q + jnp.arange(block_q, dtype=jnp.int32)
     real = b_valid[:, None] & (tokens < cu[b_req + 1][:, None])
     return AttentionMetadata(
@@ -129,10 +143,12 @@ def _build(
         write=KVWriteLoc(full=full_loc, swa=swa_loc),
         block_req=b_req,
         block_pos=jnp.where(b_valid, prefix_lens[b_req] + b_idx * block_q, 0),
-        block_tokens=jnp.where(real, tokens, num_tokens),
+        block_tokens=jnp.where(real, tokens, shape.num_tokens),
         page_size=ps,
-        window=window,
     )
+
+
+_build = jax.jit(metadata_core, static_argnames="shape")
 
 
 def default_block_q(max_extend: int) -> int:
@@ -150,7 +166,10 @@ def build_metadata(
     window: int,
     block_q: int | None = None,
 ) -> AttentionMetadata:
-    """Metadata for a batch whose new tokens' slots are already in `r2t`.
+    """Metadata for a batch whose new tokens' slots are already in `r2t` (one jitted call).
+
+    The engine builds it inside `commit_step` instead; this entry point serves tests, the
+    oracle and other backends.
 
     Args:
       req_rows: row of `r2t` of each request.
@@ -158,26 +177,8 @@ def build_metadata(
       window: the memory window W of the model (`HybridConfig.sliding_window`; 0 if none).
       block_q: queries per block (default from the longest extend).
     """
-    pre, seq = np.asarray(prefix_lens, np.int32), np.asarray(seq_lens, np.int32)
-    if len(pre) == 0 or np.any(seq <= pre) or np.any(pre < 0):
-        raise ValueError(
-            f"every request needs 0 <= prefix < seq, got {pre.tolist()} / {seq.tolist()}"
-        )
-    ps, extend = alloc.page_size, seq - pre
-    block_q = block_q or default_block_q(int(extend.max()))
-    r = bucket(len(pre), 8)
-    first = np.maximum(pre - window, 0) // ps
-    swa_pages = int(((seq - 1) // ps - first + 1).max())
-    return _build(
-        r2t,
-        alloc,
-        pad(req_rows, r),
-        pad(pre, r),
-        pad(seq, r),
-        window=window,
-        block_q=block_q,
-        num_tokens=bucket(int(extend.sum()), 16),
-        full_pages=bucket(int(-(-seq.max() // ps)), 4),
-        swa_pages=bucket(swa_pages, 2),
-        num_blocks=bucket(int((-(-extend // block_q)).sum()), 8),
+    shape = metadata_shape(
+        prefix_lens, seq_lens, page_size=alloc.page_size, window=window, block_q=block_q
     )
+    r = bucket(len(req_rows), 8)
+    return _build(r2t, alloc, pad(req_rows, r), pad(prefix_lens, r), pad(seq_lens, r), shape)

@@ -10,10 +10,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from swajax import pool as pool_lib
+from swajax.memory import pool as pool_lib
 from swajax.models.layers import (
     HIGHEST,
     Attention,
@@ -26,6 +25,7 @@ from swajax.models.layers import (
     _set,
     take,
 )
+from swajax.models.sampling import sample
 from swajax.models.spec import ModelSpec
 
 MLPS = {"gpt_oss_moe": GptOssMoE, "llama4_moe": Llama4MoE, "mimo_moe": MimoMoE}
@@ -101,19 +101,28 @@ class Decoder(nnx.Module):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "implementation", "interpret"), donate_argnames=("pools",)
+    jax.jit,
+    static_argnames=("graphdef", "implementation", "interpret", "return_logits"),
+    donate_argnames=("pools",),
 )
-def _forward(graphdef, state, pools, tokens, meta, sample_index, implementation, interpret):
+def _forward_and_sample(
+    graphdef, state, pools, batch, meta, implementation, interpret, return_logits
+):
     model = nnx.merge(graphdef, state)
-    return model(
-        tokens,
+    logits, pools = model(
+        batch.tokens,
         meta.positions,
         pools,
         meta,
-        sample_index,
+        batch.logit_index,
         implementation=implementation,
         interpret=interpret,
     )
+    rows = logits[batch.sample_index]
+    tokens, logprobs = sample(
+        rows, batch.temperature, batch.top_p, batch.seeds, batch.sample_positions
+    )
+    return pools, (tokens, logprobs, logits if return_logits else None)
 
 
 class HybridLM:
@@ -153,25 +162,21 @@ class HybridLM:
             pools = shard_pools(pools, self.mesh)
         return pools
 
-    def forward(self, pools, batch):
-        meta = batch.meta
-        t, r = meta.num_tokens, len(batch.sample_index)
-        tokens = np.zeros(t, np.int32)
-        tokens[: len(batch.tokens)] = batch.tokens
-        rows = np.zeros(max(8, 1 << max(0, r - 1).bit_length()), np.int32)
-        rows[:r] = batch.sample_index
+    def forward_and_sample(self, pools, batch, meta, *, return_logits: bool = False):
+        """One step on device: forward the batch (a padded `ForwardBatch` of device arrays),
+        sample inside the same jit; returns (pools, (tokens, logprobs, logits or None))."""
         if self.mesh is not None:  # the batch's metadata is built on one device: replicate it
             from swajax.models.sharding import replicate
 
             meta = replicate(meta, self.mesh)
-        logits, pools = _forward(
+            batch = replicate(batch, self.mesh)
+        return _forward_and_sample(
             self.graphdef,
             self.state,
             pools,
-            tokens,
+            batch,
             meta,
-            rows,
             self.implementation,
             self.interpret,
+            return_logits,
         )
-        return np.asarray(logits)[:r], pools

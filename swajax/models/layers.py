@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from swajax import pool as pool_lib
 from swajax.attention import as_pages, attention
+from swajax.memory import pool as pool_lib
 from swajax.models.rope import apply_rope
 from swajax.models.spec import ModelSpec
 

@@ -11,7 +11,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from swajax.config import ConfigError, HybridConfig, LayerKind, parse_hf_config
+from swajax.config import (
+    ConfigError,
+    HybridConfig,
+    LayerKind,
+    LayerSpec,
+    parse_hf_config,
+    text_config,
+)
 from swajax.models.rope import RopeSpec
 
 FAMILIES = {
@@ -63,37 +70,15 @@ class ModelSpec:
         return self.hybrid.num_layers
 
 
-def _rope(
-    cfg: Mapping[str, Any],
-    kind: LayerKind,
-    head_dim: int,
-    default_theta: float,
-    interleaved: bool = False,
-) -> RopeSpec:
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    name = {
-        LayerKind.FULL: "full_attention",
-        LayerKind.SLIDING: "sliding_attention",
-        LayerKind.CHUNKED: "chunked_attention",
-    }[kind]
-    if isinstance(params.get(name), Mapping):
-        params = dict(params[name])
-    elif any(isinstance(v, Mapping) for v in params.values()):
-        params = {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", default_theta))
-    if (
-        kind.is_local
-        and "rope_local_base_freq" in cfg
-        and name not in (cfg.get("rope_parameters") or {})
-    ):
-        theta = cfg["rope_local_base_freq"]
-    kind_name = params.get("rope_type", params.get("type", "default"))
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    dim = int(head_dim * partial) // 2 * 2
+def _rope(layer: LayerSpec, head_dim: int, default_theta: float, interleaved=False) -> RopeSpec:
+    """The layer's RoPE from what `swajax.config` parsed (the only reader of the JSON fields)."""
+    params = dict(layer.rope_params)
+    theta = layer.rope_theta if layer.rope_theta is not None else default_theta
+    dim = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2 * 2
     return RopeSpec(
         theta=float(theta),
         dim=dim,
-        kind=kind_name,
+        kind=params.get("rope_type", params.get("type", "default")),
         factor=float(params.get("factor", 1.0)),
         interleaved=interleaved,
         original_max_position=int(params.get("original_max_position_embeddings", 4096)),
@@ -109,7 +94,7 @@ def _rope(
 def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
     """Parse a Hugging Face config.json dict; `ConfigError` names what is missing or unknown."""
     hybrid = parse_hf_config(cfg)
-    text = cfg.get("text_config") if "num_hidden_layers" not in cfg else cfg
+    _, text = text_config(cfg)
     family = FAMILIES.get(hybrid.model_type)
     if family is None:
         raise ConfigError(
@@ -139,7 +124,7 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         intermediate=(int(text.get("intermediate_size", 0)),) * n,
         tie_embeddings=bool(text.get("tie_word_embeddings", False)),
     )
-    rope = lambda la, theta, **kw: _rope(text, la.kind, head_dim(la), theta, **kw)  # noqa: E731
+    rope = lambda la, theta, **kw: _rope(la, head_dim(la), theta, **kw)  # noqa: E731
     if family == "llama":
         qk = "weight" if hybrid.model_type == "qwen3" else "none"
         return ModelSpec(

@@ -8,6 +8,7 @@ from swajax.prefix_cache.radix import (
     RadixCache as RadixCache,
     Releaser as Releaser,
 )
+from swajax.sizing import PoolMode
 
 
 def make_prefix_cache(
@@ -15,14 +16,14 @@ def make_prefix_cache(
     *,
     page_size: int,
     window: int | None,
-    pool_mode: str,
+    pool_mode: PoolMode,
     enabled: bool = True,
     cap_leaf_to_window: bool = True,
 ):
     """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache."""
     if not enabled:
         return ChunkCache(releaser, page_size=page_size, window=window, pool_mode=pool_mode)
-    window = None if pool_mode == "single" else window
+    window = None if PoolMode(pool_mode) is PoolMode.SINGLE else window
     return RadixCache(
         releaser,
         page_size=page_size,

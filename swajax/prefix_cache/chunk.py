@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from swajax.prefix_cache.radix import MatchResult, Releaser
+from swajax.sizing import PoolMode
 
 _EMPTY = np.zeros(0, np.int32)
 
@@ -17,9 +18,15 @@ class ChunkCache:
     hit_tokens = tail_miss_tokens = tombstones = 0
 
     def __init__(
-        self, releaser: Releaser, *, page_size: int, window: int | None, pool_mode: str = "hybrid"
+        self,
+        releaser: Releaser,
+        *,
+        page_size: int,
+        window: int | None,
+        pool_mode: PoolMode = PoolMode.HYBRID,
     ):
-        self.releaser, self.ps, self.window, self.mode = releaser, page_size, window, pool_mode
+        self.releaser, self.ps, self.window = releaser, page_size, window
+        self.mode = PoolMode(pool_mode)
 
     def match(self, tokens) -> MatchResult:
         return MatchResult(_EMPTY, None, 0)
@@ -51,7 +58,7 @@ class ChunkCache:
         no full pool the evicted positions are already free and must not be freed again."""
         slots = np.asarray(slots, np.int32)
         start, end = cache_protected_len, len(tokens)
-        if self.mode != "all_swa" or swa_evicted_seqlen <= swa_evict_floor:
+        if self.mode is not PoolMode.ALL_SWA or swa_evicted_seqlen <= swa_evict_floor:
             self.releaser.free(slots[start:end])
             return
         # All-SWA: [floor, evicted) was freed by eviction; free around it (spec §8.2).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from swajax.prefix_cache.node import Node
+from swajax.sizing import PoolMode
 
 
 class Eviction:
@@ -25,7 +26,7 @@ class Eviction:
             first = False
             self._free_node(node)
             live = node.swa_live and self.swa
-            full += len(node) if (node.swa_live or self.mode != "all_swa") else 0
+            full += len(node) if (node.swa_live or self.mode is not PoolMode.ALL_SWA) else 0
             swa += len(node) if live else 0
             self.full_evictable -= len(node)
             self.swa_evictable_ -= len(node) if live else 0
@@ -60,6 +61,6 @@ class Eviction:
             else:
                 swa += len(node)
                 self._tombstone(node)
-        if self.mode == "all_swa":
+        if self.mode is PoolMode.ALL_SWA:
             full = swa  # one pool
         return full, (swa if self.swa else full)

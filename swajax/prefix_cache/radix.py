@@ -31,13 +31,14 @@ from swajax.prefix_cache.eviction import Eviction
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.requests import RequestCaching
+from swajax.sizing import PoolMode
 
 INF = float("inf")
 __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
 
 
 class Releaser(Protocol):
-    """What the cache needs from the allocator (see `swajax.kv_allocator.KVAllocator`)."""
+    """What the cache needs from the allocator (see `swajax.memory.kv_allocator.KVAllocator`)."""
 
     def free(self, slots) -> None: ...
     def free_swa(self, slots) -> None: ...
@@ -64,12 +65,11 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         *,
         page_size: int,
         window: int | None,
-        pool_mode: str = "hybrid",
+        pool_mode: PoolMode = PoolMode.HYBRID,
         cap_leaf_to_window: bool = True,
     ):
-        if pool_mode not in ("hybrid", "all_swa", "single"):
-            raise ValueError(f"pool_mode must be hybrid, all_swa or single, got {pool_mode!r}")
-        if (window is None) != (pool_mode == "single"):
+        pool_mode = PoolMode(pool_mode)
+        if (window is None) != (pool_mode is PoolMode.SINGLE):
             raise ValueError(
                 f"pool_mode {pool_mode!r} with window {window}: only 'single' has none"
             )
@@ -187,13 +187,13 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
 
     def _free_node(self, node: Node) -> None:
         """Give back a node's KV (a tombstone holds only full KV, or nothing if all-SWA)."""
-        if node.swa_live or self.mode != "all_swa":
+        if node.swa_live or self.mode is not PoolMode.ALL_SWA:
             self.releaser.free(node.value)
 
     def _free_request(self, slots, start: int, evicted: int) -> None:
         """Give back a request's slots for positions [start, start + len): duplicates of the
         tree's. All-SWA: the positions before `evicted` were freed by eviction already."""
-        if self.mode == "all_swa":
+        if self.mode is PoolMode.ALL_SWA:
             slots = slots[max(0, evicted - start) :]
         self.releaser.free(slots)
 
@@ -217,7 +217,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         """
         key = self._aligned(tokens)
         value = np.array(slots[: len(key)], np.int32)  # the tree's own copy, never a view
-        if self.swa and self.mode == "hybrid" and swa_evicted_seqlen % self.ps:
+        if self.swa and self.mode is PoolMode.HYBRID and swa_evicted_seqlen % self.ps:
             raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
         node, total = self.root, 0
         while total < len(key):
@@ -261,7 +261,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
 
     def _revive(self, node: Node, req) -> None:
         """A tombstone takes the SWA KV a request computed for the same tokens."""
-        if node.full_lock == 0 or self.mode == "all_swa":
+        if node.full_lock == 0 or self.mode is PoolMode.ALL_SWA:
             self._free_node(node)
             node.value = np.array(req, np.int32)
         else:  # other requests read the node's full slots: move the SWA KV under them

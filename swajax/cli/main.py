@@ -8,7 +8,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from swajax import plan, presets, sizing
+from swajax import presets, sizing
+from swajax.cli import plan
 from swajax.config import ConfigError, HybridConfig, load_hf_config
 
 
@@ -73,7 +74,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from swajax.simulate import plot, simulate
+    from swajax.cli.simulate import plot, simulate
 
     if args.requests < 1:
         raise UsageError(f"--requests must be >= 1, got {args.requests}")
@@ -108,7 +109,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
-    from swajax.workloads import WORKLOADS
+    from swajax.serving.workloads import WORKLOADS
 
     p = sub.add_parser("simulate", help="run the null-model engine: hybrid pools vs one pool")
     p.add_argument("--preset", metavar="NAME", help=f"one of: {', '.join(presets.preset_names())}")
@@ -140,7 +141,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from swajax.generate import Setup
+    from swajax.cli.generate import Setup
 
     return Setup(
         kv_budget_gib=args.kv_budget_gib,
@@ -153,7 +154,7 @@ def _setup(args: argparse.Namespace):
 
 
 def _prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
-    from swajax.generate import read_prompts_file
+    from swajax.cli.generate import read_prompts_file
 
     given = [x is not None for x in (args.prompt, args.prompt_ids, args.prompts_file)]
     if sum(given) > 1:
@@ -169,8 +170,8 @@ def _prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from swajax.generate import generate, load, make_engine
-    from swajax.request import SamplingParams
+    from swajax.cli.generate import generate, load, make_engine
+    from swajax.serving.request import SamplingParams
 
     decoder, tokenizer = load(args.model)
     prompts = _prompts(args, tokenizer)
@@ -212,7 +213,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_logits(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from swajax.generate import load, make_engine, teacher_forced_logits
+    from swajax.cli.generate import load, make_engine, teacher_forced_logits
 
     decoder, tokenizer = load(args.model)
     prompt = _prompts(args, tokenizer)[0]
@@ -251,9 +252,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
-    from swajax.engine import EngineOptions
-    from swajax.simulate import run_workload
-    from swajax.trace import Tracer
+    from swajax.cli.simulate import run_workload
+    from swajax.cli.trace import Tracer
+    from swajax.serving.engine import EngineOptions
 
     cfg = _model_config(args)
     sizes = sizing.size_hybrid(
@@ -275,7 +276,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         seed=args.seed,
         options=options,
         progress=False,
-        on_engine=lambda e: tracers.append(Tracer(e.alloc, e.cache)),
+        on_engine=lambda e: tracers.append(Tracer(e)),
     )
     tracers[0].write(args.out)
     print(f"wrote {len(tracers[0].lines)} lines to {args.out}")
@@ -283,7 +284,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from swajax.trace import replay
+    from swajax.cli.trace import replay
 
     result = replay(args.trace)
     if args.json:
@@ -299,7 +300,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _add_trace(sub: argparse._SubParsersAction) -> None:
-    from swajax.workloads import WORKLOADS
+    from swajax.serving.workloads import WORKLOADS
 
     p = sub.add_parser("record", help="record allocator / prefix-cache operations of a run")
     p.add_argument("--preset", metavar="NAME", default="tiny-hybrid")

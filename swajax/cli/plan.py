@@ -6,6 +6,7 @@ import dataclasses
 
 from swajax import sizing
 from swajax.config import HybridConfig
+from swajax.sizing import PoolMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,7 @@ def capacity_report(
 ) -> CapacityReport:
     """Size the pools for `budget_bytes` and compare with a single pool of the same budget."""
     single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
-    if hybrid_memory and cfg.mode != "full_only":
+    if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
     else:
         sizes = single
@@ -61,7 +62,7 @@ def capacity_report(
         sliding_window=cfg.sliding_window,
         page_size=page_size,
         dtype=dtype,
-        ratio=ratio if sizes.mode == "hybrid" else None,
+        ratio=ratio if sizes.mode is PoolMode.HYBRID else None,
         budget_bytes=budget_bytes,
         full_tokens=sizes.full_tokens,
         swa_tokens=sizes.swa_tokens,

@@ -15,5 +15,5 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
 def compilation_count() -> int:
-    """Backend compilations since swajax.compilations was first imported."""
+    """Backend compilations since swajax.memory.compilations was first imported."""
     return _count

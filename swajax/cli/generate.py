@@ -10,11 +10,11 @@ import numpy as np
 from flax import nnx
 
 from swajax import sizing
-from swajax.engine import Engine, EngineOptions
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.models.spec import model_spec
-from swajax.request import SamplingParams
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.request import SamplingParams
 
 # The embedded default: a tiny hybrid model (sliding / full layers, GQA, sinks) whose vocabulary
 # is the 256 byte values, so text goes in and out without a tokenizer. Weights are fixed random.
@@ -101,7 +101,7 @@ def load(model: str) -> tuple[Decoder, Tokenizer]:
 def make_engine(decoder: Decoder, setup: Setup) -> Engine:
     cfg = decoder.spec.hybrid
     budget = sizing.gib_to_bytes(setup.kv_budget_gib)
-    if setup.hybrid_memory and cfg.mode != "full_only":
+    if setup.hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.size_hybrid(
             cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype="fp32"
         )

@@ -34,6 +34,15 @@ class SamplingParams:
             raise RequestError(f"temperature must be finite and >= 0, got {self.temperature!r}")
         if not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not (0 <= self.seed < 2**32)
+        ):
+            raise RequestError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        bad = [t for t in self.stop_token_ids if isinstance(t, bool) or not isinstance(t, int)]
+        if bad:
+            raise RequestError(f"stop_token_ids must be integers, got {bad[0]!r}")
 
 
 class Status(enum.Enum):
@@ -53,8 +62,13 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     row: int | None = None  # req_to_token row while running
-    slots: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
-    prefix_len: int = 0  # tokens reused from the prefix cache at admission
+    # Full slot of every computed position: a buffer that grows by doubling, so a decode step
+    # appends in O(1) instead of copying the whole context.
+    _buf: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(16, np.int32))
+    kv_len: int = 0  # positions whose KV is computed (and whose slots the request holds)
+    # Positions [start, end) of the req_to_token row that no longer match `slots` (a cached
+    # prefix taken at admission, or the tree's slots after a chunk was inserted).
+    stale: tuple[int, int] | None = None
     cache_protected_len: int = 0  # leading positions owned (and locked) by the prefix cache
     swa_evicted_seqlen: int = 0  # positions [0, this) have had their SWA KV released
     handle: object = None  # prefix-cache lock
@@ -68,9 +82,32 @@ class Request:
         return self.prompt + self.output
 
     @property
-    def kv_len(self) -> int:
-        """Positions whose KV is computed (and whose slots the request holds)."""
-        return len(self.slots)
+    def slots(self) -> np.ndarray:
+        """Full slots of positions [0, kv_len): a read-only view (copy it to keep it)."""
+        view = self._buf[: self.kv_len]
+        view.flags.writeable = False
+        return view
+
+    def append_slots(self, new) -> None:
+        n = self.kv_len + len(new)
+        if n > len(self._buf):
+            buf = np.zeros(max(n, 2 * len(self._buf)), np.int32)
+            buf[: self.kv_len] = self._buf[: self.kv_len]
+            self._buf = buf
+        self._buf[self.kv_len : n] = new
+        self.kv_len = n
+
+    def repoint(self, start: int, slots) -> None:
+        """Use `slots` for positions [start, start + len) (the prefix cache's own slots)."""
+        end = start + len(slots)
+        changed = np.nonzero(self._buf[start:end] != slots)[0]
+        if not len(changed):
+            return
+        lo, hi = start + int(changed[0]), start + int(changed[-1]) + 1
+        self._buf[lo:hi] = slots[lo - start : hi - start]
+        if self.stale is not None:
+            lo, hi = min(lo, self.stale[0]), max(hi, self.stale[1])
+        self.stale = (lo, hi)
 
     @property
     def pending(self) -> int:
@@ -88,7 +125,7 @@ class Request:
 
     def reset_kv(self) -> None:
         """Forget every slot (after they were given back): the request starts over."""
-        self.row, self.handle = None, None
+        self.row, self.handle, self.stale = None, None, None
         self.logits = []
-        self.slots = np.zeros(0, np.int32)
-        self.prefix_len = self.cache_protected_len = self.swa_evicted_seqlen = 0
+        self.kv_len = 0
+        self.cache_protected_len = self.swa_evicted_seqlen = 0

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from swajax.config import AttentionShape, HybridConfig
-from swajax.sizing import PoolSizes
+from swajax.sizing import PoolMode, PoolSizes
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
@@ -40,7 +40,7 @@ class KVPools:
     # Global layer id -> (index in its sub-pool, is an SWA layer).
     layers: tuple[tuple[int, bool], ...] = dataclasses.field(metadata=dict(static=True))
     page_size: int = dataclasses.field(metadata=dict(static=True))
-    mode: str = dataclasses.field(metadata=dict(static=True))
+    mode: PoolMode = dataclasses.field(metadata=dict(static=True))
 
     def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
         """(K, V) buffers of one global layer, shape [rows, kv_heads, dim]."""
@@ -69,10 +69,10 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPo
     """Zeroed pools for the sizes of `swajax.sizing` (any mode)."""
     if dtype not in DTYPES:
         raise ValueError(f"KV pool dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    mode = {"chunk_cap": "hybrid"}.get(sizes.mode, sizes.mode)
+    mode = sizes.mode
     ps = sizes.page_size
-    full_rows = sizes.full_tokens + ps if mode != "all_swa" else ps
-    swa_rows = (sizes.full_tokens if mode == "single" else sizes.swa_tokens) + ps
+    full_rows = sizes.full_tokens + ps if mode is not PoolMode.ALL_SWA else ps
+    swa_rows = (sizes.full_tokens if mode is PoolMode.SINGLE else sizes.swa_tokens) + ps
     full_k, full_v = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, DTYPES[dtype])
     swa_k, swa_v = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, DTYPES[dtype])
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode)

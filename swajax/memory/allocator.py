@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.page_stack import PageStack
-from swajax.ragged import bucket, pad, token_positions
+from swajax.memory.padding import bucket, pad, token_positions
+from swajax.memory.page_stack import PageStack
+from swajax.sizing import PoolMode
 
 OK, FULL_SHORT, SWA_SHORT, SWA_LAST_LOC_MISSING = 0, 1, 2, 3
-MODES = ("hybrid", "single", "all_swa")
 MIN_REQ_BUCKET, MIN_TOKEN_BUCKET = 8, 64
 
 
@@ -44,12 +44,12 @@ class AllocatorState:
     swa: PageStack | None  # SWA pool pages (None in single mode)
     full_to_swa: jax.Array | None  # i32[full_size + page_size + 1], hybrid mode only
     page_size: int = dataclasses.field(metadata=dict(static=True))
-    mode: str = dataclasses.field(metadata=dict(static=True))
+    mode: PoolMode = dataclasses.field(metadata=dict(static=True))
 
     @property
     def primary(self) -> PageStack:
         """The pool whose slots are the addresses the host sees."""
-        return self.swa if self.mode == "all_swa" else self.full
+        return self.swa if self.mode is PoolMode.ALL_SWA else self.full
 
 
 class AllocResult(NamedTuple):
@@ -58,24 +58,23 @@ class AllocResult(NamedTuple):
     swa_slots: jax.Array  # i32[T]: its SWA slot (identity outside hybrid mode)
 
 
-def init_allocator(full_size: int, swa_size: int, page_size: int, mode: str = "hybrid"):
+def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID):
     """Empty allocator. Sizes are token counts (multiples of page_size)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    mode = PoolMode(mode)
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    sizes = {"full_size": full_size} if mode != "all_swa" else {}
-    if mode != "single":
+    sizes = {"full_size": full_size} if mode is not PoolMode.ALL_SWA else {}
+    if mode is not PoolMode.SINGLE:
         sizes["swa_size"] = swa_size
     for name, size in sizes.items():
         if size < page_size or size % page_size:
             raise ValueError(f"{name}={size} must be a positive multiple of page_size={page_size}")
     mapping = None
-    if mode == "hybrid":
+    if mode is PoolMode.HYBRID:
         mapping = jnp.zeros(full_size + page_size + 1, jnp.int32).at[-1].set(-1)
     return AllocatorState(
-        full=PageStack.init(full_size // page_size) if mode != "all_swa" else None,
-        swa=PageStack.init(swa_size // page_size) if mode != "single" else None,
+        full=PageStack.init(full_size // page_size) if mode is not PoolMode.ALL_SWA else None,
+        swa=PageStack.init(swa_size // page_size) if mode is not PoolMode.SINGLE else None,
         full_to_swa=mapping,
         page_size=page_size,
         mode=mode,
@@ -84,7 +83,7 @@ def init_allocator(full_size: int, swa_size: int, page_size: int, mode: str = "h
 
 def translate(state: AllocatorState, full_slots: jax.Array) -> jax.Array:
     """Full slots -> SWA slots, one gather; -1 stays -1 (JAX would wrap or clamp it)."""
-    if state.mode != "hybrid":
+    if state.mode is not PoolMode.HYBRID:
         return full_slots
     return jnp.where(full_slots < 0, -1, state.full_to_swa[jnp.maximum(full_slots, 0)])
 
@@ -98,7 +97,7 @@ class Available(NamedTuple):
 def available(state: AllocatorState) -> Available:
     """Free tokens per pool; outside hybrid mode both are the one pool's count."""
     primary = state.primary.count * state.page_size
-    swa = state.swa.count * state.page_size if state.mode == "hybrid" else primary
+    swa = state.swa.count * state.page_size if state.mode is PoolMode.HYBRID else primary
     return Available(primary, swa, jnp.minimum(primary, swa))
 
 
@@ -124,9 +123,9 @@ def _extend_slots(stack, req, pos, valid, prefix_lens, seq_lens, last_loc, ps):
 def _status(state, num_pages, swa_last_loc, needs_last):
     """Check both pools (and that a continued page still has its SWA slot) before any change."""
     primary_short = num_pages > state.primary.count
-    swa_short = num_pages > state.swa.count if state.mode == "hybrid" else False
+    swa_short = num_pages > state.swa.count if state.mode is PoolMode.HYBRID else False
     missing = jnp.any(needs_last & (swa_last_loc <= 0))
-    primary_code = SWA_SHORT if state.mode == "all_swa" else FULL_SHORT
+    primary_code = SWA_SHORT if state.mode is PoolMode.ALL_SWA else FULL_SHORT
     conditions = [primary_short, jnp.asarray(swa_short), missing]
     return jnp.select(conditions, [primary_code, SWA_SHORT, SWA_LAST_LOC_MISSING], OK)
 
@@ -143,7 +142,7 @@ def _commit(state, status, num_pages, full_slots, swa_slots, full_pages, swa_pag
     taken = jnp.where(ok, num_pages, 0)
     full_pages, swa_pages = jnp.where(ok, full_pages, 0), jnp.where(ok, swa_pages, 0)
     mapping = state.full_to_swa
-    if state.mode == "hybrid":
+    if state.mode is PoolMode.HYBRID:
         # On failure every index falls off the end and is dropped; padding writes 0 into slot 0.
         mapping = mapping.at[jnp.where(ok, full_slots, mapping.shape[0])].set(
             swa_slots, mode="drop"
@@ -151,15 +150,15 @@ def _commit(state, status, num_pages, full_slots, swa_slots, full_pages, swa_pag
     return dataclasses.replace(
         state,
         full=state.full.pop(taken, full_pages) if state.full is not None else None,
-        swa=state.swa.pop(taken, swa_pages if state.mode == "hybrid" else full_pages)
+        swa=state.swa.pop(taken, swa_pages if state.mode is PoolMode.HYBRID else full_pages)
         if state.swa is not None
         else None,
         full_to_swa=mapping,
     )
 
 
-@functools.partial(jax.jit, static_argnames="num_tokens", donate_argnums=0)
-def _alloc_extend(state, prefix_lens, seq_lens, last_loc, *, num_tokens):
+def alloc_extend_core(state, prefix_lens, seq_lens, last_loc, num_tokens: int):
+    """Traceable core of `alloc_extend` (padded inputs; `num_tokens` static)."""
     ps = state.page_size
     req, pos, valid = token_positions(prefix_lens, seq_lens, num_tokens)
     num_pages = jnp.sum(_ceil_div(seq_lens, ps) - _ceil_div(prefix_lens, ps))
@@ -175,7 +174,7 @@ def _alloc_extend(state, prefix_lens, seq_lens, last_loc, *, num_tokens):
     full, full_pages = layout(state.primary, last_loc=last_loc)
     swa_last = translate(state, last_loc)
     swa, swa_pages = full, full_pages
-    if state.mode == "hybrid":
+    if state.mode is PoolMode.HYBRID:
         swa, swa_pages = layout(state.swa, last_loc=swa_last)
     needs_last = (prefix_lens % ps != 0) & (seq_lens > prefix_lens)
     status = _status(state, num_pages, swa_last, needs_last)
@@ -188,8 +187,8 @@ def _decode_slots(stack, need_page, last_loc, valid, ps):
     return jnp.where(valid, jnp.where(need_page, page * ps, last_loc + 1), 0), page
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _alloc_decode(state, seq_lens, last_loc, num_reqs):
+def alloc_decode_core(state, seq_lens, last_loc, num_reqs):
+    """Traceable core of `alloc_decode` (padded inputs; `num_reqs` real requests)."""
     ps = state.page_size
     valid = jnp.arange(seq_lens.shape[0]) < num_reqs
     need_page = valid & ((seq_lens - 1) % ps == 0)  # ps = 1: every token takes a new slot
@@ -197,7 +196,7 @@ def _alloc_decode(state, seq_lens, last_loc, num_reqs):
     full, full_pages = _decode_slots(state.primary, need_page, last_loc, valid, ps)
     swa_last = translate(state, last_loc)
     swa, swa_pages = full, full_pages
-    if state.mode == "hybrid":
+    if state.mode is PoolMode.HYBRID:
         swa, swa_pages = _decode_slots(state.swa, need_page, swa_last, valid, ps)
     status = _status(state, num_pages, swa_last, valid & ~need_page)
     state = _commit(state, status, num_pages, full, swa, full_pages, swa_pages)
@@ -205,11 +204,11 @@ def _alloc_decode(state, seq_lens, last_loc, num_reqs):
 
 
 def _free_swa_core(state, full_slots):
-    if state.mode == "single":
+    if state.mode is PoolMode.SINGLE:
         return state
     ps = state.page_size
     pages = jnp.where(full_slots > 0, full_slots // ps, 0)
-    if state.mode == "all_swa":
+    if state.mode is PoolMode.ALL_SWA:
         return dataclasses.replace(state, swa=state.swa.push(pages))
     # A full page is paired with exactly one SWA page, so clearing whole full pages frees whole
     # SWA pages. Passing one slot per page is enough (and n / page_size times cheaper).
@@ -222,32 +221,34 @@ def _free_swa_core(state, full_slots):
     )
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _free_swa(state, full_slots):
-    return _free_swa_core(state, full_slots)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _free(state, full_slots):
+def _free_core(state, full_slots):
     state = _free_swa_core(state, full_slots)
-    if state.mode == "all_swa":
+    if state.mode is PoolMode.ALL_SWA:
         return state
     pages = jnp.where(full_slots > 0, full_slots // state.page_size, 0)
     return dataclasses.replace(state, full=state.full.push(pages))
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _release(state, swa_slots, full_slots):
-    return _free(_free_swa(state, swa_slots), full_slots)
+def release_core(state, swa_slots, full_slots):
+    """Traceable: free the SWA pages of `swa_slots`, then the pages of `full_slots`."""
+    return _free_core(_free_swa_core(state, swa_slots), full_slots)
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _move_swa(state, dst, src):
-    if state.mode != "hybrid":
+def move_swa_core(state, dst, src):
+    """Traceable core of `move_swa` (padding: dst = src = 0, which moves nothing)."""
+    if state.mode is not PoolMode.HYBRID:
         return state
     moved = state.full_to_swa[src]
     mapping = state.full_to_swa.at[src].set(0).at[dst].set(moved)
-    return dataclasses.replace(state, full_to_swa=mapping)
+    return dataclasses.replace(state, full_to_swa=mapping.at[0].set(0))
+
+
+_alloc_extend = jax.jit(alloc_extend_core, static_argnames="num_tokens", donate_argnums=0)
+_alloc_decode = jax.jit(alloc_decode_core, donate_argnums=0)
+_free_swa = jax.jit(_free_swa_core, donate_argnums=0)
+_free = jax.jit(_free_core, donate_argnums=0)
+_release = jax.jit(release_core, donate_argnums=0)
+_move_swa = jax.jit(move_swa_core, donate_argnums=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +335,7 @@ def check_invariants(state: AllocatorState) -> None:
     for name in ("full", "swa"):
         if getattr(state, name) is not None:
             _free_pages(getattr(state, name), name)
-    if state.mode != "hybrid":
+    if state.mode is not PoolMode.HYBRID:
         return
     ps = state.page_size
     full_free, swa_free = _free_pages(state.full, "full"), _free_pages(state.swa, "swa")

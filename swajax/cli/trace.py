@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from swajax.kv_allocator import KVAllocator
+from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
+from swajax.serving.batch import StepKind
 
-ALLOC_OPS = ("alloc_extend", "alloc_decode", "free", "free_swa")
 CACHE_OPS = (
     "match",
     "insert",
@@ -54,26 +54,57 @@ def _node_tokens(node) -> list[int]:
 
 
 class Tracer:
-    """Wraps a KVAllocator and a RadixCache (in place) and records their outermost calls."""
+    """Wraps an engine's ledger and prefix cache (in place) and records their outermost calls.
 
-    def __init__(self, alloc: KVAllocator, cache: RadixCache):
-        self.alloc, self.cache, self.lines, self.depth = alloc, cache, [], 0
+    A step's allocation happens on device inside `commit_step`; it is recorded when the
+    scheduler takes the step's result, as the `alloc_extend` / `alloc_decode` call a standalone
+    allocator would have made at that point.
+    """
+
+    def __init__(self, engine):
+        ledger, cache = engine.ledger, engine.cache
+        self.alloc, self.cache, self.lines, self.depth = ledger, cache, [], 0
         self.handles: dict[int, object] = {}  # trace id -> LockHandle
+        ps = ledger.page_size
         self.lines.append(
             dict(
                 op="init",
-                full_size=int(alloc.state.primary.size * alloc.page_size),
-                swa_size=int((alloc.state.swa or alloc.state.primary).size * alloc.page_size),
-                page_size=alloc.page_size,
-                mode=alloc.mode,
+                full_size=ledger.primary_pages * ps,
+                swa_size=(ledger.swa_pages or ledger.primary_pages) * ps,
+                page_size=ps,
+                mode=ledger.mode.value,
                 window=cache.window,
                 cap_leaf_to_window=cache.cap_leaf,
             )
         )
-        for name in ALLOC_OPS:
-            self._wrap(alloc, name)
+        for name in ("free", "free_swa"):
+            self._wrap(ledger, name)
         for name in CACHE_OPS:
             self._wrap(cache, name)
+        self._wrap_allocation(engine.scheduler, ledger)
+
+    def _wrap_allocation(self, scheduler, ledger):
+        postprocess, allocated = scheduler.postprocess, ledger.allocated
+        current = []
+
+        def take_result(plan, result):
+            current[:] = [plan]
+            return postprocess(plan, result)
+
+        def record_allocation(slots):
+            allocated(slots)
+            plan = current[0]
+            if plan.kind is StepKind.DECODE:
+                op, args = "alloc_decode", dict(seq_lens=plan.seq_lens, last_loc=plan.last_loc)
+            else:
+                op = "alloc_extend"
+                args = dict(
+                    prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens, last_loc=plan.last_loc
+                )
+            args = {k: _ints(v) for k, v in args.items()}
+            self.lines.append(dict(op=op, **args, expect=self.observe(op, (0, slots))))
+
+        scheduler.postprocess, ledger.allocated = take_result, record_allocation
 
     def _wrap(self, obj, name):
         inner = getattr(obj, name)

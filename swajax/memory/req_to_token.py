@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.ragged import bucket, pad, token_positions
+from swajax.memory.padding import bucket, pad, token_positions
 
 
 @jax.tree_util.register_dataclass

@@ -1,9 +1,13 @@
 """Scheduling with two budgets: admission, chunked prefill, decode memory, retraction, abort.
 
-Host code (no JAX). A step is either an extend batch (new requests and prefill chunks) or a
-decode batch (every decoding request). Admission checks the full budget (`rem_total`: free +
-evictable full tokens, less what running requests will still generate) and the SWA budget
-(`rem_swa`: free + evictable SWA tokens) as in spec §9; see BUILD_NOTES.md for where we depart.
+Host code (no JAX). `schedule()` plans a step: an extend batch (new requests and prefill chunks)
+or a decode batch (every decoding request), with its evictions and releases queued on the
+ledger; `postprocess(plan, result)` takes the device's answer: new slots, sampled tokens,
+finishing and caching. The scheduler owns every `Request` mutation and every prefix-cache call.
+
+Admission checks the full budget (`rem_total`: free + evictable full tokens, less what running
+requests will still generate) and the SWA budget (`rem_swa`: free + evictable SWA tokens) as in
+spec §9, from the ledger's host mirror of the free counts; see BUILD_NOTES.md for where we depart.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from collections import deque
 
 import numpy as np
 
-from swajax import window as win
-from swajax.request import Request, Status
+from swajax.serving import window as win
+from swajax.serving.batch import ForwardBatch, PoolMode, Repoint, StepKind, StepPlan, StepResult
+from swajax.serving.ledger import PoolLedger
+from swajax.serving.request import Request, Status
 
 CLIP_MAX_NEW_TOKENS = 4096
 
@@ -28,16 +34,20 @@ class Budget:
 
 @dataclasses.dataclass
 class Batch:
-    kind: str  # "extend" | "decode"
+    kind: StepKind
     reqs: list[Request]
     lens: list[int]  # new tokens per request
+
+
+class StepFailed(RuntimeError):
+    """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     page_size: int
     window: int  # memory window W (0 without local layers)
-    pool_mode: str  # hybrid | single | all_swa
+    pool_mode: PoolMode
     max_running: int
     max_context: int
     chunk_size: int | None = None  # chunked prefill; None = off
@@ -51,8 +61,8 @@ def _ceil_page(n: int, ps: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, cache, allocator):
-        self.cfg, self.cache, self.alloc = cfg, cache, allocator
+    def __init__(self, cfg: SchedulerConfig, cache, ledger: PoolLedger):
+        self.cfg, self.cache, self.ledger = cfg, cache, ledger
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_rows = list(range(cfg.max_running - 1, -1, -1))
@@ -63,17 +73,17 @@ class Scheduler:
 
     @property
     def separate_swa(self) -> bool:
-        return self.cfg.pool_mode == "hybrid" and self.cfg.window > 0
+        return self.cfg.pool_mode is PoolMode.HYBRID and self.cfg.window > 0
 
     # ------------------------------------------------------------------------------------------
     # Budgets
 
     def budget(self) -> Budget:
-        full, swa = self.alloc.available()
+        full, swa = self.ledger.available()
         reserve = sum(
             min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS) for r in self.running
         )
-        if self.cfg.pool_mode == "all_swa":
+        if self.cfg.pool_mode is PoolMode.ALL_SWA:
             full_budget = swa + self.cache.swa_evictable
         else:
             full_budget = full + self.cache.full_evictable
@@ -105,7 +115,7 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # Building a batch
 
-    def schedule(self) -> Batch | None:
+    def _build(self) -> Batch | None:
         """Prefill work first (chunks in flight, then new requests in order), else decode."""
         budget = self.budget()
         reqs, lens = [], []
@@ -125,34 +135,39 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
         if reqs:
-            return Batch("extend", reqs, lens)
+            return Batch(StepKind.EXTEND, reqs, lens)
         decode = self._decode_batch()
         return decode if decode.reqs else None
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding]
-        return Batch("decode", decoding, [1] * len(decoding))
+        return Batch(StepKind.DECODE, decoding, [1] * len(decoding))
 
-    def next_batch(self) -> Batch | None:
-        """Schedule, evict and allocate. If no prefill work fits, decode instead (finishing
-        requests frees memory); if nothing can run, retract the newest prefill."""
-        batch = self.schedule()
+    def schedule(self) -> StepPlan | None:
+        """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
+        no prefill work fits, decode instead (finishing requests frees memory); if nothing can
+        run, retract the newest prefill. None: nothing to run (a plan may hold no request when
+        the step only retracted or aborted)."""
+        batch = self._build()
         if batch is None:
             return None
         self.evict_windows(batch)
-        batch = self.allocate(batch)
-        if batch.reqs or batch.kind == "decode":
-            return batch
-        decode = self._decode_batch()
-        if decode.reqs:
-            self.evict_windows(decode)
-            return self.allocate(decode)
+        batch = self.fit(batch)
+        if not batch.reqs and batch.kind is StepKind.EXTEND:
+            decode = self._decode_batch()
+            if decode.reqs:
+                self.evict_windows(decode)
+                batch = self.fit(decode)
+            else:
+                self._unstick()
+        return self._plan(batch)
+
+    def _unstick(self) -> None:
         stuck = [r for r in self.running if not r.decoding]
         if len(stuck) > 1:
             self.retract(max(stuck, key=lambda r: r.rid))
         elif stuck:
             self.abort(stuck[0], "out of memory: the pools cannot hold this request")
-        return batch
 
     def _continue(self, req: Request, budget: Budget) -> int:
         if budget.rem_chunk is None:
@@ -201,8 +216,9 @@ class Scheduler:
         self.hit_tokens += len(match)
         self.tail_miss_tokens += match.tail_miss
         self.admitted_tokens += len(tokens)
-        req.slots = np.asarray(match.slots, np.int32)
-        req.prefix_len = req.cache_protected_len = len(match)
+        req.append_slots(match.slots)
+        req.stale = (0, len(match)) if len(match) else None
+        req.cache_protected_len = len(match)
         self._charge(budget, n, max_new if n == extend else 0)
         return n
 
@@ -211,7 +227,7 @@ class Scheduler:
 
     def evict_windows(self, batch: Batch) -> None:
         """Runtime SWA eviction before a batch (decode: once enough has piled up)."""
-        if not self.cfg.window or self.cfg.pool_mode == "single":
+        if not self.cfg.window or self.cfg.pool_mode is PoolMode.SINGLE:
             return
         for req in batch.reqs:
             if req.kv_len == 0:
@@ -224,14 +240,14 @@ class Scheduler:
                 swa_evicted_seqlen=req.swa_evicted_seqlen,
                 chunk_cache=not self.cfg.radix,
             )
-            if batch.kind == "decode" and not win.decode_eviction_due(
+            if batch.kind is StepKind.DECODE and not win.decode_eviction_due(
                 start, end, self.cfg.eviction_interval
             ):
                 continue
-            if batch.kind == "extend" and self.cfg.radix:
+            if batch.kind is StepKind.EXTEND and self.cfg.radix:
                 continue  # the tree owns inserted chunks; only decode evicts with a radix cache
             if end > start:
-                self.alloc.free_swa(req.slots[start : end : self.cfg.page_size])
+                self.ledger.free_swa(req.slots[start : end : self.cfg.page_size])
                 self.swa_freed_tokens += end - start
             req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, end)
 
@@ -246,7 +262,7 @@ class Scheduler:
         """Keep the requests that fit in order; with chunked prefill, cut the first one that does
         not to the room left (the budget is an estimate; the pools decide)."""
         ps = self.cfg.page_size
-        full, swa = self.alloc.available()
+        full, swa = self.ledger.available()
         room = min(full, swa) // ps * ps
         reqs, lens = [], []
         for req, n in zip(batch.reqs, batch.lens):
@@ -263,18 +279,23 @@ class Scheduler:
         batch.reqs, batch.lens = reqs, lens
 
     def _fits(self, tokens: int) -> bool:
-        full, swa = self.alloc.available()
+        full, swa = self.ledger.available()
         if full >= tokens and swa >= tokens:
             return True
         self.cache.evict(max(0, tokens - full), max(0, tokens - swa))
-        full, swa = self.alloc.available()
+        full, swa = self.ledger.available()
         return full >= tokens and swa >= tokens
 
-    def allocate(self, batch: Batch) -> Batch:
-        """Allocate the batch's new tokens; retract (decode) or shrink (extend) what can't fit."""
-        if batch.kind == "extend" and not self._fits(self._pages_needed(batch)):
+    def fit(self, batch: Batch) -> Batch:
+        """Make the batch's new tokens fit both pools (evicting cached KV first); retract
+        (decode) or shrink (extend) what cannot."""
+        if batch.kind is StepKind.EXTEND and not self._fits(self._pages_needed(batch)):
             self._shrink_to_fit(batch)
-        while batch.kind == "decode" and batch.reqs and not self._fits(self._pages_needed(batch)):
+        while (
+            batch.kind is StepKind.DECODE
+            and batch.reqs
+            and not self._fits(self._pages_needed(batch))
+        ):
             if len(self.running) > 1:
                 victim = min(self.running, key=lambda r: (len(r.output), -len(r.prompt), -r.rid))
                 self.retract(victim)
@@ -284,22 +305,109 @@ class Scheduler:
             else:
                 self.abort(batch.reqs[0], "out of memory: the pools cannot hold this request")
                 batch.reqs, batch.lens = [], []
-        if not batch.reqs:
-            return batch
-        pre = [r.kv_len for r in batch.reqs]
-        last = [int(r.slots[-1]) if r.kv_len else -1 for r in batch.reqs]
-        seq = [p + n for p, n in zip(pre, batch.lens)]
-        alloc = self.alloc.alloc_decode if batch.kind == "decode" else self.alloc.alloc_extend
-        status, slots = alloc(seq, last) if batch.kind == "decode" else alloc(pre, seq, last)
-        if status != 0:
-            raise RuntimeError(
-                f"allocation failed with status {status} after the pools were checked"
-            )
-        start = 0
-        for req, n in zip(batch.reqs, batch.lens):
-            req.slots = np.concatenate([req.slots, slots[start : start + n]]).astype(np.int32)
-            start += n
         return batch
+
+    # ------------------------------------------------------------------------------------------
+    # The plan and the device's answer
+
+    def _plan(self, batch: Batch) -> StepPlan:
+        reqs, lens = batch.reqs, batch.lens
+        pre = np.asarray([r.kv_len for r in reqs], np.int32)
+        seq = pre + np.asarray(lens, np.int32)
+        rows, starts, ends, stale = [], [], [], []
+        for req in reqs:
+            if req.stale is not None:
+                (lo, hi), req.stale = req.stale, None
+                rows.append(req.row)
+                starts.append(lo)
+                ends.append(hi)
+                stale.append(req.slots[lo:hi])
+        return StepPlan(
+            kind=batch.kind,
+            requests=tuple(reqs),
+            rows=np.asarray([r.row for r in reqs], np.int32),
+            prefix_lens=pre,
+            seq_lens=seq,
+            last_loc=np.asarray([r.slots[-1] if r.kv_len else -1 for r in reqs], np.int32),
+            releases=self.ledger.take_releases(),
+            repoint=Repoint(
+                np.asarray(rows, np.int32),
+                np.asarray(starts, np.int32),
+                np.asarray(ends, np.int32),
+                np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
+            ),
+            forward=self._forward_batch(reqs, lens),
+            return_logits=any(r.keep_logits for r in reqs),
+        )
+
+    @staticmethod
+    def _forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
+        tokens, logit_index, sample_index, sampled = [], [], [], []
+        for req, n in zip(reqs, lens):
+            start, end = req.kv_len, req.kv_len + n
+            tokens += req.tokens[start:end]
+            if req.keep_logits:  # every row; the last one also serves sampling
+                logit_index += range(len(tokens) - n, len(tokens))
+            if end == len(req.tokens):  # the prompt (or the pending token) is complete: sample
+                if not req.keep_logits:
+                    logit_index.append(len(tokens) - 1)
+                sample_index.append(len(logit_index) - 1)
+                sampled.append((req, end))
+        p = [r.params for r, _ in sampled]
+        return ForwardBatch(
+            tokens=np.asarray(tokens, np.int32),
+            logit_index=np.asarray(logit_index, np.int32),
+            sample_index=np.asarray(sample_index, np.int32),
+            temperature=np.asarray([x.temperature for x in p], np.float32),
+            top_p=np.asarray([x.top_p for x in p], np.float32),
+            seeds=np.asarray([x.seed for x in p], np.uint32),
+            sample_positions=np.asarray([end for _, end in sampled], np.int32),
+        )
+
+    def postprocess(self, plan: StepPlan, result: StepResult) -> None:
+        """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching."""
+        if result.status != 0:
+            raise StepFailed(
+                f"allocation failed with status {result.status} after the pools were checked"
+            )
+        self.ledger.allocated(result.slots)
+        self.ledger.check(result.free_full, result.free_swa)
+        start, row, sampled = 0, 0, []
+        for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens):
+            n = int(seq - pre)
+            req.append_slots(result.slots[start : start + n])
+            start += n
+            if req.keep_logits:
+                req.logits += list(result.logits[row : row + n])
+                row += n
+            if req.kv_len == len(req.tokens):
+                row += not req.keep_logits
+                sampled.append(req)
+        for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
+            self._take_token(req, token, logprob)
+        for req in plan.requests:
+            if req.status is Status.RUNNING and not req.decoding and self.cfg.radix:
+                self._cache_chunk(req)
+
+    def _take_token(self, req: Request, token: int, logprob: float) -> None:
+        req.output.append(token)
+        req.logprobs.append(logprob)
+        if token in req.params.stop_token_ids:
+            self.finish(req, "stop")
+        elif len(req.output) >= req.params.max_new_tokens:
+            self.finish(req, "length")
+
+    def _cache_chunk(self, req: Request) -> None:
+        """Between chunks of a prefill: insert what is computed so far and use the cache's slots."""
+        prefix, req.handle = self.cache.cache_unfinished(
+            req.tokens[: req.kv_len],
+            req.slots,
+            cache_protected_len=req.cache_protected_len,
+            swa_evicted_seqlen=req.swa_evicted_seqlen,
+            handle=req.handle,
+        )
+        req.repoint(0, prefix)
+        req.cache_protected_len = max(req.cache_protected_len, len(prefix))
 
     # ------------------------------------------------------------------------------------------
     # Leaving
@@ -311,7 +419,6 @@ class Scheduler:
             self.free_rows.append(req.row)
 
     def _requeue(self, req: Request) -> None:
-        self.cache.unlock(req.handle)
         self._release_row(req)
         req.reset_kv()
         req.status = Status.WAITING

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax import allocator as A
+from swajax.memory import allocator as A
+from swajax.sizing import PoolMode
 
 
 class KVAllocator:
@@ -19,7 +20,9 @@ class KVAllocator:
         self._free_swa: list[np.ndarray] = []
 
     @classmethod
-    def create(cls, full_size: int, swa_size: int, page_size: int, mode: str = "hybrid"):
+    def create(
+        cls, full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID
+    ):
         return cls(A.init_allocator(full_size, swa_size, page_size, mode))
 
     @property

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from swajax.request import SamplingParams
+from swajax.serving.request import SamplingParams
 
 WORKLOADS = ("long-context", "multi-turn", "mixed")
 

@@ -11,10 +11,10 @@ import sys
 
 from swajax import sizing
 from swajax.config import HybridConfig
-from swajax.engine import Engine, EngineOptions
-from swajax.null_model import NullModel
-from swajax.request import RequestError, Status
-from swajax.workloads import make_workload
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.null_model import NullModel
+from swajax.serving.request import RequestError, Status
+from swajax.serving.workloads import make_workload
 
 
 @dataclasses.dataclass(frozen=True)

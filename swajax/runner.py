@@ -1,0 +1,149 @@
+"""The device half of the engine: one upload, two dispatches and one read per step.
+
+`DeviceRunner` owns the device state (allocator, `req_to_token`, KV pools). `run(plan)` pads the
+scheduler's plan to a few bucket shapes, uploads it with one `device_put`, dispatches
+`commit_step` (releases, allocation, req_to_token tail, metadata) and the model's
+`forward_and_sample` back to back, and reads the step's result (status, new slots, free counts,
+sampled tokens and logprobs) with one `device_get`. Nothing in between waits for the device.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from swajax.attention.metadata import metadata_shape
+from swajax.memory import allocator as A
+from swajax.memory.compilations import compilation_count
+from swajax.memory.padding import bucket, pad
+from swajax.memory.req_to_token import ReqToToken
+from swajax.memory.step import (
+    FREE_FULL,
+    FREE_SWA,
+    REPOINT,
+    StepInputs,
+    apply_releases,
+    commit_step,
+)
+from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
+from swajax.sizing import PoolMode, PoolSizes
+
+MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
+
+
+def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
+    out = np.full(n, fill, dtype)
+    out[: len(x)] = x
+    return out
+
+
+def pad_forward(fwd: ForwardBatch, num_tokens: int) -> ForwardBatch:
+    """The forward inputs padded to bucket shapes (padding rows sample row 0, and are dropped)."""
+    k, s = bucket(len(fwd.logit_index), 8), bucket(len(fwd.sample_index), 8)
+    return ForwardBatch(
+        tokens=_pad_to(fwd.tokens, num_tokens, np.int32),
+        logit_index=_pad_to(fwd.logit_index, k, np.int32),
+        sample_index=_pad_to(fwd.sample_index, s, np.int32),
+        temperature=_pad_to(fwd.temperature, s, np.float32),
+        top_p=_pad_to(fwd.top_p, s, np.float32, 1.0),
+        seeds=_pad_to(fwd.seeds, s, np.uint32),
+        sample_positions=_pad_to(fwd.sample_positions, s, np.int32),
+    )
+
+
+class DeviceRunner:
+    def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int):
+        self.model, self.window = model, window
+        full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
+        self.alloc = A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
+        self.r2t = ReqToToken.init(max_running, max_context) if model.needs_kv else None
+        self.pools = model.init_pools(sizes) if model.needs_kv else None
+        self._compiles0 = compilation_count()
+
+    def compilations(self) -> int:
+        """XLA compilations since this runner was made (process-wide counter)."""
+        return compilation_count() - self._compiles0
+
+    # ------------------------------------------------------------------------------------------
+
+    def apply_releases(self, releases: tuple[Releases, ...]) -> None:
+        """Apply queued releases now (segments in order), without a step."""
+        for seg in releases:
+            if seg.empty:
+                continue
+            f = bucket(max(len(seg.swa), len(seg.full)), MIN_EDITS)
+            m = bucket(len(seg.move_dst), MIN_EDITS)
+            args = [pad(a, n) for a, n in ((seg.swa, f), (seg.full, f))]
+            args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
+            self.alloc = apply_releases(self.alloc, *jax.device_put(args))
+
+    def _inputs(self, plan: StepPlan, last: Releases) -> StepInputs:
+        r = bucket(len(plan.requests), MIN_REQS)
+        rp = plan.repoint
+        n = rp.ends - rp.starts
+        kinds = np.concatenate(
+            [
+                np.full(len(last.swa), FREE_SWA),
+                np.full(len(last.full), FREE_FULL),
+                np.full(rp.num_tokens, REPOINT),
+            ]
+        )
+        pos = [np.arange(a, b) for a, b in zip(rp.starts, rp.ends)]
+        e = bucket(len(kinds), MIN_EDITS)
+        no_slot = np.zeros(len(last.swa) + len(last.full), np.int32)
+        return StepInputs(
+            rows=pad(plan.rows, r),
+            prefix_lens=pad(plan.prefix_lens, r),
+            seq_lens=pad(plan.seq_lens, r),
+            last_loc=pad(plan.last_loc, r, -1),
+            num_reqs=np.int32(len(plan.requests)),
+            edit_kind=pad(kinds, e),
+            edit_slot=pad(np.concatenate([last.swa, last.full, rp.slots]), e),
+            edit_row=pad(np.concatenate([no_slot, np.repeat(rp.rows, n)]), e),
+            edit_pos=pad(np.concatenate([no_slot, *pos]), e),
+        )
+
+    def run(self, plan: StepPlan) -> StepResult:
+        releases = list(plan.releases)
+        last = releases.pop() if releases and not releases[-1].has_moves else Releases()
+        self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
+        decode = plan.kind is StepKind.DECODE
+        new = plan.num_new_tokens
+        num_tokens = 0 if decode else bucket(new, MIN_TOKENS)  # static: decode ignores it
+        needs_kv = self.model.needs_kv
+        shape = None
+        if needs_kv:
+            shape = metadata_shape(
+                plan.prefix_lens,
+                plan.seq_lens,
+                page_size=self.alloc.page_size,
+                window=self.window,
+            )
+        fwd = pad_forward(plan.forward, shape.num_tokens if shape else len(plan.forward.tokens))
+        inputs = self._inputs(plan, last)
+        if needs_kv:
+            inputs, fwd_dev = jax.device_put((inputs, fwd))  # the step's one upload
+        else:
+            inputs = jax.device_put(inputs)
+        self.alloc, self.r2t, out, meta = commit_step(
+            self.alloc, self.r2t, inputs, decode=decode, num_tokens=num_tokens, meta_shape=shape
+        )
+        if needs_kv:
+            self.pools, sampled = self.model.forward_and_sample(
+                self.pools, fwd_dev, meta, return_logits=plan.return_logits
+            )
+            out, sampled = jax.device_get((out, sampled))  # the step's one read
+        else:
+            out = jax.device_get(out)
+            sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[1]
+        tokens, logprobs, logits = sampled
+        s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
+        return StepResult(
+            status=int(out.status),
+            slots=np.asarray(out.slots)[:new],
+            free_full=int(out.free_full),
+            free_swa=int(out.free_swa),
+            tokens=np.asarray(tokens)[:s],
+            logprobs=np.asarray(logprobs)[:s],
+            logits=None if logits is None else np.asarray(logits)[:k],
+        )

@@ -1,0 +1,193 @@
+"""The engine: a three-call loop, `plan = scheduler.schedule()`, `result = runner.run(plan)`,
+`scheduler.postprocess(plan, result)`.
+
+Host code. The model is an interface the runner calls: `init_pools(sizes) -> pools`,
+`forward_and_sample(pools, ForwardBatch, metadata, return_logits=...) -> (pools, (tokens,
+logprobs, logits))`, `needs_kv` (whether it reads KV through the pools; the null model does
+not, so production-size presets run on a CPU) and `vocab_size`. The device half of a step lives
+in `swajax.runner`; this module imports it only when no runner is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from swajax.config import HybridConfig
+from swajax.prefix_cache import make_prefix_cache
+from swajax.serving.batch import PoolMode, Runner, StepMetrics, StepPlan
+from swajax.serving.ledger import PoolLedger
+from swajax.serving.request import Request, RequestError, SamplingParams
+from swajax.serving.scheduler import Scheduler, SchedulerConfig
+from swajax.sizing import PoolSizes
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    max_running: int = 64
+    max_context: int = 4096
+    chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
+    prefix_cache: bool = True
+    eviction_interval: int = 128
+
+    def __post_init__(self):
+        for name in ("max_running", "max_context", "eviction_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
+
+
+class Engine:
+    def __init__(
+        self,
+        cfg: HybridConfig,
+        model,
+        sizes: PoolSizes,
+        options: EngineOptions = EngineOptions(),
+        *,
+        runner: Runner | None = None,
+    ):
+        self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
+        self.window = cfg.sliding_window or 0
+        self.ledger = PoolLedger(sizes)
+        self.cache = make_prefix_cache(
+            self.ledger,
+            page_size=sizes.page_size,
+            window=self.window or None,
+            pool_mode=sizes.mode,
+            enabled=options.prefix_cache,
+        )
+        sched_cfg = SchedulerConfig(
+            page_size=sizes.page_size,
+            window=self.window,
+            pool_mode=sizes.mode,
+            max_running=options.max_running,
+            max_context=options.max_context,
+            chunk_size=options.chunk_size,
+            eviction_interval=options.eviction_interval,
+            radix=options.prefix_cache,
+        )
+        self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
+        if runner is None:
+            from swajax.runner import DeviceRunner  # the device half (JAX)
+
+            runner = DeviceRunner(
+                model,
+                sizes,
+                max_running=options.max_running,
+                max_context=options.max_context,
+                window=self.window,
+            )
+        self.runner = runner
+        self.requests: dict[int, Request] = {}
+        self.metrics: list[StepMetrics] = []
+        self._ids = itertools.count()
+        self._steps = 0
+
+    # ------------------------------------------------------------------------------------------
+    # Requests
+
+    def capacity(self) -> int:
+        """Most tokens one request can ever hold (the address space of the pools)."""
+        mode = self.sizes.mode
+        if mode is PoolMode.ALL_SWA or (
+            mode is PoolMode.HYBRID and self.options.chunk_size is None
+        ):
+            return min(self.sizes.full_tokens or self.sizes.swa_tokens, self.sizes.swa_tokens)
+        return self.sizes.full_tokens
+
+    def add_request(
+        self, prompt, params: SamplingParams | None = None, *, keep_logits: bool = False
+    ) -> int:
+        """Queue a request; raises RequestError (naming the value and the limit) if it can never
+        be served. Other requests are unaffected either way."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        vocab = getattr(self.model, "vocab_size", None)
+        if vocab is not None and not all(0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        total = len(prompt) + params.max_new_tokens
+        if total > self.options.max_context:
+            raise RequestError(
+                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) "
+                f"= {total} exceeds the context limit {self.options.max_context}"
+            )
+        if total + self.sizes.page_size > self.capacity():
+            raise RequestError(
+                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens})"
+                f" = {total} tokens cannot fit in the KV pools ({self.capacity()} "
+                "tokens per request)"
+            )
+        rid = next(self._ids)
+        req = Request(rid, prompt, params, keep_logits=keep_logits)
+        self.requests[rid] = req
+        self.scheduler.waiting.append(req)
+        return rid
+
+    def abort(self, rid: int) -> None:
+        self.scheduler.abort(self.requests[rid])
+
+    @property
+    def idle(self) -> bool:
+        return not self.scheduler.waiting and not self.scheduler.running
+
+    # ------------------------------------------------------------------------------------------
+    # The step
+
+    def step(self) -> StepMetrics | None:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return None
+        if plan.requests:
+            result = self.runner.run(plan)
+            self.scheduler.postprocess(plan, result)
+        return self._record(plan)
+
+    def run(self, max_steps: int | None = None) -> None:
+        for _ in itertools.count() if max_steps is None else range(max_steps):
+            if self.idle or self.step() is None:
+                break
+        self.flush()
+
+    def flush(self) -> None:
+        """Apply releases still queued on the host (e.g. of requests that just finished), so the
+        device pools match the ledger even when no further step runs."""
+        if self.ledger.has_pending:
+            self.runner.apply_releases(self.ledger.take_releases())
+
+    def _record(self, plan: StepPlan) -> StepMetrics:
+        self._steps += 1
+        full, swa = self.ledger.available()
+        ps = self.sizes.page_size
+        total_full = self.ledger.primary_pages * ps
+        total_swa = (
+            self.ledger.swa_pages
+            if self.sizes.mode is PoolMode.HYBRID
+            else self.ledger.primary_pages
+        ) * ps
+        c = self.cache
+        m = StepMetrics(
+            step=self._steps,
+            kind=plan.kind.value,
+            batch_size=len(plan.requests),
+            new_tokens=plan.num_new_tokens,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            full_used=total_full - full,
+            swa_used=total_swa - swa,
+            full_evictable=c.full_evictable,
+            swa_evictable=c.swa_evictable,
+            full_protected=c.full_protected,
+            swa_protected=c.swa_protected,
+            hit_tokens=self.scheduler.hit_tokens,
+            swa_tail_miss_tokens=self.scheduler.tail_miss_tokens,
+            retractions=self.scheduler.retractions,
+            compilations=self.runner.compilations(),
+            r2t_tokens_written=plan.r2t_tokens_written,
+        )
+        self.metrics.append(m)
+        return m

@@ -1,0 +1,146 @@
+"""The host's mirror of the two pools: page occupancy, free counts and deferred releases.
+
+Admission and eviction decisions need the pools' free counts every step; reading them from the
+device would cost a round trip each time. The ledger keeps, in numpy, which primary-pool pages
+are in use and which full pages are paired with an SWA page, so it knows exactly what each
+release gives back (a page freed twice, or an SWA page already evicted, gives nothing, as on the
+device). Releases are queued and travel with the next step's plan; after each step the device
+returns its free counts and `check` compares them with the mirror, so any drift is caught at
+once rather than trusted.
+
+It is also what the prefix cache releases KV through (the `Releaser` protocol).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.serving.batch import Releases
+from swajax.sizing import PoolMode, PoolSizes
+
+
+class LedgerMismatch(RuntimeError):
+    """The device's free counts differ from the host mirror: a bookkeeping bug, never input."""
+
+
+def _pages(slots, page_size: int) -> np.ndarray:
+    pages = np.unique(np.asarray(slots, np.int64) // page_size)
+    return pages[pages > 0]
+
+
+class PoolLedger:
+    def __init__(self, sizes: PoolSizes):
+        self.mode, self.page_size = sizes.mode, sizes.page_size
+        primary = sizes.swa_tokens if self.mode is PoolMode.ALL_SWA else sizes.full_tokens
+        self.primary_pages = primary // self.page_size
+        self.swa_pages = sizes.swa_tokens // self.page_size
+        self.used = np.zeros(self.primary_pages + 1, bool)  # primary page p is allocated
+        self.paired = np.zeros(self.primary_pages + 1, bool)  # hybrid: full page p has SWA
+        self.free_primary = self.primary_pages
+        self.free_swa_pages = self.swa_pages
+        self._segments: list[dict[str, list[np.ndarray]]] = []
+
+    # ------------------------------------------------------------------------------------------
+    # Reading
+
+    def available(self) -> tuple[int, int]:
+        """(full, SWA) free tokens; outside hybrid mode both are the one pool's count."""
+        full = self.free_primary * self.page_size
+        swa = self.free_swa_pages * self.page_size if self.mode is PoolMode.HYBRID else full
+        return full, swa
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._segments)
+
+    # ------------------------------------------------------------------------------------------
+    # Releases (the Releaser protocol): counted now, applied on device with the next step
+
+    def _queue(self, kind: str, slots) -> None:
+        if not self._segments or (kind != "moves" and self._segments[-1]["moves"]):
+            self._segments.append({"swa": [], "full": [], "moves": []})
+        self._segments[-1][kind].append(slots)
+
+    def _unpair(self, pages: np.ndarray) -> None:
+        live = pages[self.paired[pages]]
+        self.paired[live] = False
+        self.free_swa_pages += len(live)
+
+    def _unuse(self, pages: np.ndarray) -> None:
+        live = pages[self.used[pages]]
+        self.used[live] = False
+        self.free_primary += len(live)
+
+    def free(self, slots) -> None:
+        """Release full slots (their whole pages) and, through the mapping, their SWA pages."""
+        if not len(slots):
+            return
+        slots = np.array(slots, np.int32)  # a copy: callers may reuse arrays
+        pages = _pages(slots, self.page_size)
+        if self.mode is PoolMode.HYBRID:
+            self._unpair(pages)
+        self._unuse(pages)
+        self._queue("full", slots)
+
+    def free_swa(self, slots) -> None:
+        """Release only the SWA pages paired with these full slots' pages."""
+        if not len(slots) or self.mode is PoolMode.SINGLE:
+            return
+        slots = np.array(slots, np.int32)
+        pages = _pages(slots, self.page_size)
+        if self.mode is PoolMode.HYBRID:
+            self._unpair(pages)
+        else:  # all-SWA: the slots are the SWA pool's own
+            self._unuse(pages)
+        self._queue("swa", slots)
+
+    def move_swa(self, dst, src) -> None:
+        """Hand the SWA slots of `src` to `dst` (whole pages, equal in-page offsets)."""
+        if self.mode is not PoolMode.HYBRID or not len(dst):
+            return
+        dst, src = np.array(dst, np.int32), np.array(src, np.int32)
+        if dst.shape != src.shape or np.any(dst % self.page_size != src % self.page_size):
+            raise ValueError("move_swa needs equally long slot lists with matching in-page offsets")
+        self.paired[_pages(src, self.page_size)] = False
+        self.paired[_pages(dst, self.page_size)] = True
+        self._queue("moves", np.stack([dst, src]))
+
+    def take_releases(self) -> tuple[Releases, ...]:
+        """The queued releases, in order, as the device applies them; the queue empties."""
+        out = []
+        for seg in self._segments:
+            cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32)  # noqa: E731
+            moves = np.concatenate(seg["moves"], axis=1) if seg["moves"] else np.zeros((2, 0))
+            out.append(
+                Releases(
+                    swa=cat(seg["swa"]),
+                    full=cat(seg["full"]),
+                    move_dst=moves[0].astype(np.int32),
+                    move_src=moves[1].astype(np.int32),
+                )
+            )
+        self._segments = []
+        return tuple(out)
+
+    # ------------------------------------------------------------------------------------------
+    # Allocation results
+
+    def allocated(self, slots) -> None:
+        """The device handed out `slots` (new pages, or the free tail of a held last page)."""
+        pages = _pages(slots, self.page_size)
+        fresh = pages[~self.used[pages]]
+        self.used[fresh] = True
+        self.free_primary -= len(fresh)
+        if self.mode is PoolMode.HYBRID:
+            fresh = pages[~self.paired[pages]]
+            self.paired[fresh] = True
+            self.free_swa_pages -= len(fresh)
+
+    def check(self, free_full: int, free_swa: int) -> None:
+        """Compare the device's free counts after a step with the mirror."""
+        mine = self.available()
+        if mine != (free_full, free_swa):
+            raise LedgerMismatch(
+                f"device pools have (full, SWA) = ({free_full}, {free_swa}) free tokens, "
+                f"the host mirror says {mine}"
+            )
