@@ -18,6 +18,38 @@ settings.load_profile("swajax")
 import pytest  # noqa: E402
 
 
+@pytest.fixture
+def cli(capsys):
+    """Run the `swajax` command in process: cli("plan", "--preset", ...) -> (code, out, err)."""
+    from swajax.cli.main import main
+
+    def run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def tiny_engine():
+    """A factory of engines on the tiny-hybrid preset (W = 7) with the null model, or with a
+    given model: tiny_engine(full=512, ratio=0.5, ps=4, chunk=32, **EngineOptions fields)."""
+    from swajax import sizing
+    from swajax.presets import load_preset
+    from swajax.serving.engine import Engine, EngineOptions
+    from swajax.serving.null_model import NullModel
+
+    def make(full=512, ratio=0.5, ps=4, chunk=32, model=None, cfg=None, **options):
+        cfg = cfg or (model.spec.hybrid if model is not None else load_preset("tiny-hybrid"))
+        sizes = sizing.solve_pool_sizes(cfg, full, ratio=ratio, page_size=ps)
+        options.setdefault("max_running", 8)
+        options.setdefault("max_context", 512)
+        return Engine(cfg, model or NullModel(), sizes, EngineOptions(chunk_size=chunk, **options))
+
+    return make
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_jit_caches():
     """Drop compiled programs between test modules: hundreds of small executables kept alive in

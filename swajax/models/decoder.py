@@ -149,6 +149,8 @@ class HybridLM:
 
             sharding.check_divisible(self.spec, mesh)
             self.state = sharding.shard_state(self.state, mesh)
+        else:  # parameters live on the device once, not uploaded with every step
+            self.state = jax.device_put(self.state)
 
     @property
     def decoder(self) -> Decoder:

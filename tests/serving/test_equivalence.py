@@ -6,16 +6,14 @@ memory setting: hybrid memory on / off, prefix cache on / off, page size 1 / 16,
 varied alone from a baseline; greedy tokens must be identical and logits within 1e-5.
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from swajax.cli.generate import Setup, make_engine
 from swajax.models import load_decoder
 from swajax.serving.request import SamplingParams
 
-FIXTURES = Path(__file__).parent / "fixtures"
 BASE = Setup(kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128)
 VARIANTS = {
     "hybrid off": dict(hybrid_memory=False),

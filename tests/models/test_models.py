@@ -7,10 +7,10 @@ relative, and its greedy 8-token continuation exactly.
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from swajax import sizing
 from swajax.config import ConfigError
@@ -18,7 +18,6 @@ from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.request import SamplingParams
 
-FIXTURES = Path(__file__).parent / "fixtures"
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 
 

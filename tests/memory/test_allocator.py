@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from allocator_model import ModelAllocator
+from helpers.allocator_model import ModelAllocator
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 

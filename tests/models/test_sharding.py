@@ -1,19 +1,16 @@
 """The engine with params and both KV pools sharded over KV heads on 4 fake CPU devices
 (tests/conftest.py requests them before jax starts) gives the same outputs as one device."""
 
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from swajax import sizing
 from swajax.models import HybridLM, load_decoder
 from swajax.models.sharding import kv_mesh
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.request import SamplingParams
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def run(path, mesh):

@@ -1,28 +1,18 @@
 """`swajax generate` / `swajax logits`: the embedded default, fixtures, options, bad input."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
-from swajax.cli.main import main
-
-FIXTURE = Path(__file__).parent / "fixtures" / "gpt_oss"
+FIXTURE = FIXTURES / "gpt_oss"
 CASE = json.loads((FIXTURE / "greedy.json").read_text())
 IDS = ",".join(map(str, CASE["prompt"]))
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_embedded_default_generates_and_reports_memory(capsys):
-    code, out, _ = run(
-        capsys, "generate", "--prompt", "Hello, sliding windows", "--max-new-tokens", "40"
-    )
+def test_embedded_default_generates_and_reports_memory(cli):
+    code, out, _ = cli("generate", "--prompt", "Hello, sliding windows", "--max-new-tokens", "40")
     assert code == 0
     assert "memory: peak full" in out and "SWA KV freed" in out
     freed = int(out.split("SWA KV freed ")[1].split()[0])
@@ -32,9 +22,8 @@ def test_embedded_default_generates_and_reports_memory(capsys):
 @pytest.mark.parametrize(
     "flags", [[], ["--disable-hybrid-memory"], ["--no-prefix-cache"], ["--page-size", "1"]]
 )
-def test_checkpoint_greedy_matches_transformers(capsys, flags):
-    code, out, _ = run(
-        capsys,
+def test_checkpoint_greedy_matches_transformers(cli, flags):
+    code, out, _ = cli(
         "generate",
         "--model",
         str(FIXTURE),
@@ -51,7 +40,7 @@ def test_checkpoint_greedy_matches_transformers(capsys, flags):
     assert "summary" in lines[-1]
 
 
-def test_batched_prompts_file(capsys, tmp_path):
+def test_batched_prompts_file(cli, tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text(
         json.dumps({"prompt_ids": CASE["prompt"]})
@@ -59,8 +48,7 @@ def test_batched_prompts_file(capsys, tmp_path):
         + json.dumps({"prompt_ids": CASE["prompt"][:10]})
         + "\n"
     )
-    code, out, _ = run(
-        capsys,
+    code, out, _ = cli(
         "generate",
         "--model",
         str(FIXTURE),
@@ -74,11 +62,9 @@ def test_batched_prompts_file(capsys, tmp_path):
     assert code == 0 and len(lines) == 3 and lines[0]["tokens"] == CASE["greedy"]
 
 
-def test_logits_match_the_fixture(capsys, tmp_path):
+def test_logits_match_the_fixture(cli, tmp_path):
     out = tmp_path / "logits.npy"
-    code, _, _ = run(
-        capsys, "logits", "--model", str(FIXTURE), "--prompt-ids", IDS, "--out", str(out)
-    )
+    code, _, _ = cli("logits", "--model", str(FIXTURE), "--prompt-ids", IDS, "--out", str(out))
     got, expected = np.load(out), np.load(FIXTURE / "logits.npy")
     assert code == 0 and got.shape == expected.shape
     assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4
@@ -94,11 +80,11 @@ def test_logits_match_the_fixture(capsys, tmp_path):
         (["--temperature", "-1"], "temperature"),
     ],
 )
-def test_bad_input(capsys, argv, needle):
-    code, out, err = run(capsys, "generate", *argv)
+def test_bad_input(cli, argv, needle):
+    code, out, err = cli("generate", *argv)
     assert code != 0 and needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_text_prompt_needs_a_tokenizer(capsys):
-    code, _, err = run(capsys, "generate", "--model", str(FIXTURE), "--prompt", "hi")
+def test_text_prompt_needs_a_tokenizer(cli):
+    code, _, err = cli("generate", "--model", str(FIXTURE), "--prompt", "hi")
     assert code != 0 and "tokenizer.json" in err

@@ -1,14 +1,14 @@
 """The examples run, and the oracle module catches what it should."""
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT
 
 from swajax.oracle import compare, reference_attention
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def load(name):

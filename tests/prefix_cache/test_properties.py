@@ -2,8 +2,8 @@
 
 import hypothesis.strategies as st
 import pytest
-from allocator_model import ModelAllocator
-from cache_sim import evict_window, finish, grow, start, unfinished
+from helpers.allocator_model import ModelAllocator
+from helpers.cache_sim import evict_window, finish, grow, start, unfinished
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from cache_sim import evict_window, finish, start, unfinished
+from helpers.cache_sim import evict_window, finish, start, unfinished
 
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache, check_invariants

@@ -4,19 +4,10 @@ import json
 
 import pytest
 
-from swajax.cli.main import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 @pytest.mark.parametrize("workload", ["multi-turn", "mixed"])
-def test_simulate_json_loses_nothing(capsys, workload):
-    code, out, _ = run(
-        capsys,
+def test_simulate_json_loses_nothing(cli, workload):
+    code, out, _ = cli(
         "simulate",
         "--preset",
         "tiny-hybrid",
@@ -44,10 +35,9 @@ def test_simulate_json_loses_nothing(capsys, workload):
     assert report["peak_concurrency_ratio"] == pytest.approx(expected)
 
 
-def test_simulate_table_and_plot(capsys, tmp_path):
+def test_simulate_table_and_plot(cli, tmp_path):
     plot = tmp_path / "occupancy.png"
-    code, out, _ = run(
-        capsys,
+    code, out, _ = cli(
         "simulate",
         "--preset",
         "tiny-hybrid",
@@ -76,7 +66,7 @@ def test_simulate_table_and_plot(capsys, tmp_path):
         (["--preset", "nope"], "nope"),
     ],
 )
-def test_simulate_bad_arguments(capsys, argv, needle):
+def test_simulate_bad_arguments(cli, argv, needle):
     base = [
         "simulate",
         "--preset",
@@ -92,5 +82,5 @@ def test_simulate_bad_arguments(capsys, argv, needle):
             args[args.index(argv[i]) + 1] = argv[i + 1]
         else:
             args += argv[i : i + 2]
-    code, out, err = run(capsys, *args)
+    code, out, err = cli(*args)
     assert code != 0 and needle in err and len(err.strip().splitlines()) == 1

@@ -6,18 +6,9 @@ import sys
 
 import pytest
 
-from swajax.cli.main import main
 
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_plan_json_mimo_capacity_ratio(capsys):
-    code, out, _ = run(
-        capsys,
+def test_plan_json_mimo_capacity_ratio(cli):
+    code, out, _ = cli(
         "plan",
         "--preset",
         "mimo-v2-flash",
@@ -46,15 +37,15 @@ def test_plan_json_mimo_capacity_ratio(capsys):
     assert report["min_ratio_estimate"] == pytest.approx((128 + 128 + 1) / 16384)
 
 
-def test_plan_human_table(capsys):
-    code, out, _ = run(
-        capsys, "plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "4", "--page-size", "16"
+def test_plan_human_table(cli):
+    code, out, _ = cli(
+        "plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "4", "--page-size", "16"
     )
     assert code == 0
     assert "full pool tokens" in out and "capacity vs single" in out
 
 
-def test_plan_hf_config_and_single_pool(capsys, tmp_path):
+def test_plan_hf_config_and_single_pool(cli, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(
         json.dumps(
@@ -69,8 +60,7 @@ def test_plan_hf_config_and_single_pool(capsys, tmp_path):
             }
         )
     )
-    code, out, _ = run(
-        capsys,
+    code, out, _ = cli(
         "plan",
         "--hf-config",
         str(path),
@@ -106,8 +96,8 @@ def test_plan_hf_config_and_single_pool(capsys, tmp_path):
         (["--hf-config", "/nonexistent/config.json", "--kv-budget-gib", "1"], "no config file"),
     ],
 )
-def test_plan_bad_arguments(capsys, argv, needle):
-    code, out, err = run(capsys, "plan", *argv)
+def test_plan_bad_arguments(cli, argv, needle):
+    code, out, err = cli("plan", *argv)
     assert code != 0 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err
 

@@ -1,0 +1,96 @@
+"""The step's shape: one upload and one read per step, req_to_token writes that do not grow
+with the context, a host mirror of the free counts that the device confirms every step."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from swajax.cli.generate import tiny_decoder
+from swajax.models import HybridLM
+from swajax.serving.batch import StepResult
+from swajax.serving.ledger import LedgerMismatch
+from swajax.serving.request import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return HybridLM(tiny_decoder())
+
+
+def test_steady_decode_step_makes_one_upload_and_one_read(tiny_engine, tiny_model, monkeypatch):
+    engine = tiny_engine(full=1024, model=tiny_model, chunk=None)
+    for prompt in ([5, 6, 7, 8, 9], [1, 2, 3]):
+        engine.add_request(prompt, SamplingParams(max_new_tokens=40))
+    for _ in range(6):  # prefill, then decode steps until every program is compiled
+        engine.step()
+    calls = {"put": 0, "get": 0}
+    put, get = jax.device_put, jax.device_get
+
+    def counted_put(*args, **kwargs):
+        calls["put"] += 1
+        return put(*args, **kwargs)
+
+    def counted_get(*args, **kwargs):
+        calls["get"] += 1
+        return get(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", counted_put)
+    monkeypatch.setattr(jax, "device_get", counted_get)
+    steps = 5
+    with jax.transfer_guard("disallow"):  # any implicit transfer raises
+        for _ in range(steps):
+            assert engine.step().kind == "decode"
+    assert calls == {"put": steps, "get": steps}
+
+
+def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
+    """Decode steps write one slot per request whatever the context; the device table holds
+    exactly each request's host slots (admission prefixes and chunk re-points included)."""
+    engine = tiny_engine(full=2048, ps=4, chunk=16, model=tiny_model, eviction_interval=8)
+    system = list(range(100, 140))
+    engine.add_request(system + [1] * 120, SamplingParams(max_new_tokens=24))
+    engine.run(max_steps=12)
+    engine.add_request(system + [2, 3], SamplingParams(max_new_tokens=24))  # a prefix hit
+    engine.add_request([7] * 5, SamplingParams(max_new_tokens=60))
+    runner = engine.runner
+    while not engine.idle:
+        m = engine.step()
+        running = engine.scheduler.running
+        if m.kind == "decode":
+            assert m.r2t_tokens_written == m.batch_size
+        table = np.asarray(runner.r2t.table)
+        for req in running:
+            np.testing.assert_array_equal(table[req.row, : req.kv_len], req.slots)
+    decodes = [m for m in engine.metrics if m.kind == "decode"]
+    assert max(m.r2t_tokens_written for m in decodes) <= 3
+    assert engine.scheduler.hit_tokens >= 40
+
+
+def test_the_device_confirms_the_host_mirror(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=3))
+    plan = engine.scheduler.schedule()
+    result = engine.runner.run(plan)
+    wrong = StepResult(
+        result.status,
+        result.slots,
+        result.free_full - 4,
+        result.free_swa,
+        result.tokens,
+        result.logprobs,
+    )
+    with pytest.raises(LedgerMismatch, match="host mirror"):
+        engine.scheduler.postprocess(plan, wrong)
+
+
+def test_host_layers_import_no_jax():
+    code = (
+        "import sys\n"
+        "import swajax.serving.engine, swajax.serving.scheduler, swajax.serving.ledger\n"
+        "import swajax.prefix_cache\n"
+        "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
