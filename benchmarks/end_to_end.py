@@ -2,11 +2,12 @@
 
     python benchmarks/end_to_end.py [--json] [--hf-python PATH]
 
-The GPT-OSS fixture family (4 layers, alternating sliding / full, sinks, MoE), 16 prompts of
-256 tokens, 64 generated tokens each, greedy. swajax runs the prompts together through the
-engine (XLA attention, hybrid pools); transformers runs `generate` on the same batch in the
-fixtures environment (torch + transformers, see tools/make_fixtures.py), which is skipped with a
-message if absent. Prints tokens / s for both and the ratio.
+The GPT-OSS fixture family (4 layers, alternating sliding / full, sinks, MoE), 256-token
+prompts, 64 generated tokens each, greedy, at batch 16 and at batch 1. swajax runs the prompts
+together through the engine (XLA attention, hybrid pools); transformers runs `generate` on the
+same batch in the fixtures environment (torch + transformers, see tools/make_fixtures.py), which
+is skipped with a message if absent. Prints tokens / s for both, the ratio and how many of the
+outputs are identical.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ print(json.dumps({"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist()})
 """
 
 
-def prompts():
+def prompts(n: int):
     rng = np.random.default_rng(0)
-    return rng.integers(3, 128, (N_PROMPTS, PROMPT_LEN)).tolist()
+    return rng.integers(3, 128, (n, PROMPT_LEN)).tolist()
 
 
 def run_swajax(batch):
@@ -83,6 +84,24 @@ def run_transformers(batch, python):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def compare(n: int, hf_python: str) -> dict:
+    batch = prompts(n)
+    seconds, outputs = run_swajax(batch)
+    generated = n * NEW
+    result = dict(batch=n, swajax_tokens_per_s=generated / seconds, swajax_seconds=seconds)
+    hf = run_transformers(batch, hf_python)
+    if hf is None:
+        result["transformers"] = f"skipped: no fixtures environment at {hf_python}"
+    else:
+        result.update(
+            transformers_tokens_per_s=generated / hf["seconds"],
+            transformers_seconds=hf["seconds"],
+            ratio=hf["seconds"] / seconds,
+            same_tokens=f"{sum(a == b for a, b in zip(outputs, hf['tokens']))}/{n}",
+        )
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -90,25 +109,14 @@ def main() -> None:
         "--hf-python", default=os.environ.get("SWAJAX_HF_PYTHON", str(ROOT / ".hfenv/bin/python"))
     )
     args = parser.parse_args()
-    batch = prompts()
-    seconds, outputs = run_swajax(batch)
-    generated = N_PROMPTS * NEW
-    result = dict(swajax_tokens_per_s=generated / seconds, swajax_seconds=seconds)
-    hf = run_transformers(batch, args.hf_python)
-    if hf is None:
-        result["transformers"] = f"skipped: no fixtures environment at {args.hf_python}"
-    else:
-        result.update(
-            transformers_tokens_per_s=generated / hf["seconds"],
-            transformers_seconds=hf["seconds"],
-            ratio=hf["seconds"] / seconds,
-            same_tokens=sum(a == b for a, b in zip(outputs, hf["tokens"])),
-        )
+    results = [compare(n, args.hf_python) for n in (N_PROMPTS, 1)]
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(results))
         return
-    for key, value in result.items():
-        print(f"{key:26} {value:.2f}" if isinstance(value, float) else f"{key:26} {value}")
+    for result in results:
+        for key, value in result.items():
+            print(f"{key:26} {value:.2f}" if isinstance(value, float) else f"{key:26} {value}")
+        print()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ comparison that reports the worst element.
 
 Another implementation (a CUDA kernel, a different framework) fills its own output for the same
 paged inputs; `reference_attention` computes what it must be, in float64 with numpy, from the
-mask definition alone (`swajax.attention.mask`), and `compare` says how far apart they are.
+window convention alone (its own `visible`, written out here so that the oracle shares no code
+with the implementations it checks), and `compare` says how far apart they are.
 """
 
 from __future__ import annotations

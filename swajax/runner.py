@@ -104,46 +104,68 @@ class DeviceRunner:
         )
 
     def run(self, plan: StepPlan) -> StepResult:
+        """One step. If it raises, the device state is as if the step had only applied its
+        releases (the host counted those): the new pages are given back."""
         releases = list(plan.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
-        decode = plan.kind is StepKind.DECODE
-        new = plan.num_new_tokens
-        num_tokens = 0 if decode else bucket(new, MIN_TOKENS)  # static: decode ignores it
-        needs_kv = self.model.needs_kv
-        shape = None
-        if needs_kv:
-            shape = metadata_shape(
-                plan.prefix_lens,
-                plan.seq_lens,
-                page_size=self.alloc.page_size,
-                window=self.window,
-            )
-        fwd = pad_forward(plan.forward, shape.num_tokens if shape else len(plan.forward.tokens))
-        inputs = self._inputs(plan, last)
-        if needs_kv:
-            inputs, fwd_dev = jax.device_put((inputs, fwd))  # the step's one upload
-        else:
-            inputs = jax.device_put(inputs)
-        self.alloc, self.r2t, out, meta = commit_step(
-            self.alloc, self.r2t, inputs, decode=decode, num_tokens=num_tokens, meta_shape=shape
-        )
-        if needs_kv:
-            self.pools, sampled = self.model.forward_and_sample(
-                self.pools, fwd_dev, meta, return_logits=plan.return_logits
-            )
-            out, sampled = jax.device_get((out, sampled))  # the step's one read
-        else:
-            out = jax.device_get(out)
-            sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[1]
+        try:
+            out, meta, fwd, fwd_dev = self._commit(plan, last)
+        except Exception:
+            self.apply_releases((last,))
+            raise
+        try:
+            if self.model.needs_kv:
+                self.pools, sampled = self.model.forward_and_sample(
+                    self.pools, fwd_dev, meta, return_logits=plan.return_logits
+                )
+                out, sampled = jax.device_get((out, sampled))  # the step's one read
+            else:
+                out = jax.device_get(out)
+                sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[1]
+        except Exception:
+            self._roll_back(plan, out)
+            raise
         tokens, logprobs, logits = sampled
         s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
         return StepResult(
             status=int(out.status),
-            slots=np.asarray(out.slots)[:new],
+            slots=np.asarray(out.slots)[: plan.num_new_tokens],
             free_full=int(out.free_full),
             free_swa=int(out.free_swa),
             tokens=np.asarray(tokens)[:s],
             logprobs=np.asarray(logprobs)[:s],
             logits=None if logits is None else np.asarray(logits)[:k],
         )
+
+    def _commit(self, plan: StepPlan, last: Releases):
+        decode = plan.kind is StepKind.DECODE
+        num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
+        shape = None
+        if self.model.needs_kv:
+            shape = metadata_shape(
+                plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size, window=self.window
+            )
+        fwd = pad_forward(plan.forward, shape.num_tokens if shape else len(plan.forward.tokens))
+        inputs = self._inputs(plan, last)
+        fwd_dev = None
+        if self.model.needs_kv:
+            inputs, fwd_dev = jax.device_put((inputs, fwd))  # the step's one upload
+        else:
+            inputs = jax.device_put(inputs)
+        self.alloc, self.r2t, out, meta = commit_step(
+            self.alloc, self.r2t, inputs, decode=decode, num_tokens=num_tokens, meta_shape=shape
+        )
+        return out, meta, fwd, fwd_dev
+
+    def _roll_back(self, plan: StepPlan, out) -> None:
+        """Free the pages the step took (not the tail of a page a request already held)."""
+        out = jax.device_get(out)
+        if int(out.status) != A.OK:
+            return  # nothing was taken
+        slots, ps, start, fresh = np.asarray(out.slots), self.alloc.page_size, 0, []
+        for pre, seq in zip(plan.prefix_lens, plan.seq_lens):
+            n, tail = int(seq - pre), int(-pre % ps)
+            fresh.append(slots[start + min(tail, n) : start + n])
+            start += n
+        self.apply_releases((Releases(full=np.concatenate(fresh).astype(np.int32)),))

@@ -3,11 +3,8 @@
 from swajax.prefix_cache.checks import check_invariants as check_invariants, stats as stats
 from swajax.prefix_cache.chunk import ChunkCache as ChunkCache
 from swajax.prefix_cache.locks import LockHandle as LockHandle
-from swajax.prefix_cache.radix import (
-    MatchResult as MatchResult,
-    RadixCache as RadixCache,
-    Releaser as Releaser,
-)
+from swajax.prefix_cache.protocol import PrefixCache as PrefixCache, Releaser as Releaser
+from swajax.prefix_cache.radix import MatchResult as MatchResult, RadixCache as RadixCache
 from swajax.sizing import PoolMode
 
 
@@ -19,7 +16,7 @@ def make_prefix_cache(
     pool_mode: PoolMode,
     enabled: bool = True,
     cap_leaf_to_window: bool = True,
-):
+) -> PrefixCache:
     """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache."""
     if not enabled:
         return ChunkCache(releaser, page_size=page_size, window=window, pool_mode=pool_mode)

@@ -1,16 +1,21 @@
-"""Invariant checks and counters of a `RadixCache` (spec §13 items 12-14, for tests and debug)."""
+"""Invariant checks and counters of a prefix cache (spec §13 items 12-14, for tests and debug)."""
 
 from __future__ import annotations
 
+from swajax.prefix_cache.protocol import PrefixCache
+from swajax.prefix_cache.radix import RadixCache
 
-def check_invariants(cache) -> None:
+
+def check_invariants(cache: PrefixCache) -> None:
     """Raise AssertionError if structure, recency lists, lock counts or size totals are off."""
-    if not hasattr(cache, "root"):
-        return  # a chunk cache holds nothing
+    sizes = dict(full_evictable=0, full_protected=0, swa_evictable=0, swa_protected=0)
+    actual = {name: getattr(cache, name) for name in sizes}
+    if not isinstance(cache, RadixCache):  # a chunk cache holds nothing
+        assert not list(cache.nodes()) and actual == sizes, f"a chunk cache holds {actual}"
+        return
     ps, root = cache.ps, cache.root
     assert root.full_lock == root.swa_lock == 1 and root.parent is None
-    sizes = dict(full_evictable=0, full_protected=0, swa_evictable=0, swa_protected=0)
-    nodes = list(cache._nodes())
+    nodes = list(cache.nodes())
     for node in nodes:
         assert node.parent is not None and node.parent.children.get(node.key[:ps]) is node
         assert len(node) > 0 and len(node) % ps == 0, f"{node}: length not a page multiple"
@@ -30,16 +35,10 @@ def check_invariants(cache) -> None:
             sizes["full_evictable"],
             sizes["full_protected"],
         )
-    actual = dict(
-        full_evictable=cache.full_evictable,
-        full_protected=cache.full_protected,
-        swa_evictable=cache.swa_evictable,
-        swa_protected=cache.swa_protected,
-    )
     assert actual == sizes, f"size accounting {actual} != recomputed {sizes}"
 
 
-def stats(cache) -> dict:
+def stats(cache: PrefixCache) -> dict:
     return dict(
         hit_tokens=cache.hit_tokens,
         swa_tail_miss_tokens=cache.tail_miss_tokens,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.prefix_cache.radix import MatchResult, Releaser
+from swajax.prefix_cache.protocol import Releaser
+from swajax.prefix_cache.radix import MatchResult
 from swajax.sizing import PoolMode
 
 _EMPTY = np.zeros(0, np.int32)
@@ -27,6 +28,9 @@ class ChunkCache:
     ):
         self.releaser, self.ps, self.window = releaser, page_size, window
         self.mode = PoolMode(pool_mode)
+
+    def nodes(self):
+        return iter(())
 
     def match(self, tokens) -> MatchResult:
         return MatchResult(_EMPTY, None, 0)

@@ -23,26 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Protocol
 
 import numpy as np
 
 from swajax.prefix_cache.eviction import Eviction
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
+from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.requests import RequestCaching
 from swajax.sizing import PoolMode
 
 INF = float("inf")
 __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
-
-
-class Releaser(Protocol):
-    """What the cache needs from the allocator (see `swajax.memory.kv_allocator.KVAllocator`)."""
-
-    def free(self, slots) -> None: ...
-    def free_swa(self, slots) -> None: ...
-    def move_swa(self, dst, src) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +89,10 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
 
     @property
     def tombstones(self) -> int:
-        return sum(1 for node in self._nodes() if not node.swa_live)
+        return sum(1 for node in self.nodes() if not node.swa_live)
 
-    def _nodes(self):
+    def nodes(self):
+        """Every node but the root (depth first)."""
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()

@@ -48,6 +48,11 @@ class Engine:
         *,
         runner: Runner | None = None,
     ):
+        if options.chunk_size is not None and options.chunk_size < sizes.page_size:
+            raise ValueError(
+                f"chunk_size {options.chunk_size} is smaller than the page size "
+                f"{sizes.page_size}: a chunk must hold at least one page"
+            )
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
         self.window = cfg.sliding_window or 0
         self.ledger = PoolLedger(sizes)
@@ -82,6 +87,7 @@ class Engine:
         self.runner = runner
         self.requests: dict[int, Request] = {}
         self.metrics: list[StepMetrics] = []
+        self.errors: list[Exception] = []  # every step that raised, for logs and tests
         self._ids = itertools.count()
         self._steps = 0
 
@@ -139,12 +145,22 @@ class Engine:
     # The step
 
     def step(self) -> StepMetrics | None:
+        """One step; None only when nothing is in flight. A step that raises (the model, the
+        sampler) is rolled back and its requests retried alone, then failed with the error;
+        the engine keeps serving the others."""
         plan = self.scheduler.schedule()
         if plan is None:
             return None
         if plan.requests:
-            result = self.runner.run(plan)
-            self.scheduler.postprocess(plan, result)
+            try:
+                result = self.runner.run(plan)
+            except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
+                self.errors.append(error)
+                self.scheduler.step_failed(plan, error)
+            else:
+                self.scheduler.postprocess(plan, result)
+        else:  # the step only retracted or aborted: what it released still reaches the device
+            self.runner.apply_releases(plan.releases)
         return self._record(plan)
 
     def run(self, max_steps: int | None = None) -> None:

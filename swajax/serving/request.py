@@ -73,6 +73,7 @@ class Request:
     swa_evicted_seqlen: int = 0  # positions [0, this) have had their SWA KV released
     handle: object = None  # prefix-cache lock
     retractions: int = 0
+    suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
     logits: list = dataclasses.field(default_factory=list)  # per computed position, if kept
 

@@ -93,9 +93,13 @@ class Scheduler:
             # Unlike SGLang (spec §9.1), also reserve the SWA a running request will still take
             # before its next eviction: up to interval + page_size tokens. Without it, SWA-bound
             # workloads admit too much and then retract in storms.
+            # Only decoding requests reserve: a prefilling request's own future decode must not
+            # park its next chunk (which once parked every chunk, and the engine stalled).
             grow = self.cfg.eviction_interval + self.cfg.page_size
             swa_reserve = sum(
-                min(r.params.max_new_tokens - len(r.output), grow) for r in self.running
+                min(r.params.max_new_tokens - len(r.output), grow)
+                for r in self.running
+                if r.decoding
             )
             rem_swa = (
                 swa + self.cache.swa_evictable - int(swa_reserve * self.cfg.decode_reserve_ratio)
@@ -116,7 +120,16 @@ class Scheduler:
     # Building a batch
 
     def _build(self) -> Batch | None:
-        """Prefill work first (chunks in flight, then new requests in order), else decode."""
+        """Prefill work first (chunks in flight, then new requests in order), else decode; an
+        empty extend batch if nothing fits the budgets; None only if nothing is in flight.
+
+        A *suspect* (a request whose batch raised) runs alone until it finishes, so a request
+        that keeps failing is found and aborted without taking the others with it."""
+        if not self.running and not self.waiting:
+            return None
+        suspect = self._suspect()
+        if suspect is not None:
+            return suspect
         budget = self.budget()
         reqs, lens = [], []
         for req in self.running:
@@ -137,11 +150,23 @@ class Scheduler:
         if reqs:
             return Batch(StepKind.EXTEND, reqs, lens)
         decode = self._decode_batch()
-        return decode if decode.reqs else None
+        return decode if decode.reqs else Batch(StepKind.EXTEND, [], [])
 
     def _decode_batch(self) -> Batch:
-        decoding = [r for r in self.running if r.decoding]
+        decoding = [r for r in self.running if r.decoding and not r.suspect]
         return Batch(StepKind.DECODE, decoding, [1] * len(decoding))
+
+    def _suspect(self) -> Batch | None:
+        """The oldest suspect's next step, alone (None when there is no suspect to run)."""
+        running = [r for r in self.running if r.suspect]
+        if running:
+            req = min(running, key=lambda r: r.rid)
+            if req.decoding:
+                return Batch(StepKind.DECODE, [req], [1])
+            return Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
+        if self.waiting and self.waiting[0].suspect and len(self.running) < self.cfg.max_running:
+            return self._force_admit()
+        return None
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -159,15 +184,57 @@ class Scheduler:
                 self.evict_windows(decode)
                 batch = self.fit(decode)
             else:
-                self._unstick()
+                batch = self._force()
         return self._plan(batch)
 
-    def _unstick(self) -> None:
-        stuck = [r for r in self.running if not r.decoding]
-        if len(stuck) > 1:
-            self.retract(max(stuck, key=lambda r: r.rid))
-        elif stuck:
-            self.abort(stuck[0], "out of memory: the pools cannot hold this request")
+    # ------------------------------------------------------------------------------------------
+    # The progress guarantee: nothing fits the budgets and nothing decodes
+
+    def _chunk_len(self, req: Request) -> int:
+        chunk = self.cfg.chunk_size
+        return req.pending if chunk is None else min(req.pending, chunk)
+
+    def _force_admit(self) -> Batch:
+        """Admit the head of the queue whatever the budgets say (the pools decide in `fit`)."""
+        unlimited = Budget(2**62, 2**62 if self.separate_swa else None, self.cfg.chunk_size)
+        req = self.waiting[0]
+        n = self._admit(req, unlimited)
+        self.waiting.popleft()
+        req.status, req.row = Status.RUNNING, self.free_rows.pop()
+        self.running.append(req)
+        return Batch(StepKind.EXTEND, [req], [n])
+
+    def _force(self) -> Batch:
+        """The budgets are estimates; when they park every prefill and nothing decodes, the
+        oldest prefill (or, with none running, the head of the queue) gets a chunk of what the
+        pools physically hold. If not one page fits, the newest other request is retracted; a
+        request alone that still cannot fit is aborted with the numbers."""
+        prefills = [r for r in self.running if r.pending > 0]
+        if prefills:
+            req = min(prefills, key=lambda r: r.rid)
+            batch = Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
+        elif self.waiting and len(self.running) < self.cfg.max_running:
+            batch = self._force_admit()
+            req = batch.reqs[0]
+        else:
+            raise RuntimeError(
+                f"no progress possible: {len(self.running)} running, {len(self.waiting)} waiting"
+            )
+        need = batch.lens[0]
+        batch = self.fit(batch)
+        if batch.reqs:
+            return batch
+        others = [r for r in self.running if r is not req]
+        if others:
+            self.retract(max(others, key=lambda r: r.rid))
+        else:
+            full, swa = self.ledger.available()
+            self.abort(
+                req,
+                f"out of memory: {need} more tokens do not fit in the free pools "
+                f"(full {full}, SWA {swa} tokens free after evicting the prefix cache)",
+            )
+        return batch
 
     def _continue(self, req: Request, budget: Budget) -> int:
         if budget.rem_chunk is None:
@@ -225,8 +292,9 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # Memory for a batch
 
-    def evict_windows(self, batch: Batch) -> None:
-        """Runtime SWA eviction before a batch (decode: once enough has piled up)."""
+    def evict_windows(self, batch: Batch, *, due: bool = False) -> None:
+        """Runtime SWA eviction before a batch (decode: once enough has piled up, or now if
+        `due`: the interval amortizes frees, it must not stop a decode that needs the room)."""
         if not self.cfg.window or self.cfg.pool_mode is PoolMode.SINGLE:
             return
         for req in batch.reqs:
@@ -240,8 +308,10 @@ class Scheduler:
                 swa_evicted_seqlen=req.swa_evicted_seqlen,
                 chunk_cache=not self.cfg.radix,
             )
-            if batch.kind is StepKind.DECODE and not win.decode_eviction_due(
-                start, end, self.cfg.eviction_interval
+            if (
+                batch.kind is StepKind.DECODE
+                and not due
+                and not win.decode_eviction_due(start, end, self.cfg.eviction_interval)
             ):
                 continue
             if batch.kind is StepKind.EXTEND and self.cfg.radix:
@@ -291,6 +361,8 @@ class Scheduler:
         (decode) or shrink (extend) what cannot."""
         if batch.kind is StepKind.EXTEND and not self._fits(self._pages_needed(batch)):
             self._shrink_to_fit(batch)
+        if batch.kind is StepKind.DECODE and not self._fits(self._pages_needed(batch)):
+            self.evict_windows(batch, due=True)
         while (
             batch.kind is StepKind.DECODE
             and batch.reqs
@@ -384,10 +456,32 @@ class Scheduler:
                 row += not req.keep_logits
                 sampled.append(req)
         for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
-            self._take_token(req, token, logprob)
+            self._guarded(req, self._take_token, req, token, logprob)
         for req in plan.requests:
             if req.status is Status.RUNNING and not req.decoding and self.cfg.radix:
-                self._cache_chunk(req)
+                self._guarded(req, self._cache_chunk, req)
+
+    def _guarded(self, req: Request, fn, *args) -> None:
+        """Run one request's part of a step; if it raises, that request fails, not the step."""
+        try:
+            fn(*args)
+        except Exception as error:  # noqa: BLE001 - reported on the request, never dropped
+            if req.status is Status.RUNNING:
+                self.abort(req, f"error: {type(error).__name__}: {error}")
+
+    def step_failed(self, plan: StepPlan, error: Exception) -> None:
+        """The step raised before its result was taken (the runner rolled its allocation back):
+        retract its requests as suspects, which then run alone; a suspect that fails alone is
+        aborted with the error."""
+        alone = len(plan.requests) == 1
+        for req in plan.requests:
+            if req.status is not Status.RUNNING:
+                continue
+            if alone and req.suspect:
+                self.abort(req, f"error: {type(error).__name__}: {error}")
+            else:
+                self.retract(req)
+                req.suspect = True
 
     def _take_token(self, req: Request, token: int, logprob: float) -> None:
         req.output.append(token)

@@ -51,10 +51,10 @@ def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
     exactly each request's host slots (admission prefixes and chunk re-points included)."""
     engine = tiny_engine(full=2048, ps=4, chunk=16, model=tiny_model, eviction_interval=8)
     system = list(range(100, 140))
-    engine.add_request(system + [1] * 120, SamplingParams(max_new_tokens=24))
-    engine.run(max_steps=12)
-    engine.add_request(system + [2, 3], SamplingParams(max_new_tokens=24))  # a prefix hit
-    engine.add_request([7] * 5, SamplingParams(max_new_tokens=60))
+    engine.add_request(system + [1] * 40, SamplingParams(max_new_tokens=12))
+    engine.run(max_steps=8)
+    engine.add_request(system + [2, 3], SamplingParams(max_new_tokens=12))  # a prefix hit
+    engine.add_request([7] * 5, SamplingParams(max_new_tokens=40))
     runner = engine.runner
     while not engine.idle:
         m = engine.step()

@@ -1,0 +1,166 @@
+"""Never stuck, never silent: every accepted request finishes or fails with a reason, whatever
+the pools, and a step that raises loses nothing and stops no other request."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from swajax import sizing
+from swajax.presets import load_preset
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.null_model import NullModel
+from swajax.serving.request import RequestError, SamplingParams, Status
+
+CFG = load_preset("tiny-hybrid")  # W = 7
+
+
+def check_clean(engine):
+    """Nothing in flight, every request ended, both pools entirely free (host and device)."""
+    assert engine.idle
+    for req in engine.requests.values():
+        assert req.status in (Status.FINISHED, Status.ABORTED), (req.rid, req.status)
+        assert req.finish_reason
+    engine.cache.evict(10**9, 10**9)
+    engine.flush()
+    full = (engine.ledger.primary_pages * engine.sizes.page_size,) * 2
+    if engine.sizes.mode.value == "hybrid":
+        full = (full[0], engine.ledger.swa_pages * engine.sizes.page_size)
+    assert engine.ledger.available() == full
+    from swajax.memory import allocator as A
+
+    avail = A.available(engine.runner.alloc)
+    assert (int(avail.full), int(avail.swa)) == full
+
+
+PROPERTY = dict(
+    full=st.sampled_from([64, 128, 256, 1024, 4096]),
+    ratio=st.sampled_from([0.1, 0.25, 0.5, 1.0]),
+    ps=st.sampled_from([1, 4, 16]),
+    chunk=st.sampled_from([None, 16, 64]),
+    interval=st.sampled_from([1, 16, 128]),
+    prefix_cache=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+
+
+@settings(max_examples=12)
+@given(**PROPERTY)
+def test_every_request_finishes_or_fails_with_a_reason(**kw):
+    run_random_workload(**kw)
+
+
+@pytest.mark.slow
+@settings(max_examples=400)
+@given(**PROPERTY)
+def test_every_request_finishes_or_fails_with_a_reason_long(**kw):
+    run_random_workload(**kw)
+
+
+def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed):
+    try:
+        sizes = sizing.solve_pool_sizes(CFG, full, ratio=ratio, page_size=ps)
+    except sizing.SizingError:
+        return  # an SWA pool below the admission floor is refused at sizing, with the numbers
+    if chunk is not None and chunk < ps:
+        chunk = ps
+    options = EngineOptions(
+        max_running=8,
+        max_context=512,
+        chunk_size=chunk,
+        prefix_cache=prefix_cache,
+        eviction_interval=interval,
+    )
+    engine = Engine(CFG, NullModel(), sizes, options)
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, 1000, 20).tolist()
+    accepted = 0
+    for _ in range(12):
+        prompt = (system if rng.random() < 0.5 else []) + rng.integers(
+            0, 1000, int(rng.integers(1, 120))
+        ).tolist()
+        try:
+            engine.add_request(prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 60))))
+            accepted += 1
+        except RequestError as e:
+            assert "cannot fit" in str(e) or "exceeds" in str(e)
+    for _ in range(20_000):
+        if engine.step() is None:
+            break
+    else:
+        pytest.fail("the engine did not finish in 20,000 steps")
+    check_clean(engine)
+    assert sum(r.status is Status.FINISHED for r in engine.requests.values()) >= 1 or not accepted
+
+
+def test_issue_stall_cases_finish():
+    """A tiny SWA pool with chunked prefill once parked every chunk and the run stopped with
+    requests in flight and no reason given."""
+    sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.02, page_size=4)  # 40 SWA tokens
+    engine = Engine(CFG, NullModel(), sizes, EngineOptions(chunk_size=16))
+    rids = [engine.add_request([7] * 100, SamplingParams(max_new_tokens=40)) for _ in range(2)]
+    engine.run()
+    assert [engine.requests[r].status for r in rids] == [Status.FINISHED] * 2
+    assert all(len(engine.requests[r].output) == 40 for r in rids)
+    check_clean(engine)
+
+
+class Flaky(NullModel):
+    """The null model, raising on given calls (transient) or on a poisoned token (persistent)."""
+
+    def __init__(self, fail_calls=(), poison=None):
+        super().__init__()
+        self.calls, self.fail_calls, self.poison = 0, set(fail_calls), poison
+
+    def forward_and_sample(self, pools, batch, meta, *, return_logits=False):
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            raise RuntimeError(f"injected fault at call {self.calls}")
+        if self.poison is not None and self.poison in batch.tokens.tolist():
+            raise ValueError("poisoned batch")
+        return super().forward_and_sample(pools, batch, meta, return_logits=return_logits)
+
+
+def flaky_engine(model, **kw):
+    sizes = sizing.solve_pool_sizes(CFG, 1024, ratio=0.5, page_size=4)
+    return Engine(CFG, model, sizes, EngineOptions(chunk_size=32, **kw))
+
+
+@pytest.mark.parametrize("fail_at", [1, 3, 8, 12])
+def test_a_transient_fault_loses_nothing(fail_at):
+    clean = flaky_engine(Flaky())
+    faulty = flaky_engine(Flaky(fail_calls=[fail_at]))
+    outputs = []
+    for engine in (clean, faulty):
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            engine.add_request(rng.integers(1, 900, 40).tolist(), SamplingParams(12))
+        engine.run()
+        check_clean(engine)
+        outputs.append([r.output for r in engine.requests.values()])
+    assert len(faulty.errors) == 1 and "injected fault" in str(faulty.errors[0])
+    assert outputs[0] == outputs[1]  # retried requests draw the same tokens
+
+
+def test_a_persistent_fault_fails_only_its_request():
+    engine = flaky_engine(Flaky(poison=999))
+    good = [engine.add_request([1, 2, 3, 4 + i] * 5, SamplingParams(10)) for i in range(4)]
+    bad = engine.add_request([5, 999, 6] * 5, SamplingParams(10))
+    engine.run()
+    check_clean(engine)
+    assert all(engine.requests[r].status is Status.FINISHED for r in good)
+    assert engine.requests[bad].status is Status.ABORTED
+    assert "poisoned batch" in engine.requests[bad].finish_reason
+
+
+def test_bad_sampling_params_are_refused_with_the_limit():
+    for kwargs, needle in [
+        (dict(seed=-1), "seed"),
+        (dict(seed=2**32), "seed"),
+        (dict(seed=1.5), "seed"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(stop_token_ids=("a",)), "stop_token_ids"),
+    ]:
+        with pytest.raises(RequestError, match=needle):
+            SamplingParams(**kwargs)
