@@ -103,7 +103,10 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
         block_q=block_q,
         num_tokens=bucket(int(extend.sum()), 16),
         full_pages=bucket(int(-(-seq.max() // ps)), 4),
-        swa_pages=bucket(int(((seq - 1) // ps - first + 1).max()), 2),
+        # At least what a decode step's window spans, so every decode shares one width.
+        swa_pages=bucket(
+            int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)
+        ),
         num_blocks=bucket(int((-(-extend // block_q)).sum()), 8),
     )
 
