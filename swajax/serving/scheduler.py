@@ -221,6 +221,7 @@ class Scheduler:
                 f"no progress possible: {len(self.running)} running, {len(self.waiting)} waiting"
             )
         need = batch.lens[0]
+        self.evict_windows(batch)
         batch = self.fit(batch)
         if batch.reqs:
             return batch
