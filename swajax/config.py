@@ -142,10 +142,27 @@ def _get(cfg: Mapping[str, Any], field: str, default: Any = ...) -> Any:
     return default
 
 
+# Sane upper bounds: a config beyond them is a typo or an attack, not a model (the largest
+# published models have ~160 layers, ~300k vocabularies and hidden sizes of ~16k).
+LIMITS = {
+    "num_hidden_layers": 4096,
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 1 << 12,
+}
+DEFAULT_LIMIT = 1 << 30
+
+
 def _positive_int(cfg: Mapping[str, Any], field: str, default: Any = ...) -> int:
     value = _get(cfg, field, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"config field {field!r} must be a positive integer, got {value!r}")
+    limit = LIMITS.get(field, DEFAULT_LIMIT)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ConfigError(
+            f"config field {field!r} must be an integer in [1, {limit}], got {value!r}"
+        )
     return value
 
 
@@ -334,7 +351,7 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
         full_attention=full_shape,
         swa_attention=local_shape,
         hidden_size=_positive_int(text, "hidden_size"),
-        vocab_size=text.get("vocab_size") or 0,
+        vocab_size=_positive_int(text, "vocab_size") if "vocab_size" in text else 0,
     )
 
 

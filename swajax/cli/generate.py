@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
 from pathlib import Path
 
 import numpy as np
 from flax import nnx
 
 from swajax import sizing
+from swajax.cli import args as args_lib
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.models.spec import model_spec
@@ -143,16 +146,158 @@ def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
     return np.stack(engine.requests[rid].logits[: len(prompt)])
 
 
+def _prompt_ids(value, where: str) -> list[int]:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
+    if not ok:
+        raise ValueError(f"{where}: 'prompt_ids' must be a non-empty list of integers >= 0")
+    return value
+
+
 def read_prompts_file(path: str, tokenizer: Tokenizer) -> list[list[int]]:
+    """JSON lines, one object per prompt: {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}.
+
+    Blank lines are skipped; anything else (another type, other keys, ids that are not
+    non-negative integers, an empty file) is an error naming the line."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the prompts file {path}: {e}") from e
     prompts = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        item = json.loads(line)
+        where = f"{path}:{n}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+        if not isinstance(item, dict) or len(item) != 1 or set(item) - PROMPT_KEYS:
+            raise ValueError(
+                f"{where}: each line must be an object with one key, 'prompt' or "
+                f"'prompt_ids', got {line.strip()[:60]!r}"
+            )
         if "prompt_ids" in item:
-            prompts.append([int(t) for t in item["prompt_ids"]])
-        elif "prompt" in item:
+            prompts.append(_prompt_ids(item["prompt_ids"], where))
+        elif isinstance(item["prompt"], str) and item["prompt"]:
             prompts.append(tokenizer.encode(item["prompt"]))
         else:
-            raise ValueError(f"{path}:{n}: each line needs 'prompt' or 'prompt_ids'")
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+    if not prompts:
+        raise ValueError(f"the prompts file {path} holds no prompt")
     return prompts
+
+
+PROMPT_KEYS = {"prompt", "prompt_ids"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands
+
+
+def _setup(args) -> Setup:
+    return Setup(
+        kv_budget_gib=args.kv_budget_gib,
+        ratio=args.ratio,
+        page_size=args.page_size,
+        hybrid_memory=not args.disable_hybrid_memory,
+        prefix_cache=not args.no_prefix_cache,
+        attention=args.attention,
+    )
+
+
+def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
+    given = [x is not None for x in (args.prompt, args.prompt_ids, args.prompts_file)]
+    if sum(given) > 1:
+        raise args_lib.UsageError("give one of --prompt, --prompt-ids, --prompts-file")
+    if args.prompts_file:
+        return read_prompts_file(args.prompts_file, tokenizer)
+    if args.prompt_ids:
+        return [args.prompt_ids]
+    if args.prompt == "":
+        raise args_lib.UsageError("--prompt is empty")
+    return [tokenizer.encode(args.prompt if args.prompt is not None else "Sliding windows")]
+
+
+def _finite(values: list[float]) -> list[float | None]:
+    """JSON has no NaN: a non-finite logprob is written as null (and reported on stderr)."""
+    out = [v if math.isfinite(v) else None for v in values]
+    if None in out:
+        print("swajax generate: warning: non-finite logprobs written as null", file=sys.stderr)
+    return out
+
+
+def run_generate(args) -> int:
+    decoder, tokenizer = load(args.model)
+    prompts = _prompts(args, tokenizer)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    reqs, summary = generate(make_engine(decoder, _setup(args)), prompts, params)
+    for prompt, req in zip(prompts, reqs):
+        text = tokenizer.decode(req.output)
+        if args.json:
+            line = dict(
+                prompt_ids=prompt,
+                tokens=req.output,
+                logprobs=_finite(req.logprobs),
+                text=text,
+                finish_reason=req.finish_reason,
+            )
+            print(json.dumps(line, allow_nan=False))
+        else:
+            shown = f" {text!r}" if text is not None else ""
+            print(f"[{len(prompt)} prompt tokens] -> {req.output}{shown} ({req.finish_reason})")
+    if args.json:
+        print(json.dumps(dict(summary=summary), allow_nan=False))
+    else:
+        print(
+            f"memory: peak full {summary['peak_full_used']}/{summary['full_tokens']} tokens, "
+            f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
+            f"{summary['prefix_hit_tokens']}, SWA KV freed {summary['swa_freed_tokens']} tokens"
+        )
+    return 0 if all(r.finish_reason in ("length", "stop") for r in reqs) else 1
+
+
+def run_logits(args) -> int:
+    decoder, tokenizer = load(args.model)
+    prompt = _prompts(args, tokenizer)[0]
+    logits = teacher_forced_logits(make_engine(decoder, _setup(args)), prompt)
+    with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
+        np.save(f, logits)
+    print(f"wrote {args.out}: logits {logits.shape}")
+    return 0
+
+
+def _add_model_args(p) -> None:
+    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a checkpoint folder")
+    p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
+    p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated token ids")
+    p.add_argument("--prompts-file", help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")
+    p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
+    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, default=0.004)
+    p.add_argument("--ratio", type=args_lib.RATIO, default=0.5)
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
+    p.add_argument("--disable-hybrid-memory", action="store_true")
+    p.add_argument("--no-prefix-cache", action="store_true")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate tokens through the engine")
+    _add_model_args(p)
+    p.add_argument("--max-new-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
+    p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0)
+    p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
+    p.add_argument("--seed", type=args_lib.SEED, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_generate)
+    p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
+    _add_model_args(p)
+    p.add_argument("--out", type=args_lib.out_file(".npy"), required=True, help="FILE.npy")
+    p.set_defaults(func=run_logits)

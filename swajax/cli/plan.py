@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from swajax import sizing
+from swajax.cli import args as args_lib
 from swajax.config import HybridConfig
 from swajax.sizing import PoolMode
 
@@ -100,3 +101,50 @@ def format_report(report: CapacityReport) -> str:
         rows.append(("min ratio estimate", f"{report.min_ratio_estimate:.4f}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def run(args) -> int:
+    import json
+
+    cfg = args_lib.model_config(args)
+    report = capacity_report(
+        cfg,
+        sizing.gib_to_bytes(args.kv_budget_gib),
+        ratio=args.ratio,
+        page_size=args.page_size,
+        dtype=args.dtype,
+        avg_seq_len=args.avg_seq_len,
+        eviction_interval=args.eviction_interval,
+        hybrid_memory=not args.disable_hybrid_memory,
+    )
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="size the full and SWA pools for a KV budget")
+    args_lib.add_model_choice(p)
+    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True, help="in GiB")
+    p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=1)
+    p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
+    p.add_argument(
+        "--avg-seq-len",
+        type=args_lib.POSITIVE,
+        metavar="T",
+        help="average sequence length, for the minimum-ratio estimate",
+    )
+    p.add_argument(
+        "--eviction-interval", type=args_lib.POSITIVE, default=sizing.DEFAULT_EVICTION_INTERVAL
+    )
+    p.add_argument(
+        "--disable-hybrid-memory",
+        action="store_true",
+        help="one pool for every layer (SWA layers still attend only their window)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)

@@ -10,6 +10,7 @@ import dataclasses
 import sys
 
 from swajax import sizing
+from swajax.cli import args as args_lib
 from swajax.config import HybridConfig
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.null_model import NullModel
@@ -171,3 +172,58 @@ def plot(result: dict, path: str) -> None:
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def run(args) -> int:
+    import json
+
+    result = simulate(
+        args_lib.model_config(args),
+        sizing.gib_to_bytes(args.kv_budget_gib),
+        workload=args.workload,
+        requests=args.requests,
+        ratio=args.ratio,
+        page_size=args.page_size,
+        seed=args.seed,
+        progress=not args.json,
+    )
+    if args.plot:
+        plot(result, args.plot)
+    report = {k: v for k, v in result.items() if k not in ("hybrid", "single")}
+    for name in ("hybrid", "single"):
+        summary = dataclasses.asdict(result[name])
+        del summary["full_occupancy"], summary["swa_occupancy"]
+        report[name] = summary
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    keys = [k for k in report["hybrid"] if k != "mode"]
+    print(f"{'':24}{'hybrid':>14}{'single pool':>14}")
+    for k in keys:
+        a, b = report["hybrid"][k], report["single"][k]
+        fmt = "{:>14.3f}" if isinstance(a, float) else "{:>14,}"
+        print(f"{k:24}" + fmt.format(a) + fmt.format(b))
+    print(f"peak concurrency hybrid / single: {report['peak_concurrency_ratio']:.2f}x")
+    return 0
+
+
+def register(sub) -> None:
+    from swajax.serving.workloads import WORKLOADS
+
+    p = sub.add_parser("simulate", help="run the null-model engine: hybrid pools vs one pool")
+    args_lib.add_model_choice(p)
+    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
+    p.add_argument("--ratio", type=args_lib.RATIO, default=0.8)
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=16)
+    p.add_argument("--workload", choices=WORKLOADS, required=True)
+    p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
+    p.add_argument("--seed", type=args_lib.SEED, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--plot", type=args_lib.out_file(".png"), help="pool occupancy over steps (matplotlib)"
+    )
+    p.set_defaults(func=run)

@@ -1,8 +1,10 @@
 """Trace record and replay of allocator and prefix-cache operations (JSON lines).
 
 A trace lets another backend be driven with exactly the operations swajax saw, and checked
-against swajax's results. Line 1 is `{"op": "init", ...}` (pool sizes, page size, mode, window,
-leaf cap). Every other line is one operation with its arguments and an `expect` object:
+against swajax's results. Line 1 is `{"op": "init", ...}` (format version, pool sizes, page
+size, mode, window, leaf cap, and the number of operation lines; `trace_check.py` holds the
+schema every line is checked against before replay). Every other line is one operation with
+its arguments and an `expect` object:
 
   alloc_extend  prefix_lens, seq_lens, last_loc     -> status, slots
   alloc_decode  seq_lens, last_loc                   -> status, slots
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swajax.cli.trace_check import FORMAT_VERSION, TraceError, check
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
 from swajax.serving.batch import StepKind
@@ -134,7 +137,9 @@ class Tracer:
         return observe(name, result, self.alloc, self.cache)
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text("".join(json.dumps(line) + "\n" for line in self.lines))
+        header = dict(self.lines[0], version=FORMAT_VERSION, ops=len(self.lines) - 1)
+        lines = [header, *self.lines[1:]]
+        Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def encode_args(name, args, kwargs) -> dict:
@@ -201,9 +206,18 @@ def observe(name, result, alloc, cache) -> dict:
 
 def replay(path: str | Path) -> dict:
     """Replay a trace against swajax; {"ok": True, "ops": n} or the first divergence."""
-    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    if not lines or lines[0].get("op") != "init":
-        raise ValueError(f"{path}: the first line must be an 'init' operation")
+    lines = []
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read the trace {path}: {e}") from e
+    for number, raw in enumerate(text.splitlines(), 1):
+        if raw.strip():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{path}:{number}: not JSON ({e.msg})") from e
+    check(lines, str(path))
     init = lines[0]
     alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
     cache = RadixCache(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy before safetensors reads it)
@@ -23,24 +24,51 @@ ORBAX_DIR = "params"
 def read_config(path: str | Path) -> dict:
     path = Path(path)
     try:
-        return json.loads((path / "config.json").read_text())
+        cfg = json.loads((path / "config.json").read_text())
     except FileNotFoundError as e:
         raise ConfigError(f"{path} has no config.json") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path / 'config.json'} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path / 'config.json'} must hold a JSON object")
+    return cfg
+
+
+def _inside(folder: Path, name) -> Path:
+    """`folder / name`, refused unless it stays inside the checkpoint folder."""
+    if not isinstance(name, str) or not name:
+        raise LoadError(f"checkpoint file name {name!r} is not a file name")
+    target = (folder / name).resolve()
+    if folder.resolve() not in target.parents:
+        raise LoadError(f"checkpoint file {name!r} lies outside the checkpoint folder {folder}")
+    return target
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The .safetensors files of a checkpoint: those the index names, or every one."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise LoadError(f"{index} must be JSON with a 'weight_map' object") from None
+        return [_inside(path, name) for name in names]
+    return sorted(path.glob("*.safetensors"))
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint (sharded via model.safetensors.index.json, or not)."""
     path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in path.glob("*.safetensors"))
+    files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
     weights: dict[str, np.ndarray] = {}
-    for name in files:
-        weights.update(load_file(str(path / name)))
+    for file in files:
+        try:
+            weights.update(load_file(str(file)))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own types and OSError
+            raise LoadError(f"cannot read {file}: {e}") from e
     return weights
 
 
@@ -61,14 +89,34 @@ def _checkpointer():
     return ocp.StandardCheckpointer()
 
 
-def save_orbax(decoder: Decoder, source: str | Path, out: str | Path) -> None:
-    """Write converted params as an orbax checkpoint next to a copy of config.json."""
+def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=False) -> None:
+    """Write converted params as an orbax checkpoint next to a copy of config.json.
+
+    Everything is written into a temporary folder beside `out` and renamed into place at the
+    end, so a failed save leaves `out` as it was. A non-empty `out` is refused unless `force`
+    (then it is replaced, still only once the new checkpoint is complete).
+    """
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(source) / "config.json", out / "config.json")
-    checkpointer = _checkpointer()
-    checkpointer.save(out / ORBAX_DIR, nnx.state(decoder))
-    checkpointer.wait_until_finished()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise LoadError(f"{out} exists and is not empty (use --force to replace it)")
+    if not out.parent.is_dir():
+        raise LoadError(f"folder {out.parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        shutil.copy(Path(source) / "config.json", tmp / "config.json")
+        checkpointer = _checkpointer()
+        checkpointer.save(tmp / ORBAX_DIR, nnx.state(decoder))
+        checkpointer.wait_until_finished()
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
 
 
 def _restore_orbax(decoder: Decoder, path: Path) -> Decoder:

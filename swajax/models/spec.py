@@ -91,6 +91,12 @@ def _rope(layer: LayerSpec, head_dim: int, default_theta: float, interleaved=Fal
     )
 
 
+def _require_vocab(hybrid: HybridConfig) -> int:
+    if not hybrid.vocab_size:
+        raise ConfigError("config field 'vocab_size' is required to build a model")
+    return hybrid.vocab_size
+
+
 def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
     """Parse a Hugging Face config.json dict; `ConfigError` names what is missing or unknown."""
     hybrid = parse_hf_config(cfg)
@@ -110,7 +116,7 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
     common = dict(
         family=family,
         hybrid=hybrid,
-        vocab_size=int(text["vocab_size"]),
+        vocab_size=_require_vocab(hybrid),
         hidden=hidden,
         eps=float(text.get("rms_norm_eps", 1e-6)),
         act="silu",

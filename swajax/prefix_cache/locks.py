@@ -22,6 +22,13 @@ class WindowLocks:
         handle = LockHandle(node, next(self._ids))
         size, done = 0, not self.swa
         for x in node.path_to_root():
+            if self.cap_leaf and not done and x.swa_live:
+                # Pin exactly the window: a node reaching past it is split first, so its upper
+                # part stays SWA-evictable (a long chunk node once pinned W + chunk tokens and
+                # a small SWA pool had no room left for the next chunk). Part of the leaf cap.
+                needed = -(-(self.window - size) // self.ps) * self.ps
+                if len(x) > needed:
+                    self._split(x, len(x) - needed)
             if x.full_lock == 0:
                 self.full_evictable -= len(x)
                 self.full_protected += len(x)

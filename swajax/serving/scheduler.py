@@ -301,6 +301,9 @@ class Scheduler:
         for req in batch.reqs:
             if req.kv_len == 0:
                 continue
+            if req.handle is not None and req.kv_len - self.cfg.window >= req.cache_protected_len:
+                # The next query no longer reads the cached prefix: its window lock can go.
+                self.cache.release_swa(req.handle)
             start, end = win.eviction_frontier(
                 req.kv_len,
                 window=self.cfg.window,
@@ -376,7 +379,13 @@ class Scheduler:
                     i = batch.reqs.index(victim)
                     del batch.reqs[i], batch.lens[i]
             else:
-                self.abort(batch.reqs[0], "out of memory: the pools cannot hold this request")
+                full, swa = self.ledger.available()
+                self.abort(
+                    batch.reqs[0],
+                    f"out of memory: a decode step needs {self._pages_needed(batch)} tokens of "
+                    f"each pool, the pools have (full {full}, SWA {swa}) free after evicting the "
+                    "prefix cache and out-of-window SWA",
+                )
                 batch.reqs, batch.lens = [], []
         return batch
 

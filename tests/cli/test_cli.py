@@ -77,7 +77,7 @@ def test_plan_hf_config_and_single_pool(cli, tmp_path):
     "argv, needle",
     [
         (["--preset", "mimo-v2-flash", "--kv-budget-gib", "10", "--ratio", "1.5"], "1.5"),
-        (["--preset", "mimo-v2-flash", "--kv-budget-gib", "-2"], "-2.0"),
+        (["--preset", "mimo-v2-flash", "--kv-budget-gib", "-2"], "got -2"),
         (["--preset", "no-such-model", "--kv-budget-gib", "1"], "no-such-model"),
         (["--kv-budget-gib", "1"], "--preset"),
         (

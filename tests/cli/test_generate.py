@@ -74,9 +74,9 @@ def test_logits_match_the_fixture(cli, tmp_path):
     "argv, needle",
     [
         (["--prompt", "a", "--prompt-ids", "1"], "one of"),
-        (["--prompt-ids", "1,x"], "comma-separated integers"),
+        (["--prompt-ids", "1,x"], "must be an integer, got 'x'"),
         (["--model", "no/such/dir"], "checkpoint directory"),
-        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
     ],
 )

@@ -62,7 +62,7 @@ def test_simulate_table_and_plot(cli, tmp_path):
     "argv, needle",
     [
         (["--requests", "0"], "--requests"),
-        (["--ratio", "2"], "2.0"),
+        (["--ratio", "2"], "got 2"),
         (["--preset", "nope"], "nope"),
     ],
 )
