@@ -15,11 +15,16 @@ import numpy as np
 from swajax.attention.metadata import metadata_shape
 from swajax.memory import allocator as A
 from swajax.memory.compilations import compilation_count
+from swajax.memory.packing import pack
 from swajax.memory.padding import bucket, pad
 from swajax.memory.req_to_token import ReqToToken
 from swajax.memory.step import (
     FREE_FULL,
     FREE_SWA,
+    OUT_FREE_FULL,
+    OUT_FREE_SWA,
+    OUT_SLOTS,
+    OUT_STATUS,
     REPOINT,
     StepInputs,
     apply_releases,
@@ -77,7 +82,7 @@ class DeviceRunner:
             args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
             self.alloc = apply_releases(self.alloc, *jax.device_put(args))
 
-    def _inputs(self, plan: StepPlan, last: Releases) -> StepInputs:
+    def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
         r = bucket(len(plan.requests), MIN_REQS)
         rp = plan.repoint
         n = rp.ends - rp.starts
@@ -91,7 +96,7 @@ class DeviceRunner:
         pos = [np.arange(a, b) for a, b in zip(rp.starts, rp.ends)]
         e = bucket(len(kinds), MIN_EDITS)
         no_slot = np.zeros(len(last.swa) + len(last.full), np.int32)
-        return StepInputs(
+        inputs = StepInputs(
             rows=pad(plan.rows, r),
             prefix_lens=pad(plan.prefix_lens, r),
             seq_lens=pad(plan.seq_lens, r),
@@ -102,6 +107,7 @@ class DeviceRunner:
             edit_row=pad(np.concatenate([no_slot, np.repeat(rp.rows, n)]), e),
             edit_pos=pad(np.concatenate([no_slot, *pos]), e),
         )
+        return inputs._asdict()
 
     def run(self, plan: StepPlan) -> StepResult:
         """One step. If it raises, the device state is as if the step had only applied its
@@ -110,14 +116,14 @@ class DeviceRunner:
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
         try:
-            out, meta, fwd, fwd_dev = self._commit(plan, last)
+            out, meta, fwd = self._commit(plan, last)
         except Exception:
             self.apply_releases((last,))
             raise
         try:
             if self.model.needs_kv:
                 self.pools, sampled = self.model.forward_and_sample(
-                    self.pools, fwd_dev, meta, return_logits=plan.return_logits
+                    self.pools, fwd, meta, return_logits=plan.return_logits
                 )
                 out, sampled = jax.device_get((out, sampled))  # the step's one read
             else:
@@ -128,11 +134,12 @@ class DeviceRunner:
             raise
         tokens, logprobs, logits = sampled
         s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
+        new = plan.num_new_tokens
         return StepResult(
-            status=int(out.status),
-            slots=np.asarray(out.slots)[: plan.num_new_tokens],
-            free_full=int(out.free_full),
-            free_swa=int(out.free_swa),
+            status=int(out[OUT_STATUS]),
+            slots=out[OUT_SLOTS : OUT_SLOTS + new],
+            free_full=int(out[OUT_FREE_FULL]),
+            free_swa=int(out[OUT_FREE_SWA]),
             tokens=np.asarray(tokens)[:s],
             logprobs=np.asarray(logprobs)[:s],
             logits=None if logits is None else np.asarray(logits)[:k],
@@ -147,23 +154,28 @@ class DeviceRunner:
                 plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size, window=self.window
             )
         fwd = pad_forward(plan.forward, shape.num_tokens if shape else len(plan.forward.tokens))
-        inputs = self._inputs(plan, last)
-        fwd_dev = None
-        if self.model.needs_kv:
-            inputs, fwd_dev = jax.device_put((inputs, fwd))  # the step's one upload
-        else:
-            inputs = jax.device_put(inputs)
-        self.alloc, self.r2t, out, meta = commit_step(
-            self.alloc, self.r2t, inputs, decode=decode, num_tokens=num_tokens, meta_shape=shape
+        arrays = self._inputs(plan, last)
+        if self.model.needs_kv:  # the model's inputs ride in the same buffer
+            arrays.update(fwd._asdict())
+        packed, layout = pack(arrays)
+        packed = jax.device_put(packed)  # the step's one upload
+        self.alloc, self.r2t, out, meta, extra = commit_step(
+            self.alloc,
+            self.r2t,
+            packed,
+            layout=layout,
+            decode=decode,
+            num_tokens=num_tokens,
+            meta_shape=shape,
         )
-        return out, meta, fwd, fwd_dev
+        return out, meta, ForwardBatch(**extra) if self.model.needs_kv else fwd
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""
         out = jax.device_get(out)
-        if int(out.status) != A.OK:
+        if int(out[OUT_STATUS]) != A.OK:
             return  # nothing was taken
-        slots, ps, start, fresh = np.asarray(out.slots), self.alloc.page_size, 0, []
+        slots, ps, start, fresh = out[OUT_SLOTS:], self.alloc.page_size, 0, []
         for pre, seq in zip(plan.prefix_lens, plan.seq_lens):
             n, tail = int(seq - pre), int(-pre % ps)
             fresh.append(slots[start + min(tail, n) : start + n])

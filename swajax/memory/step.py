@@ -3,8 +3,9 @@
 In order: the deferred releases (SWA frees, then full frees), the allocation (extend or decode,
 both pools checked), the `req_to_token` writes (re-pointed prefix ranges, then the new tail
 only: never a whole row), and the attention metadata of the batch. It returns the new states and
-a small `StepOutput` (status, new slots, both pools' free counts), which the host reads together
-with the sampled tokens: one device->host read per step.
+one small int32 vector (status, both pools' free counts, new slots), which the host reads
+together with the sampled tokens: one device->host read per step. Its inputs arrive packed in
+one int32 buffer (`memory.packing`): one upload per step.
 
 On a failed allocation (`status != OK`, which the host's free-count mirror should make
 impossible) the allocator is unchanged and no tail slot is written, so the step's forward only
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 
 from swajax.attention.metadata import MetadataShape, metadata_core
 from swajax.memory import allocator as A
+from swajax.memory.packing import Layout, unpack
 from swajax.memory.padding import token_positions
 from swajax.memory.req_to_token import ReqToToken
 
@@ -28,7 +30,7 @@ FREE_SWA, FREE_FULL, REPOINT = 1, 2, 3  # edit kinds (0: padding)
 
 
 class StepInputs(NamedTuple):
-    """A step's memory inputs, padded to buckets by the runner (one upload).
+    """A step's memory inputs, padded to buckets by the runner.
 
     Releases and re-pointed `req_to_token` entries travel as one list of *edits*, so that a
     step's program depends on one bucketed size for all of them, not one per kind.
@@ -45,11 +47,8 @@ class StepInputs(NamedTuple):
     edit_pos: jax.Array  # i32[E]
 
 
-class StepOutput(NamedTuple):
-    status: jax.Array  # i32[]: allocator status (OK = 0)
-    slots: jax.Array  # i32[N]: full slot of each new token, request after request (padded)
-    free_full: jax.Array  # i32[]: free tokens of the primary pool after the step
-    free_swa: jax.Array  # i32[]: free tokens of the SWA pool (= free_full outside hybrid)
+# The step's output is one int32 vector: [status, free_full, free_swa, slot of each new token].
+OUT_STATUS, OUT_FREE_FULL, OUT_FREE_SWA, OUT_SLOTS = 0, 1, 2, 3
 
 
 def write_tail(table, x: StepInputs, slots, ok, *, decode: bool):
@@ -65,22 +64,30 @@ def write_tail(table, x: StepInputs, slots, ok, *, decode: bool):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("decode", "num_tokens", "meta_shape"), donate_argnums=(0, 1)
+    jax.jit,
+    static_argnames=("layout", "decode", "num_tokens", "meta_shape"),
+    donate_argnums=(0, 1),
 )
 def commit_step(
     alloc: A.AllocatorState,
     r2t: ReqToToken | None,
-    x: StepInputs,
+    packed: jax.Array,
     *,
+    layout: Layout,
     decode: bool,
     num_tokens: int,
     meta_shape: MetadataShape | None,
 ):
-    """Apply a step's memory changes; returns (alloc, r2t, StepOutput, metadata or None).
+    """Apply a step's memory changes.
 
-    `num_tokens` is the padded token count of an extend's allocation (ignored for decode).
-    Without `r2t` (a model that reads no KV) only the allocator is updated.
+    `packed` holds the `StepInputs` fields and any other arrays of the step (the model's
+    inputs), packed by `memory.packing`. Returns (alloc, r2t, output vector, metadata or None,
+    the other arrays, unpacked). `num_tokens` is the padded token count of an extend's
+    allocation (ignored for decode). Without `r2t` (a model that reads no KV) only the
+    allocator is updated.
     """
+    arrays = unpack(packed, layout)
+    x = StepInputs(**{name: arrays.pop(name) for name in StepInputs._fields})
     kind = x.edit_kind
     full = jnp.where(kind == FREE_FULL, x.edit_slot, 0)
     alloc = A.release_core(alloc, jnp.where(kind == FREE_SWA, x.edit_slot, 0), full)
@@ -99,7 +106,8 @@ def commit_step(
         if meta_shape is not None:
             meta = metadata_core(r2t, alloc, x.rows, x.prefix_lens, x.seq_lens, meta_shape)
     avail = A.available(alloc)
-    return alloc, r2t, StepOutput(result.status, result.full_slots, avail.full, avail.swa), meta
+    head = jnp.stack([result.status, avail.full, avail.swa]).astype(jnp.int32)
+    return alloc, r2t, jnp.concatenate([head, result.full_slots]), meta, arrays
 
 
 @functools.partial(jax.jit, donate_argnums=0)
