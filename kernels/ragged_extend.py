@@ -8,9 +8,10 @@ GPU (grid (blocks,), page table as an input, pages gathered in the kernel) and T
 (blocks, pages), scalar-prefetched tables driving the K/V index maps).
 
 Layout: q [NB, Hkv, block_q * G, Dk] with row = query * G + group; pools
-[pages, page_size, Hkv, D]; per request page_table [R, NP] (logical page first_page[r] + j) and
-seq_lens [R]; per block block_req, block_pos (first query position) and block_len (real
-queries; 0 = padding block).
+[pages, page_size, Hkv, D]; per request page_table [R, NP] (logical page first_page[r] + j);
+per block block_req, block_pos (first query position) and block_len (real queries; 0 =
+padding block). The keys a query sees end at its own position (causal), so no sequence
+length is needed.
 """
 
 from __future__ import annotations
@@ -153,7 +154,6 @@ def static_validate(
     v_pages,
     page_table,
     first_page,
-    seq_lens,
     block_req,
     block_pos,
     block_len,
@@ -174,10 +174,10 @@ def static_validate(
             f"v_pages {v_pages.shape} must match k_pages {k_pages.shape} but the last dim"
         )
     r = page_table.shape[0]
-    if page_table.ndim != 2 or first_page.shape != (r,) or seq_lens.shape != (r,):
+    if page_table.ndim != 2 or first_page.shape != (r,):
         raise ValueError(
-            f"page_table {page_table.shape}, first_page {first_page.shape} and "
-            f"seq_lens {seq_lens.shape} must agree on the request count"
+            f"page_table {page_table.shape} and first_page {first_page.shape} "
+            "must agree on the request count"
         )
     if block_req.shape != (nb,) or block_pos.shape != (nb,) or block_len.shape != (nb,):
         raise ValueError(f"block_req / block_pos / block_len must be ({nb},)")
@@ -216,7 +216,6 @@ def ragged_extend(
     v_pages,
     page_table,
     first_page,
-    seq_lens,
     block_req,
     block_pos,
     block_len,
@@ -236,7 +235,7 @@ def ragged_extend(
     Args:
       q: [NB, Hkv, block_q * G, Dk]; row = query * G + group, query i at block_pos + i.
       k_pages / v_pages: [pages, page_size, Hkv, Dk / Dv] one layer's pool.
-      page_table: i32[R, NP] per request; first_page, seq_lens: i32[R].
+      page_table: i32[R, NP] per request; first_page: i32[R] (logical page of column 0).
       block_req, block_pos, block_len: i32[NB] request, first position and real queries.
       sinks: optional f32[Hkv, G] per-head sink logits.
       g: query heads per KV head.
@@ -249,7 +248,6 @@ def ragged_extend(
         v_pages,
         page_table,
         first_page,
-        seq_lens,
         block_req,
         block_pos,
         block_len,
@@ -325,7 +323,6 @@ def ragged_extend_reference(
     v_pages,
     page_table,
     first_page,
-    seq_lens,
     block_req,
     block_pos,
     block_len,
@@ -345,7 +342,6 @@ def ragged_extend_reference(
         v_pages,
         page_table,
         first_page,
-        seq_lens,
         block_req,
         block_pos,
         block_len,

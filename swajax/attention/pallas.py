@@ -74,7 +74,6 @@ def attention_pallas(
             v_pages,
             table,
             first,
-            meta.seq_lens,
             meta.block_req,
             meta.block_pos,
             jnp.sum(real, axis=1, dtype=jnp.int32),

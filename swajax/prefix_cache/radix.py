@@ -112,8 +112,11 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
             n = next(i for i in range(n) if node_key[i] != key[start + i])
         return n // self.ps * self.ps
 
-    def _walk(self, key: tuple[int, ...]) -> list[Node]:
-        """The nodes along `key` (page aligned) from the root, splitting where it diverges."""
+    def _walk(self, key: tuple[int, ...], visit=None) -> list[Node]:
+        """The nodes along `key` (page aligned) from the root, splitting where it diverges.
+
+        `visit(node, start)`, if given, sees each node as it is reached (`start` = its first
+        position) and returns the node to record and go on from (it may split it)."""
         node, path, i = self.root, [], 0
         while i < len(key):
             child = node.children.get(key[i : i + self.ps])
@@ -122,6 +125,8 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
             n = self._common(child.key, key, i)
             if n < len(child):
                 child = self._split(child, n)
+            if visit is not None:
+                child = visit(child, i)
             path.append(child)
             node, i = child, i + n
         return path
@@ -212,19 +217,16 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         value = np.array(slots[: len(key)], np.int32)  # the tree's own copy, never a view
         if self.swa and self.mode is PoolMode.HYBRID and swa_evicted_seqlen % self.ps:
             raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
-        node, total = self.root, 0
-        while total < len(key):
-            child = node.children.get(key[total : total + self.ps])
-            if child is None:
-                break
-            n = self._common(child.key, key, total)
-            if n < len(child):
-                child = self._split(child, n)
-            child = self._overlap(
-                child, value[total : total + n], total, prev_prefix_len, swa_evicted_seqlen
-            )
-            self._refresh([child])
-            node, total = child, total + n
+
+        def settle(node: Node, start: int) -> Node:
+            part = value[start : start + len(node)]
+            node = self._overlap(node, part, start, prev_prefix_len, swa_evicted_seqlen)
+            self._refresh([node])
+            return node
+
+        path = self._walk(key, settle)
+        node = path[-1] if path else self.root
+        total = sum(len(x) for x in node.path_to_root())  # parts split off above count too
         if total < len(key):
             self._add_leaf(
                 node, key[total:], value[total:], total, swa_evicted_seqlen, keep_tombstone_leaf

@@ -58,7 +58,6 @@ def test_kernel_validation_names_shapes():
             ones,
             ones,
             ones,
-            ones,
             g=2,
             kind="full",
             scale=1.0,
@@ -116,7 +115,7 @@ def test_tpu_interpreter_extend_no_races():
         jnp.array([9, 12, 16], jnp.int32),
         jnp.array([4, 4, 3], jnp.int32),
     )
-    args = (q, x["k"], x["v"], x["table"], x["first"], x["seq"], *blocks)
+    args = (q, x["k"], x["v"], x["table"], x["first"], *blocks)
     kw = dict(g=2, kind="chunked", window=4, scale=0.3)
     ref = ragged_extend_reference(*args, **kw)
     params = pltpu.InterpretParams(detect_races=True)
@@ -166,7 +165,7 @@ def test_front_ends_lower_at_production_shapes(platform, device_kind):
     extend = functools.partial(ragged_extend, g=g)
     _export(
         extend,
-        (s((b, hkv, 16 * g, d), jnp.bfloat16), pool, pool, *small, *blocks),
+        (s((b, hkv, 16 * g, d), jnp.bfloat16), pool, pool, *small[:2], *blocks),
         platform,
         device_kind,
     )
