@@ -275,7 +275,7 @@ def _apply(line, alloc, cache, handles):
             line.get("keep_tombstone_leaf", False),
         )
     if op == "lock":
-        node = cache._walk(tuple(line["node"]))[-1] if line["node"] else cache.root
+        node = cache.walk(tuple(line["node"]))[-1] if line["node"] else cache.root
         return cache.lock(node)
     if op in ("unlock", "release_swa"):
         return getattr(cache, op)(handles.get(line["handle"]))

@@ -3,37 +3,44 @@
 from __future__ import annotations
 
 from swajax.prefix_cache.node import Node
+from swajax.prefix_cache.protocol import Tree
 from swajax.sizing import PoolMode
 
 
-class Eviction:
-    """Mixin of `RadixCache`: tombstoning, leaf deletion and `evict`."""
+class Evictor:
+    """Works on a `RadixCache` through its public operations: tombstoning, leaf deletion and
+    `evict`."""
 
-    def _tombstone(self, node: Node, counted: bool = True) -> None:
-        self.releaser.free_swa(node.value)
-        self.swa_lru.remove(node)
+    def __init__(self, tree: Tree):
+        self.tree = tree
+
+    def tombstone(self, node: Node, counted: bool = True) -> None:
+        t = self.tree
+        t.releaser.free_swa(node.value)
+        t.swa_lru.remove(node)
         node.swa_live = False
         if counted:
-            self.swa_evictable_ -= len(node)
+            t.sizes.swa_evictable -= len(node)
 
-    def _delete_leaf(self, node: Node) -> tuple[int, int]:
+    def delete_leaf(self, node: Node) -> tuple[int, int]:
         """Delete an unlocked leaf, then its childless unlocked tombstone ancestors."""
+        t = self.tree
         full = swa = 0
         first = True
-        while node is not self.root and node.is_leaf and node.full_lock == 0:
+        while node is not t.root and node.is_leaf and node.full_lock == 0:
             if not first and node.swa_live:
                 break
             first = False
-            self._free_node(node)
-            live = node.swa_live and self.swa
-            full += len(node) if (node.swa_live or self.mode is not PoolMode.ALL_SWA) else 0
+            t.free_node(node)
+            live = node.swa_live and t.swa
+            full += len(node) if (node.swa_live or t.mode is not PoolMode.ALL_SWA) else 0
             swa += len(node) if live else 0
-            self.full_evictable -= len(node)
-            self.swa_evictable_ -= len(node) if live else 0
-            self.full_lru.remove(node)
-            self.swa_lru.remove(node)
+            t.sizes.full_evictable -= len(node)
+            t.sizes.swa_evictable -= len(node) if live else 0
+            t.full_lru.remove(node)
+            t.swa_lru.remove(node)
             parent = node.parent
-            del parent.children[node.key[: self.ps]]
+            del parent.children[node.key[: t.ps]]
             node = parent
         return full, swa
 
@@ -42,25 +49,26 @@ class Eviction:
 
         Returns (full tokens freed, SWA tokens freed).
         """
-        if not self.swa:
+        t = self.tree
+        if not t.swa:
             full_tokens = max(full_tokens, swa_tokens)
         full = swa = 0
         while full < full_tokens:
-            leaf = self.full_lru.oldest(lambda n: n.is_leaf and n.full_lock == 0)
+            leaf = t.full_lru.oldest(lambda n: n.is_leaf and n.full_lock == 0)
             if leaf is None:
                 break
-            f, s = self._delete_leaf(leaf)
+            f, s = self.delete_leaf(leaf)
             full, swa = full + f, swa + s
-        while self.swa and swa < swa_tokens:
-            node = self.swa_lru.oldest(lambda n: n.swa_lock == 0)
+        while t.swa and swa < swa_tokens:
+            node = t.swa_lru.oldest(lambda n: n.swa_lock == 0)
             if node is None:
                 break
             if node.is_leaf and node.full_lock == 0:
-                f, s = self._delete_leaf(node)
+                f, s = self.delete_leaf(node)
                 full, swa = full + f, swa + s
             else:
                 swa += len(node)
-                self._tombstone(node)
-        if self.mode is PoolMode.ALL_SWA:
+                self.tombstone(node)
+        if t.mode is PoolMode.ALL_SWA:
             full = swa  # one pool
-        return full, (swa if self.swa else full)
+        return full, (swa if t.swa else full)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.node import Node
+from swajax.prefix_cache.protocol import Tree
 
 
 @dataclasses.dataclass
@@ -15,23 +18,29 @@ class LockHandle:
 
 
 class WindowLocks:
-    """Mixin of `RadixCache`: lock, unlock and early SWA release."""
+    """Works on a `RadixCache` through its public operations: lock, unlock and early SWA
+    release (deleting or tombstoning through the tree's `Evictor`)."""
+
+    def __init__(self, tree: Tree, evictor: Evictor):
+        self.tree, self.evictor = tree, evictor
+        self._ids = itertools.count(1)
 
     def lock(self, node: Node) -> LockHandle:
         """Lock the full KV from `node` to the root and the SWA KV of the last W tokens."""
+        t = self.tree
         handle = LockHandle(node, next(self._ids))
-        size, done = 0, not self.swa
+        size, done = 0, not t.swa
         for x in node.path_to_root():
-            if self.cap_leaf and not done and x.swa_live:
+            if t.cap_leaf and not done and x.swa_live:
                 # Pin exactly the window: a node reaching past it is split first, so its upper
                 # part stays SWA-evictable (a long chunk node once pinned W + chunk tokens and
                 # a small SWA pool had no room left for the next chunk). Part of the leaf cap.
-                needed = -(-(self.window - size) // self.ps) * self.ps
+                needed = -(-(t.window - size) // t.ps) * t.ps
                 if len(x) > needed:
-                    self._split(x, len(x) - needed)
+                    t.split(x, len(x) - needed)
             if x.full_lock == 0:
-                self.full_evictable -= len(x)
-                self.full_protected += len(x)
+                t.sizes.full_evictable -= len(x)
+                t.sizes.full_protected += len(x)
             x.full_lock += 1
             if done:
                 continue
@@ -39,17 +48,18 @@ class WindowLocks:
                 x.swa_skips.add(handle.id)  # remembered, so the release skips it too
                 continue
             if x.swa_lock == 0:
-                self.swa_evictable_ -= len(x)
-                self.swa_protected_ += len(x)
+                t.sizes.swa_evictable -= len(x)
+                t.sizes.swa_protected += len(x)
             x.swa_lock += 1
             size += len(x)
-            if size >= self.window:
+            if size >= t.window:
                 x.swa_tops.add(handle.id)
                 done = True
         return handle
 
     def _swa_unlock(self, handle: LockHandle, on_zero) -> None:
         """Drop the handle's SWA lock from its node up to the top of its window."""
+        t = self.tree
         handle.swa_released = True
         for x in handle.node.path_to_root():
             if handle.id in x.swa_skips:
@@ -57,7 +67,7 @@ class WindowLocks:
                 continue
             x.swa_lock -= 1
             if x.swa_lock == 0:
-                self.swa_protected_ -= len(x)
+                t.sizes.swa_protected -= len(x)
                 on_zero(x)
             if handle.id in x.swa_tops:
                 x.swa_tops.discard(handle.id)
@@ -65,29 +75,33 @@ class WindowLocks:
 
     def unlock(self, handle: LockHandle | None) -> None:
         """Release a lock (never frees anything it still covers, but a tombstone leaf)."""
+        t = self.tree
         if handle is None:
             return
-        if self.swa and not handle.swa_released:
+        if t.swa and not handle.swa_released:
             self._swa_unlock(handle, self._make_swa_evictable)
         for x in handle.node.path_to_root():
             x.full_lock -= 1
             if x.full_lock == 0:
-                self.full_protected -= len(x)
-                self.full_evictable += len(x)
+                t.sizes.full_protected -= len(x)
+                t.sizes.full_evictable += len(x)
         node = handle.node
-        if node is not self.root and not node.swa_live and node.is_leaf and node.full_lock == 0:
-            self._delete_leaf(node)  # a tombstone leaf outlives no lock
+        if node is not t.root and not node.swa_live and node.is_leaf and node.full_lock == 0:
+            self.evictor.delete_leaf(node)  # a tombstone leaf outlives no lock
 
     def release_swa(self, handle: LockHandle) -> None:
         """Release only the SWA part of a lock early (the request has moved past its window)."""
-        if self.swa and not handle.swa_released:
+        t = self.tree
+        if t.swa and not handle.swa_released:
             self._swa_unlock(handle, self._tombstone_leaf_or_evictable)
 
     def _make_swa_evictable(self, node: Node) -> None:
-        self.swa_evictable_ += len(node)
+        t = self.tree
+        t.sizes.swa_evictable += len(node)
 
     def _tombstone_leaf_or_evictable(self, node: Node) -> None:
+        t = self.tree
         if node.is_leaf:  # nobody else can resume at a leaf this request still holds
-            self._tombstone(node, counted=False)
+            self.evictor.tombstone(node, counted=False)
         else:
-            self.swa_evictable_ += len(node)
+            t.sizes.swa_evictable += len(node)

@@ -22,11 +22,10 @@ no tombstones; `window` must be None).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 
-from swajax.prefix_cache.eviction import Eviction
+from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.protocol import Releaser
@@ -50,7 +49,21 @@ class MatchResult:
 _EMPTY = np.zeros(0, np.int32)
 
 
-class RadixCache(WindowLocks, Eviction, RequestCaching):
+@dataclasses.dataclass
+class Sizes:
+    """Tokens the tree holds, by pool and by whether a lock protects them."""
+
+    full_evictable: int = 0
+    full_protected: int = 0
+    swa_evictable: int = 0
+    swa_protected: int = 0
+
+
+class RadixCache:
+    """The tree, and the owner of three collaborators that work on it through its public
+    operations (walk, split, refresh, free_node, free_request, insert and `sizes`): `WindowLocks`
+    (locks.py), `Evictor` (eviction.py) and `RequestCaching` (requests.py)."""
+
     def __init__(
         self,
         releaser: Releaser,
@@ -71,21 +84,51 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         self.root = Node()
         self.root.full_lock = self.root.swa_lock = 1
         self.full_lru, self.swa_lru = LRUList(), LRUList()
-        self.full_evictable = self.full_protected = 0
-        self.swa_evictable_ = self.swa_protected_ = 0
+        self.sizes = Sizes()
         self.hit_tokens = self.tail_miss_tokens = 0
-        self._ids = itertools.count(1)
+        self.evictor = Evictor(self)
+        self.locks = WindowLocks(self, self.evictor)
+        self.requests = RequestCaching(self)
 
     # ------------------------------------------------------------------------------------------
     # Sizes (tokens). Without an SWA component the SWA figures mirror the full ones.
 
     @property
+    def full_evictable(self) -> int:
+        return self.sizes.full_evictable
+
+    @property
+    def full_protected(self) -> int:
+        return self.sizes.full_protected
+
+    @property
     def swa_evictable(self) -> int:
-        return self.swa_evictable_ if self.swa else self.full_evictable
+        return self.sizes.swa_evictable if self.swa else self.sizes.full_evictable
 
     @property
     def swa_protected(self) -> int:
-        return self.swa_protected_ if self.swa else self.full_protected
+        return self.sizes.swa_protected if self.swa else self.sizes.full_protected
+
+    # ------------------------------------------------------------------------------------------
+    # The collaborators' operations, re-exported as the cache's API
+
+    def lock(self, node: Node) -> LockHandle:
+        return self.locks.lock(node)
+
+    def unlock(self, handle: LockHandle | None) -> None:
+        self.locks.unlock(handle)
+
+    def release_swa(self, handle: LockHandle) -> None:
+        self.locks.release_swa(handle)
+
+    def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
+        return self.evictor.evict(full_tokens, swa_tokens)
+
+    def cache_finished(self, tokens, slots, **kwargs) -> None:
+        self.requests.cache_finished(tokens, slots, **kwargs)
+
+    def cache_unfinished(self, tokens, slots, **kwargs):
+        return self.requests.cache_unfinished(tokens, slots, **kwargs)
 
     @property
     def tombstones(self) -> int:
@@ -102,7 +145,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
     # ------------------------------------------------------------------------------------------
     # Walking and splitting
 
-    def _aligned(self, tokens) -> tuple[int, ...]:
+    def aligned(self, tokens) -> tuple[int, ...]:
         return tuple(tokens[: len(tokens) // self.ps * self.ps])
 
     def _common(self, node_key, key, start) -> int:
@@ -112,7 +155,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
             n = next(i for i in range(n) if node_key[i] != key[start + i])
         return n // self.ps * self.ps
 
-    def _walk(self, key: tuple[int, ...], visit=None) -> list[Node]:
+    def walk(self, key: tuple[int, ...], visit=None) -> list[Node]:
         """The nodes along `key` (page aligned) from the root, splitting where it diverges.
 
         `visit(node, start)`, if given, sees each node as it is reached (`start` = its first
@@ -124,14 +167,14 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
                 break
             n = self._common(child.key, key, i)
             if n < len(child):
-                child = self._split(child, n)
+                child = self.split(child, n)
             if visit is not None:
                 child = visit(child, i)
             path.append(child)
             node, i = child, i + n
         return path
 
-    def _split(self, child: Node, k: int) -> Node:
+    def split(self, child: Node, k: int) -> Node:
         """Cut `child` after k tokens; returns the new upper node (the child keeps the rest)."""
         upper = Node(child.key[:k], child.value[:k], child.parent, child.swa_live)
         upper.full_lock, upper.swa_lock = child.full_lock, child.swa_lock
@@ -149,7 +192,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
             lru.add(child)
         return upper
 
-    def _refresh(self, path: list[Node]) -> None:
+    def refresh(self, path: list[Node]) -> None:
         for node in path:
             node.touch()
         self.full_lru.add_path(path)
@@ -161,7 +204,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
 
     def match(self, tokens) -> MatchResult:
         """Longest cached prefix of `tokens` that satisfies the window hit rule."""
-        path = self._walk(self._aligned(tokens))
+        path = self.walk(self.aligned(tokens))
         best = len(path)
         if self.swa:
             best, since = 0, INF  # a path with no tombstone from the root is always fine
@@ -173,7 +216,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
                     since += len(node)
             best = len(path) if since >= self.window else best
         accepted = path[:best]
-        self._refresh(accepted)
+        self.refresh(accepted)
         slots = np.concatenate([n.value for n in accepted]) if accepted else _EMPTY
         miss = sum(len(n) for n in path[best:])
         self.hit_tokens += len(slots)
@@ -183,12 +226,12 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
     # ------------------------------------------------------------------------------------------
     # Releasing KV the cache or a request held
 
-    def _free_node(self, node: Node) -> None:
+    def free_node(self, node: Node) -> None:
         """Give back a node's KV (a tombstone holds only full KV, or nothing if all-SWA)."""
         if node.swa_live or self.mode is not PoolMode.ALL_SWA:
             self.releaser.free(node.value)
 
-    def _free_request(self, slots, start: int, evicted: int) -> None:
+    def free_request(self, slots, start: int, evicted: int) -> None:
         """Give back a request's slots for positions [start, start + len): duplicates of the
         tree's. All-SWA: the positions before `evicted` were freed by eviction already."""
         if self.mode is PoolMode.ALL_SWA:
@@ -213,7 +256,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         go in as tombstones; new SWA KV revives a tombstone. Slots duplicating cached tokens are
         freed.
         """
-        key = self._aligned(tokens)
+        key = self.aligned(tokens)
         value = np.array(slots[: len(key)], np.int32)  # the tree's own copy, never a view
         if self.swa and self.mode is PoolMode.HYBRID and swa_evicted_seqlen % self.ps:
             raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
@@ -221,10 +264,10 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         def settle(node: Node, start: int) -> Node:
             part = value[start : start + len(node)]
             node = self._overlap(node, part, start, prev_prefix_len, swa_evicted_seqlen)
-            self._refresh([node])
+            self.refresh([node])
             return node
 
-        path = self._walk(key, settle)
+        path = self.walk(key, settle)
         node = path[-1] if path else self.root
         total = sum(len(x) for x in node.path_to_root())  # parts split off above count too
         if total < len(key):
@@ -239,41 +282,41 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         if dup >= len(node):
             return node  # the request's own cached prefix: these are the tree's slots
         if dup:  # the request's cached prefix ends inside the node
-            self._split(node, dup)
+            self.split(node, dup)
             req, start = req[dup:], start + dup
         if node.swa_live or not self.swa:
-            self._free_request(req, start, evicted)
+            self.free_request(req, start, evicted)
         elif evicted <= start:
             self._revive(node, req)
         elif evicted < start + len(node):  # the request has SWA KV for the lower part only
             s = evicted - start
-            self._split(node, s)
-            self._free_request(req[:s], start, evicted)
+            self.split(node, s)
+            self.free_request(req[:s], start, evicted)
             self._revive(node, req[s:])
         else:
-            self._free_request(req, start, evicted)
+            self.free_request(req, start, evicted)
         return node
 
     def _revive(self, node: Node, req) -> None:
         """A tombstone takes the SWA KV a request computed for the same tokens."""
         if node.full_lock == 0 or self.mode is PoolMode.ALL_SWA:
-            self._free_node(node)
+            self.free_node(node)
             node.value = np.array(req, np.int32)
         else:  # other requests read the node's full slots: move the SWA KV under them
             self.releaser.move_swa(node.value, req)
             self.releaser.free(req)
         node.swa_live = True
         self.swa_lru.add(node)
-        self.swa_evictable_ += len(node)
+        self.sizes.swa_evictable += len(node)
 
     def _new_node(self, parent, key, value, live) -> Node:
         node = Node(key, value, parent, live)
         parent.children[key[: self.ps]] = node
         self.full_lru.add(node)
-        self.full_evictable += len(node)
+        self.sizes.full_evictable += len(node)
         if live and self.swa:
             self.swa_lru.add(node)
-            self.swa_evictable_ += len(node)
+            self.sizes.swa_evictable += len(node)
         return node
 
     def _add_leaf(self, parent, key, value, start, evicted, keep_tombstone_leaf) -> None:
@@ -282,7 +325,7 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
             if keep_tombstone_leaf:  # the caller locks it at once (an unfinished request)
                 self._new_node(parent, key, value, live=False)
             else:  # a leaf is never a tombstone: drop what could never be matched
-                self._free_request(value, start, evicted)
+                self.free_request(value, start, evicted)
             return
         if self.swa and evicted > start:
             s = evicted - start
@@ -291,4 +334,4 @@ class RadixCache(WindowLocks, Eviction, RequestCaching):
         leaf = self._new_node(parent, key, value, live=True)
         tail = -(-(self.window or 0) // self.ps) * self.ps
         if self.swa and self.cap_leaf and len(leaf) > tail:
-            self._split(leaf, len(leaf) - tail)  # so a window lock pins one window, not more
+            self.split(leaf, len(leaf) - tail)  # so a window lock pins one window, not more

@@ -5,10 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from swajax.prefix_cache.locks import LockHandle
+from swajax.prefix_cache.protocol import Tree
 
 
 class RequestCaching:
-    """Mixin of `RadixCache`: `cache_finished` and `cache_unfinished`."""
+    """Works on a `RadixCache` through its public operations: `cache_finished` and
+    `cache_unfinished`."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
 
     def cache_finished(
         self,
@@ -26,16 +31,17 @@ class RequestCaching:
         `cache_protected_len` came from this cache. The page-aligned part is inserted (or
         freed); the unaligned tail is freed; then the request's lock is released.
         """
+        t = self.tree
         n = len(tokens)
-        aligned = n // self.ps * self.ps
+        aligned = n // t.ps * t.ps
         slots = np.asarray(slots, np.int32)
         if insert:
-            self.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
+            t.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
         else:
             start = cache_protected_len
-            self._free_request(slots[start:aligned], start, swa_evicted_seqlen)
-        self._free_request(slots[aligned:n], aligned, swa_evicted_seqlen)
-        self.unlock(handle)
+            t.free_request(slots[start:aligned], start, swa_evicted_seqlen)
+        t.free_request(slots[aligned:n], aligned, swa_evicted_seqlen)
+        t.unlock(handle)
 
     def cache_unfinished(
         self,
@@ -52,19 +58,20 @@ class RequestCaching:
         page-aligned length), which the request must now use in its req_to_token row, and the
         new lock. The request's `cache_protected_len` becomes A.
         """
-        aligned = len(tokens) // self.ps * self.ps
+        t = self.tree
+        aligned = len(tokens) // t.ps * t.ps
         if aligned <= cache_protected_len:
             return np.asarray(slots[:cache_protected_len], np.int32), handle
-        self.insert(
+        t.insert(
             tokens[:aligned],
             np.asarray(slots[:aligned], np.int32),
             cache_protected_len,
             swa_evicted_seqlen,
             keep_tombstone_leaf=True,
         )
-        path = self._walk(self._aligned(tokens[:aligned]))
+        path = t.walk(t.aligned(tokens[:aligned]))
         prefix = np.concatenate([node.value for node in path])
         assert len(prefix) == aligned, (len(prefix), aligned)
-        new_handle = self.lock(path[-1])
-        self.unlock(handle)
+        new_handle = t.lock(path[-1])
+        t.unlock(handle)
         return prefix, new_handle

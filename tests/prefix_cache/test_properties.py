@@ -166,7 +166,7 @@ def test_hit_rule_sound_and_maximal(ps, window, ops, extra):
         cache.evict(0, swa_evict)
     # Query what was inserted (paths through tombstones), with and without a diverging tail.
     for query in [tokens + tail for tokens, _, _ in ops for tail in ([], extra)]:
-        path = cache._walk(cache._aligned(query))  # every node on the key's path
+        path = cache.walk(cache.aligned(query))  # every node on the key's path
         result = cache.match(query)
         depth = next((i + 1 for i, node in enumerate(path) if node is result.node), 0)
         accepted = path[:depth]

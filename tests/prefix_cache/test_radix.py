@@ -185,7 +185,7 @@ def test_evict_swa_of_full_locked_leaf_tombstones_in_place():
     env.insert([1, 2, 3, 4])
     leaf = env.leaf([1, 2, 3, 4])
     handle = env.tree.lock(leaf)
-    env.tree._swa_unlock(handle, env.tree._make_swa_evictable)
+    env.tree.locks._swa_unlock(handle, env.tree.locks._make_swa_evictable)
     assert leaf in env.tree.swa_lru and env.tree.swa_evictable == 4
     full0, swa0 = env.avail()
     assert env.tree.evict(0, 4) == (0, 4)
