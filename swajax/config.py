@@ -47,6 +47,11 @@ class LayerSpec:
     # The layer's RoPE scaling fields (rope_type, factor, ...) as sorted (name, value) pairs.
     rope_params: tuple[tuple[str, Any], ...] = ()
 
+    @property
+    def kernel_window(self) -> int:
+        """The window as the kernels take it: 0 for a full layer (the one place None -> 0)."""
+        return self.window or 0
+
     def __post_init__(self):
         if self.kind is LayerKind.FULL and self.window is not None:
             raise ConfigError(f"full layer has window={self.window}; full layers have none")

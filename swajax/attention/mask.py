@@ -14,17 +14,17 @@ from swajax.kernels import common
 
 def window_start(q_pos, layer: LayerSpec):
     """First key position visible from query position `q_pos` (array or int; >= 0)."""
-    return common.window_lo(q_pos, layer.kind.value, layer.window or 0)
+    return common.window_lo(q_pos, layer.kind.value, layer.kernel_window)
 
 
 def visible(q_pos, k_pos, layer: LayerSpec):
     """bool: query at q_pos sees the key at k_pos (broadcasting)."""
-    return common.visible(q_pos, k_pos, layer.kind.value, layer.window or 0)
+    return common.visible(q_pos, k_pos, layer.kind.value, layer.kernel_window)
 
 
 def lookback(layer: LayerSpec) -> int | None:
     """The most tokens before a query that the layer can read (None: unbounded)."""
-    return common.lookback(layer.kind.value, layer.window or 0)
+    return common.lookback(layer.kind.value, layer.kernel_window)
 
 
 def picture(n: int, layer: LayerSpec) -> list[str]:

@@ -45,7 +45,7 @@ def attention_pallas(
     sink = None if sinks is None else sinks.reshape(hkv, g)
     kw = dict(
         kind=layer.kind.value,
-        window=layer.window or 0,
+        window=layer.kernel_window,
         scale=scale,
         soft_cap=soft_cap,
         backend=backend,

@@ -54,12 +54,14 @@ class Engine:
                 f"{sizes.page_size}: a chunk must hold at least one page"
             )
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
+        # Host code keeps W as an int (0: no local layers) for its arithmetic; the cache takes
+        # the config's None, which means "no SWA component".
         self.window = cfg.sliding_window or 0
         self.ledger = PoolLedger(sizes)
         self.cache = make_prefix_cache(
             self.ledger,
             page_size=sizes.page_size,
-            window=self.window or None,
+            window=cfg.sliding_window,
             pool_mode=sizes.mode,
             enabled=options.prefix_cache,
         )

@@ -124,6 +124,33 @@ def test_convert_cli(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
+def test_a_failed_convert_leaves_the_output_as_it_was(tmp_path, capsys, monkeypatch):
+    """`--force` over an existing checkpoint: the save fails half-way; the old folder (another
+    model's config and params) is untouched and no temporary folder is left behind."""
+    from swajax.cli.main import main
+    from swajax.models import loading
+
+    out = tmp_path / "ckpt"
+    assert main(["convert", str(FIXTURES / "qwen3"), str(out)]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    class Failing:
+        def save(self, path, state):
+            (path / "partial").mkdir(parents=True)
+            raise OSError("disk full")
+
+    monkeypatch.setattr(loading, "_checkpointer", lambda: Failing())
+    assert main(["convert", str(FIXTURES / "mistral"), str(out), "--force"]) == 2
+    assert "disk full" in capsys.readouterr().err
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    monkeypatch.undo()
+    assert load_decoder(out).spec.family == "llama"  # still the qwen3 checkpoint
+    assert main(["convert", str(FIXTURES / "mistral"), str(out), "--force"]) == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "mistral"
+
+
 def test_sharded_and_bf16_checkpoints(tmp_path):
     """A checkpoint split over two files with an index, stored in bf16, loads (no torch)."""
     import ml_dtypes
