@@ -15,21 +15,12 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-import numpy as np
-
-from swajax.serving import window as win
-from swajax.serving.batch import ForwardBatch, PoolMode, Repoint, StepKind, StepPlan, StepResult
+from swajax.serving import results, window as win
+from swajax.serving.batch import PoolMode, StepKind, StepPlan, StepResult
+from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
 from swajax.serving.ledger import PoolLedger
+from swajax.serving.planning import build_plan
 from swajax.serving.request import Request, Status
-
-CLIP_MAX_NEW_TOKENS = 4096
-
-
-@dataclasses.dataclass
-class Budget:
-    rem_total: int
-    rem_swa: int | None  # None: no separate SWA pool
-    rem_chunk: int | None  # None: chunked prefill off
 
 
 @dataclasses.dataclass
@@ -37,10 +28,6 @@ class Batch:
     kind: StepKind
     reqs: list[Request]
     lens: list[int]  # new tokens per request
-
-
-class StepFailed(RuntimeError):
-    """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +41,6 @@ class SchedulerConfig:
     eviction_interval: int = 128
     decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
     radix: bool = True
-
-
-def _ceil_page(n: int, ps: int) -> int:
-    return -(-n // ps) * ps
 
 
 class Scheduler:
@@ -75,46 +58,11 @@ class Scheduler:
     def separate_swa(self) -> bool:
         return self.cfg.pool_mode is PoolMode.HYBRID and self.cfg.window > 0
 
-    # ------------------------------------------------------------------------------------------
-    # Budgets
-
     def budget(self) -> Budget:
-        full, swa = self.ledger.available()
-        reserve = sum(
-            min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS) for r in self.running
-        )
-        if self.cfg.pool_mode is PoolMode.ALL_SWA:
-            full_budget = swa + self.cache.swa_evictable
-        else:
-            full_budget = full + self.cache.full_evictable
-        rem_total = full_budget - int(reserve * self.cfg.decode_reserve_ratio)
-        rem_swa = None
-        if self.separate_swa:
-            # Unlike SGLang (spec §9.1), also reserve the SWA a running request will still take
-            # before its next eviction: up to interval + page_size tokens. Without it, SWA-bound
-            # workloads admit too much and then retract in storms.
-            # Only decoding requests reserve: a prefilling request's own future decode must not
-            # park its next chunk (which once parked every chunk, and the engine stalled).
-            grow = self.cfg.eviction_interval + self.cfg.page_size
-            swa_reserve = sum(
-                min(r.params.max_new_tokens - len(r.output), grow)
-                for r in self.running
-                if r.decoding
-            )
-            rem_swa = (
-                swa + self.cache.swa_evictable - int(swa_reserve * self.cfg.decode_reserve_ratio)
-            )
-        return Budget(rem_total, rem_swa, self.cfg.chunk_size)
+        return make_budget(self.cfg, self.ledger, self.cache, self.running, self.separate_swa)
 
     def _charge(self, budget: Budget, n: int, max_new: int) -> None:
-        ps = self.cfg.page_size
-        budget.rem_total -= _ceil_page(n, ps) + max_new + ps
-        if budget.rem_swa is not None:
-            budget.rem_swa -= win.swa_budget_for_req(
-                _ceil_page(n, ps), window=self.cfg.window, page_size=ps, rem_chunk=budget.rem_chunk
-            )
-        if budget.rem_chunk is not None:
-            budget.rem_chunk -= n
+        budget.charge(n, max_new, page_size=self.cfg.page_size, window=self.cfg.window)
 
     # ------------------------------------------------------------------------------------------
     # Building a batch
@@ -185,7 +133,10 @@ class Scheduler:
                 batch = self.fit(decode)
             else:
                 batch = self._force()
-        return self._plan(batch)
+        plan = build_plan(batch, self.ledger.take_releases())
+        for req in batch.reqs:
+            req.stale = None  # the plan re-points the row
+        return plan
 
     # ------------------------------------------------------------------------------------------
     # The progress guarantee: nothing fits the budgets and nothing decodes
@@ -261,12 +212,12 @@ class Scheduler:
         ps, tokens = self.cfg.page_size, req.tokens
         match = self.cache.match(tokens[: len(tokens) - 1])  # compute at least one token
         extend, max_new = len(tokens) - len(match), self._max_new(req)
-        if _ceil_page(extend, ps) + max_new + ps >= budget.rem_total and self.running:
+        if ceil_page(extend, ps) + max_new + ps >= budget.rem_total and self.running:
             return 0
         limit = budget.rem_chunk
         if budget.rem_swa is not None:
             need = win.swa_budget_for_req(
-                _ceil_page(extend, ps), window=self.cfg.window, page_size=ps, rem_chunk=limit
+                ceil_page(extend, ps), window=self.cfg.window, page_size=ps, rem_chunk=limit
             )
             if need >= budget.rem_swa:
                 cap = (budget.rem_swa - self.cfg.window - ps) // ps * ps
@@ -392,126 +343,13 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # The plan and the device's answer
 
-    def _plan(self, batch: Batch) -> StepPlan:
-        reqs, lens = batch.reqs, batch.lens
-        pre = np.asarray([r.kv_len for r in reqs], np.int32)
-        seq = pre + np.asarray(lens, np.int32)
-        rows, starts, ends, stale = [], [], [], []
-        for req in reqs:
-            if req.stale is not None:
-                (lo, hi), req.stale = req.stale, None
-                rows.append(req.row)
-                starts.append(lo)
-                ends.append(hi)
-                stale.append(req.slots[lo:hi])
-        return StepPlan(
-            kind=batch.kind,
-            requests=tuple(reqs),
-            rows=np.asarray([r.row for r in reqs], np.int32),
-            prefix_lens=pre,
-            seq_lens=seq,
-            last_loc=np.asarray([r.slots[-1] if r.kv_len else -1 for r in reqs], np.int32),
-            releases=self.ledger.take_releases(),
-            repoint=Repoint(
-                np.asarray(rows, np.int32),
-                np.asarray(starts, np.int32),
-                np.asarray(ends, np.int32),
-                np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
-            ),
-            forward=self._forward_batch(reqs, lens),
-            return_logits=any(r.keep_logits for r in reqs),
-        )
-
-    @staticmethod
-    def _forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
-        tokens, logit_index, sample_index, sampled = [], [], [], []
-        for req, n in zip(reqs, lens):
-            start, end = req.kv_len, req.kv_len + n
-            tokens += req.tokens[start:end]
-            if req.keep_logits:  # every row; the last one also serves sampling
-                logit_index += range(len(tokens) - n, len(tokens))
-            if end == len(req.tokens):  # the prompt (or the pending token) is complete: sample
-                if not req.keep_logits:
-                    logit_index.append(len(tokens) - 1)
-                sample_index.append(len(logit_index) - 1)
-                sampled.append((req, end))
-        p = [r.params for r, _ in sampled]
-        return ForwardBatch(
-            tokens=np.asarray(tokens, np.int32),
-            logit_index=np.asarray(logit_index, np.int32),
-            sample_index=np.asarray(sample_index, np.int32),
-            temperature=np.asarray([x.temperature for x in p], np.float32),
-            top_p=np.asarray([x.top_p for x in p], np.float32),
-            seeds=np.asarray([x.seed for x in p], np.uint32),
-            sample_positions=np.asarray([end for _, end in sampled], np.int32),
-        )
-
     def postprocess(self, plan: StepPlan, result: StepResult) -> None:
         """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching."""
-        if result.status != 0:
-            raise StepFailed(
-                f"allocation failed with status {result.status} after the pools were checked"
-            )
-        self.ledger.allocated(result.slots)
-        self.ledger.check(result.free_full, result.free_swa)
-        start, row, sampled = 0, 0, []
-        for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens):
-            n = int(seq - pre)
-            req.append_slots(result.slots[start : start + n])
-            start += n
-            if req.keep_logits:
-                req.logits += list(result.logits[row : row + n])
-                row += n
-            if req.kv_len == len(req.tokens):
-                row += not req.keep_logits
-                sampled.append(req)
-        for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
-            self._guarded(req, self._take_token, req, token, logprob)
-        for req in plan.requests:
-            if req.status is Status.RUNNING and not req.decoding and self.cfg.radix:
-                self._guarded(req, self._cache_chunk, req)
-
-    def _guarded(self, req: Request, fn, *args) -> None:
-        """Run one request's part of a step; if it raises, that request fails, not the step."""
-        try:
-            fn(*args)
-        except Exception as error:  # noqa: BLE001 - reported on the request, never dropped
-            if req.status is Status.RUNNING:
-                self.abort(req, f"error: {type(error).__name__}: {error}")
+        results.take(self, plan, result)
 
     def step_failed(self, plan: StepPlan, error: Exception) -> None:
-        """The step raised before its result was taken (the runner rolled its allocation back):
-        retract its requests as suspects, which then run alone; a suspect that fails alone is
-        aborted with the error."""
-        alone = len(plan.requests) == 1
-        for req in plan.requests:
-            if req.status is not Status.RUNNING:
-                continue
-            if alone and req.suspect:
-                self.abort(req, f"error: {type(error).__name__}: {error}")
-            else:
-                self.retract(req)
-                req.suspect = True
-
-    def _take_token(self, req: Request, token: int, logprob: float) -> None:
-        req.output.append(token)
-        req.logprobs.append(logprob)
-        if token in req.params.stop_token_ids:
-            self.finish(req, "stop")
-        elif len(req.output) >= req.params.max_new_tokens:
-            self.finish(req, "length")
-
-    def _cache_chunk(self, req: Request) -> None:
-        """Between chunks of a prefill: insert what is computed so far and use the cache's slots."""
-        prefix, req.handle = self.cache.cache_unfinished(
-            req.tokens[: req.kv_len],
-            req.slots,
-            cache_protected_len=req.cache_protected_len,
-            swa_evicted_seqlen=req.swa_evicted_seqlen,
-            handle=req.handle,
-        )
-        req.repoint(0, prefix)
-        req.cache_protected_len = max(req.cache_protected_len, len(prefix))
+        """The step raised before its result was taken; see `results.failed`."""
+        results.failed(self, plan, error)
 
     # ------------------------------------------------------------------------------------------
     # Leaving

@@ -1,0 +1,70 @@
+"""A step's plan from the batch the scheduler chose: the arrays the runner uploads.
+
+Host code. Every request contributes its new tokens, its req_to_token row, prefix and sequence
+lengths and last slot; a request whose row no longer matches its slots (an admission's cached
+prefix, a chunk's re-pointed prefix) contributes the stale range; the requests that complete
+their pending tokens are sampled, the ones that keep logits have all their rows computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.serving.batch import ForwardBatch, Releases, Repoint, StepPlan
+from swajax.serving.request import Request
+
+
+def build_plan(batch, releases: tuple[Releases, ...]) -> StepPlan:
+    """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it."""
+    reqs, lens = batch.reqs, batch.lens
+    pre = np.asarray([r.kv_len for r in reqs], np.int32)
+    seq = pre + np.asarray(lens, np.int32)
+    rows, starts, ends, stale = [], [], [], []
+    for req in reqs:
+        if req.stale is not None:
+            lo, hi = req.stale
+            rows.append(req.row)
+            starts.append(lo)
+            ends.append(hi)
+            stale.append(req.slots[lo:hi])
+    return StepPlan(
+        kind=batch.kind,
+        requests=tuple(reqs),
+        rows=np.asarray([r.row for r in reqs], np.int32),
+        prefix_lens=pre,
+        seq_lens=seq,
+        last_loc=np.asarray([r.slots[-1] if r.kv_len else -1 for r in reqs], np.int32),
+        releases=releases,
+        repoint=Repoint(
+            np.asarray(rows, np.int32),
+            np.asarray(starts, np.int32),
+            np.asarray(ends, np.int32),
+            np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
+        ),
+        forward=forward_batch(reqs, lens),
+        return_logits=any(r.keep_logits for r in reqs),
+    )
+
+
+def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
+    tokens, logit_index, sample_index, sampled = [], [], [], []
+    for req, n in zip(reqs, lens):
+        start, end = req.kv_len, req.kv_len + n
+        tokens += req.tokens[start:end]
+        if req.keep_logits:  # every row; the last one also serves sampling
+            logit_index += range(len(tokens) - n, len(tokens))
+        if end == len(req.tokens):  # the prompt (or the pending token) is complete: sample
+            if not req.keep_logits:
+                logit_index.append(len(tokens) - 1)
+            sample_index.append(len(logit_index) - 1)
+            sampled.append((req, end))
+    p = [r.params for r, _ in sampled]
+    return ForwardBatch(
+        tokens=np.asarray(tokens, np.int32),
+        logit_index=np.asarray(logit_index, np.int32),
+        sample_index=np.asarray(sample_index, np.int32),
+        temperature=np.asarray([x.temperature for x in p], np.float32),
+        top_p=np.asarray([x.top_p for x in p], np.float32),
+        seeds=np.asarray([x.seed for x in p], np.uint32),
+        sample_positions=np.asarray([end for _, end in sampled], np.int32),
+    )

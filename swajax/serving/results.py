@@ -1,0 +1,85 @@
+"""Taking a step's result (host code): new slots, kept logits, sampled tokens, finishing and
+caching; and what happens to a step that raised. Functions of the `Scheduler`, which owns every
+`Request` mutation and prefix-cache call; kept here so the scheduler file is about choosing.
+"""
+
+from __future__ import annotations
+
+from swajax.serving.batch import StepPlan, StepResult
+from swajax.serving.request import Request, Status
+
+
+class StepFailed(RuntimeError):
+    """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
+
+
+def take(sched, plan: StepPlan, result: StepResult) -> None:
+    """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching."""
+    if result.status != 0:
+        raise StepFailed(
+            f"allocation failed with status {result.status} after the pools were checked"
+        )
+    sched.ledger.allocated(result.slots)
+    sched.ledger.check(result.free_full, result.free_swa)
+    start, row, sampled = 0, 0, []
+    for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens):
+        n = int(seq - pre)
+        req.append_slots(result.slots[start : start + n])
+        start += n
+        if req.keep_logits:
+            req.logits += list(result.logits[row : row + n])
+            row += n
+        if req.kv_len == len(req.tokens):
+            row += not req.keep_logits
+            sampled.append(req)
+    for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
+        _guarded(sched, req, _take_token, sched, req, token, logprob)
+    for req in plan.requests:
+        if req.status is Status.RUNNING and not req.decoding and sched.cfg.radix:
+            _guarded(sched, req, _cache_chunk, sched, req)
+
+
+def _guarded(sched, req: Request, fn, *args) -> None:
+    """Run one request's part of a step; if it raises, that request fails, not the step."""
+    try:
+        fn(*args)
+    except Exception as error:  # noqa: BLE001 - reported on the request, never dropped
+        if req.status is Status.RUNNING:
+            sched.abort(req, f"error: {type(error).__name__}: {error}")
+
+
+def failed(sched, plan: StepPlan, error: Exception) -> None:
+    """The step raised before its result was taken (the runner rolled its allocation back):
+    retract its requests as suspects, which then run alone; a suspect that fails alone is
+    aborted with the error."""
+    alone = len(plan.requests) == 1
+    for req in plan.requests:
+        if req.status is not Status.RUNNING:
+            continue
+        if alone and req.suspect:
+            sched.abort(req, f"error: {type(error).__name__}: {error}")
+        else:
+            sched.retract(req)
+            req.suspect = True
+
+
+def _take_token(sched, req: Request, token: int, logprob: float) -> None:
+    req.output.append(token)
+    req.logprobs.append(logprob)
+    if token in req.params.stop_token_ids:
+        sched.finish(req, "stop")
+    elif len(req.output) >= req.params.max_new_tokens:
+        sched.finish(req, "length")
+
+
+def _cache_chunk(sched, req: Request) -> None:
+    """Between chunks of a prefill: insert what is computed so far and use the cache's slots."""
+    prefix, req.handle = sched.cache.cache_unfinished(
+        req.tokens[: req.kv_len],
+        req.slots,
+        cache_protected_len=req.cache_protected_len,
+        swa_evicted_seqlen=req.swa_evicted_seqlen,
+        handle=req.handle,
+    )
+    req.repoint(0, prefix)
+    req.cache_protected_len = max(req.cache_protected_len, len(prefix))
