@@ -26,6 +26,10 @@ def sample(logits, temperature, top_p, seeds, positions):
         key = jax.random.fold_in(jax.random.key(seed), pos)
         return order[jax.random.categorical(key, masked)].astype(jnp.int32)
 
-    sampled = jax.vmap(draw)(logits, temperature, top_p, seeds, positions)
-    tokens = jnp.where(temperature > 0, sampled, greedy)
+    def draw_all(_):
+        sampled = jax.vmap(draw)(logits, temperature, top_p, seeds, positions)
+        return jnp.where(temperature > 0, sampled, greedy)
+
+    # A greedy batch skips the sort over the vocabulary that top-p needs.
+    tokens = jax.lax.cond(jnp.any(temperature > 0), draw_all, lambda _: greedy, None)
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
