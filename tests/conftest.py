@@ -4,6 +4,7 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["SWAJAX_COMPILE_CACHE"] = "off"  # tests that want the on-disk cache set their own
 
 import jax  # noqa: E402
 from hypothesis import settings  # noqa: E402

@@ -13,6 +13,7 @@ from flax import nnx
 
 from swajax import sizing
 from swajax.cli import args as args_lib
+from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.models.spec import model_spec
@@ -135,6 +136,8 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
         prefix_hit_tokens=engine.scheduler.hit_tokens,
         swa_freed_tokens=engine.scheduler.swa_freed_tokens,
         retractions=engine.scheduler.retractions,
+        compilations=compilation_count(),  # this process, persistent-cache hits excluded
+        compile_cache_hits=cache_hits(),
     )
     return [engine.requests[r] for r in rids], summary
 
@@ -286,6 +289,7 @@ def _add_model_args(p) -> None:
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
     p.add_argument("--disable-hybrid-memory", action="store_true")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
 
 
 def register(sub) -> None:

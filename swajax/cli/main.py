@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from swajax import sizing
+from swajax import compile_cache, sizing
 from swajax.cli import args as args_lib, generate, plan, simulate
 from swajax.cli.args import UsageError
 
@@ -124,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # a bad argument (one line already printed), or --help
         return e.code if isinstance(e.code, int) else 2
     try:
+        if not getattr(args, "no_compile_cache", True):
+            compile_cache.enable()  # programs of an earlier run on this machine are reused
         return args.func(args)
     except Exception as e:  # noqa: BLE001 - the edge: every error becomes one line
         if args.debug:

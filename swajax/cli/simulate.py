@@ -223,6 +223,7 @@ def register(sub) -> None:
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
     p.add_argument(
         "--plot", type=args_lib.out_file(".png"), help="pool occupancy over steps (matplotlib)"
     )
