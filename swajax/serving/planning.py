@@ -50,10 +50,10 @@ def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
     tokens, logit_index, sample_index, sampled = [], [], [], []
     for req, n in zip(reqs, lens):
         start, end = req.kv_len, req.kv_len + n
-        tokens += req.tokens[start:end]
+        tokens += req.token_slice(start, end)
         if req.keep_logits:  # every row; the last one also serves sampling
             logit_index += range(len(tokens) - n, len(tokens))
-        if end == len(req.tokens):  # the prompt (or the pending token) is complete: sample
+        if end == req.num_tokens:  # the prompt (or the pending token) is complete: sample
             if not req.keep_logits:
                 logit_index.append(len(tokens) - 1)
             sample_index.append(len(logit_index) - 1)

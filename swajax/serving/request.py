@@ -83,6 +83,17 @@ class Request:
         return self.prompt + self.output
 
     @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """tokens[start:end] without building the whole list (a decode step reads one)."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.output[start - p : end - p]
+        return self.prompt[start:end] + self.output[: max(0, end - p)]
+
+    @property
     def slots(self) -> np.ndarray:
         """Full slots of positions [0, kv_len): a read-only view (copy it to keep it)."""
         view = self._buf[: self.kv_len]
@@ -113,7 +124,7 @@ class Request:
     @property
     def pending(self) -> int:
         """Tokens whose KV is still to compute before the next sample."""
-        return len(self.prompt) + len(self.output) - self.kv_len
+        return self.num_tokens - self.kv_len
 
     @property
     def decoding(self) -> bool:

@@ -29,7 +29,7 @@ def take(sched, plan: StepPlan, result: StepResult) -> None:
         if req.keep_logits:
             req.logits += list(result.logits[row : row + n])
             row += n
-        if req.kv_len == len(req.tokens):
+        if req.kv_len == req.num_tokens:
             row += not req.keep_logits
             sampled.append(req)
     for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):

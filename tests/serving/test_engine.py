@@ -198,3 +198,14 @@ def test_sampling_is_reproducible_under_retraction():
         drain(engine, check=False)
         runs.append([engine.requests[i].output for i in ids])
     assert runs[0] == runs[1]
+
+
+def test_token_slice_agrees_with_the_token_list():
+    from swajax.serving.request import Request
+
+    req = Request(0, [1, 2, 3, 4], SamplingParams())
+    req.output += [5, 6, 7]
+    for start in range(8):
+        for end in range(start, 8):
+            assert req.token_slice(start, end) == req.tokens[start:end]
+    assert req.num_tokens == len(req.tokens) == 7
