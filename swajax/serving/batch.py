@@ -27,6 +27,15 @@ def _i32(values=()) -> np.ndarray:
     return np.asarray(values, np.int32).reshape(-1)
 
 
+@dataclasses.dataclass
+class Batch:
+    """The requests a step runs (the scheduler's working set before it becomes a plan)."""
+
+    kind: StepKind
+    reqs: list[Request]
+    lens: list[int]  # new tokens per request
+
+
 @dataclasses.dataclass(frozen=True)
 class Releases:
     """Deferred releases, applied on device in this order: SWA frees, full frees, then moves."""

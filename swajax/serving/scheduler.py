@@ -15,19 +15,12 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-from swajax.serving import results, window as win
-from swajax.serving.batch import PoolMode, StepKind, StepPlan, StepResult
+from swajax.serving import progress, results, window as win
+from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.planning import build_plan
 from swajax.serving.request import Request, Status
-
-
-@dataclasses.dataclass
-class Batch:
-    kind: StepKind
-    reqs: list[Request]
-    lens: list[int]  # new tokens per request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +68,7 @@ class Scheduler:
         that keeps failing is found and aborted without taking the others with it."""
         if not self.running and not self.waiting:
             return None
-        suspect = self._suspect()
+        suspect = progress.suspect_batch(self)
         if suspect is not None:
             return suspect
         budget = self.budget()
@@ -87,7 +80,7 @@ class Scheduler:
                     reqs.append(req)
                     lens.append(n)
         while self.waiting and len(self.running) < self.cfg.max_running:
-            n = self._admit(self.waiting[0], budget)
+            n = self.admit(self.waiting[0], budget)
             if not n:
                 break
             req = self.waiting.popleft()
@@ -103,18 +96,6 @@ class Scheduler:
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
         return Batch(StepKind.DECODE, decoding, [1] * len(decoding))
-
-    def _suspect(self) -> Batch | None:
-        """The oldest suspect's next step, alone (None when there is no suspect to run)."""
-        running = [r for r in self.running if r.suspect]
-        if running:
-            req = min(running, key=lambda r: r.rid)
-            if req.decoding:
-                return Batch(StepKind.DECODE, [req], [1])
-            return Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
-        if self.waiting and self.waiting[0].suspect and len(self.running) < self.cfg.max_running:
-            return self._force_admit()
-        return None
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -132,61 +113,11 @@ class Scheduler:
                 self.evict_windows(decode)
                 batch = self.fit(decode)
             else:
-                batch = self._force()
+                batch = progress.force(self)
         plan = build_plan(batch, self.ledger.take_releases())
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
         return plan
-
-    # ------------------------------------------------------------------------------------------
-    # The progress guarantee: nothing fits the budgets and nothing decodes
-
-    def _chunk_len(self, req: Request) -> int:
-        chunk = self.cfg.chunk_size
-        return req.pending if chunk is None else min(req.pending, chunk)
-
-    def _force_admit(self) -> Batch:
-        """Admit the head of the queue whatever the budgets say (the pools decide in `fit`)."""
-        unlimited = Budget(2**62, 2**62 if self.separate_swa else None, self.cfg.chunk_size)
-        req = self.waiting[0]
-        n = self._admit(req, unlimited)
-        self.waiting.popleft()
-        req.status, req.row = Status.RUNNING, self.free_rows.pop()
-        self.running.append(req)
-        return Batch(StepKind.EXTEND, [req], [n])
-
-    def _force(self) -> Batch:
-        """The budgets are estimates; when they park every prefill and nothing decodes, the
-        oldest prefill (or, with none running, the head of the queue) gets a chunk of what the
-        pools physically hold. If not one page fits, the newest other request is retracted; a
-        request alone that still cannot fit is aborted with the numbers."""
-        prefills = [r for r in self.running if r.pending > 0]
-        if prefills:
-            req = min(prefills, key=lambda r: r.rid)
-            batch = Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
-        elif self.waiting and len(self.running) < self.cfg.max_running:
-            batch = self._force_admit()
-            req = batch.reqs[0]
-        else:
-            raise RuntimeError(
-                f"no progress possible: {len(self.running)} running, {len(self.waiting)} waiting"
-            )
-        need = batch.lens[0]
-        self.evict_windows(batch)
-        batch = self.fit(batch)
-        if batch.reqs:
-            return batch
-        others = [r for r in self.running if r is not req]
-        if others:
-            self.retract(max(others, key=lambda r: r.rid))
-        else:
-            full, swa = self.ledger.available()
-            self.abort(
-                req,
-                f"out of memory: {need} more tokens do not fit in the free pools "
-                f"(full {full}, SWA {swa} tokens free after evicting the prefix cache)",
-            )
-        return batch
 
     def _continue(self, req: Request, budget: Budget) -> int:
         if budget.rem_chunk is None:
@@ -207,7 +138,7 @@ class Scheduler:
     def _max_new(self, req: Request) -> int:
         return min(req.params.max_new_tokens - len(req.output), CLIP_MAX_NEW_TOKENS)
 
-    def _admit(self, req: Request, budget: Budget) -> int:
+    def admit(self, req: Request, budget: Budget) -> int:
         """Match, check both budgets, lock; the first chunk's length, or 0 to stop admitting."""
         ps, tokens = self.cfg.page_size, req.tokens
         match = self.cache.match(tokens[: len(tokens) - 1])  # compute at least one token
