@@ -18,9 +18,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A config.json that cannot be turned into a layer layout; the message names the field."""
+from swajax.hf_fields import (
+    ConfigError as ConfigError,
+    get,
+    hf_window,
+    positive_int,
+    rope_params,
+    rope_theta,
+)
 
 
 class LayerKind(enum.Enum):
@@ -139,53 +144,12 @@ class HybridConfig:
 # Parsing
 
 
-def _get(cfg: Mapping[str, Any], field: str, default: Any = ...) -> Any:
-    if field in cfg and cfg[field] is not None:
-        return cfg[field]
-    if default is ...:
-        raise ConfigError(f"config field {field!r} is missing")
-    return default
-
-
-# Sane upper bounds: a config beyond them is a typo or an attack, not a model (the largest
-# published models have ~160 layers, ~300k vocabularies and hidden sizes of ~16k).
-LIMITS = {
-    "num_hidden_layers": 4096,
-    "vocab_size": 1 << 24,
-    "hidden_size": 1 << 17,
-    "intermediate_size": 1 << 20,
-    "num_attention_heads": 4096,
-    "num_key_value_heads": 4096,
-    "head_dim": 1 << 12,
-}
-DEFAULT_LIMIT = 1 << 30
-
-
-def _positive_int(cfg: Mapping[str, Any], field: str, default: Any = ...) -> int:
-    value = _get(cfg, field, default)
-    limit = LIMITS.get(field, DEFAULT_LIMIT)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-        raise ConfigError(
-            f"config field {field!r} must be an integer in [1, {limit}], got {value!r}"
-        )
-    return value
-
-
-def _hf_window(cfg: Mapping[str, Any], field: str = "sliding_window") -> int:
-    """HF `sliding_window` counts the query itself: W = sliding_window - 1."""
-    value = _positive_int(cfg, field)
-    if value < 2:
-        raise ConfigError(
-            f"config field {field!r} must be >= 2 (W = {field} - 1 >= 1), got {value}"
-        )
-    return value - 1
-
-
 _LAYER_TYPE_KINDS = {
     "full_attention": LayerKind.FULL,
     "sliding_attention": LayerKind.SLIDING,
     "chunked_attention": LayerKind.CHUNKED,
 }
+_TYPE_NAMES = {kind: name for name, kind in _LAYER_TYPE_KINDS.items()}
 
 
 def _kinds_from_layer_types(cfg: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
@@ -211,7 +175,7 @@ def _pattern(num_layers: int, is_full: Callable[[int], bool]) -> list[LayerKind]
 
 
 def _every_nth_full(cfg: Mapping[str, Any], n_default: int) -> Callable[[int], bool]:
-    n = _positive_int(cfg, "sliding_window_pattern", n_default)
+    n = positive_int(cfg, "sliding_window_pattern", n_default)
     return lambda i: (i + 1) % n == 0
 
 
@@ -240,7 +204,7 @@ def _default_kinds(model_type: str, cfg: Mapping[str, Any], n: int) -> list[Laye
         if not cfg.get("use_sliding_window") or cfg.get("sliding_window") is None:
             return [LayerKind.FULL] * n
         # Despite its name, max_window_layers counts the bottom layers that attend fully.
-        mwl = _get(cfg, "max_window_layers", n)
+        mwl = get(cfg, "max_window_layers", n)
         return _pattern(n, lambda i: i < mwl)
     if model_type in ("mistral", "mixtral", "starcoder2", "phi3", "phimoe"):
         local = cfg.get("sliding_window") is not None
@@ -260,18 +224,18 @@ def _llama4_layers(cfg: Mapping[str, Any], n: int) -> list[LayerSpec]:
             )
         uses_rope = [bool(no_rope[i]) for i in range(n)]  # inverted naming: 1 means "uses RoPE"
     else:
-        interval = _positive_int(cfg, "no_rope_layer_interval", 4)
+        interval = positive_int(cfg, "no_rope_layer_interval", 4)
         uses_rope = [(i + 1) % interval != 0 for i in range(n)]
     if chunk is not None:
-        chunk = _positive_int(cfg, "attention_chunk_size")
+        chunk = positive_int(cfg, "attention_chunk_size")
     layers = []
     for i in range(n):
         if uses_rope[i] and chunk is not None:
             kind = LayerKind.CHUNKED
         else:
             kind = LayerKind.FULL
-        theta = _rope_theta(cfg, kind, i) if uses_rope[i] else None
-        params = _rope_params(cfg, kind) if uses_rope[i] else ()
+        theta = rope_theta(cfg, _TYPE_NAMES[kind], kind.is_local, i) if uses_rope[i] else None
+        params = rope_params(cfg, _TYPE_NAMES[kind], kind.is_local) if uses_rope[i] else ()
         layers.append(
             LayerSpec(kind, chunk if kind.is_local else None, uses_rope[i], theta, params)
         )
@@ -281,38 +245,38 @@ def _llama4_layers(cfg: Mapping[str, Any], n: int) -> list[LayerSpec]:
 def _mimo_window(cfg: Mapping[str, Any]) -> int:
     # Hub configs carry sliding_window_size = W; transformers-converted ones sliding_window = W + 1.
     if cfg.get("sliding_window_size") is not None:
-        return _positive_int(cfg, "sliding_window_size")
-    return _hf_window(cfg)
+        return positive_int(cfg, "sliding_window_size")
+    return hf_window(cfg)
 
 
 def _local_window(model_type: str, cfg: Mapping[str, Any]) -> int:
     if model_type in ("mimo_v2_flash", "mimo_v2"):
         return _mimo_window(cfg)
-    return _hf_window(cfg)
+    return hf_window(cfg)
 
 
 def _shapes(model_type: str, cfg: Mapping[str, Any]) -> tuple[AttentionShape, AttentionShape]:
-    heads = _positive_int(cfg, "num_attention_heads")
-    kv_heads = _positive_int(cfg, "num_key_value_heads", heads)
-    hidden = _positive_int(cfg, "hidden_size")
-    head_dim = _positive_int(cfg, "head_dim", hidden // heads)
-    v_head_dim = _positive_int(cfg, "v_head_dim", head_dim)
+    heads = positive_int(cfg, "num_attention_heads")
+    kv_heads = positive_int(cfg, "num_key_value_heads", heads)
+    hidden = positive_int(cfg, "hidden_size")
+    head_dim = positive_int(cfg, "head_dim", hidden // heads)
+    v_head_dim = positive_int(cfg, "v_head_dim", head_dim)
     full_sinks = local_sinks = model_type == "gpt_oss"
     local_heads, local_kv, local_hd, local_vhd = heads, kv_heads, head_dim, v_head_dim
     if model_type in ("mimo_v2_flash", "mimo_v2"):
-        local_heads = _positive_int(cfg, "swa_num_attention_heads", heads)
+        local_heads = positive_int(cfg, "swa_num_attention_heads", heads)
         # The transformers port drops the swa_* fields and gives SWA layers twice the KV heads.
-        local_kv = _positive_int(cfg, "swa_num_key_value_heads", 2 * kv_heads)
-        local_hd = _positive_int(cfg, "swa_head_dim", head_dim)
-        local_vhd = _positive_int(cfg, "swa_v_head_dim", v_head_dim)
+        local_kv = positive_int(cfg, "swa_num_key_value_heads", 2 * kv_heads)
+        local_hd = positive_int(cfg, "swa_head_dim", head_dim)
+        local_vhd = positive_int(cfg, "swa_v_head_dim", v_head_dim)
         local_sinks = bool(cfg.get("add_swa_attention_sink_bias", True))
         full_sinks = bool(cfg.get("add_full_attention_sink_bias", False))
     elif model_type in ("gemma4", "gemma4_text"):
         # Gemma 4 full layers have their own KV heads and head dim.
-        kv_heads = _positive_int(cfg, "num_global_key_value_heads", kv_heads)
-        head_dim = v_head_dim = _positive_int(cfg, "global_head_dim", head_dim)
+        kv_heads = positive_int(cfg, "num_global_key_value_heads", kv_heads)
+        head_dim = v_head_dim = positive_int(cfg, "global_head_dim", head_dim)
     elif model_type == "step3p5":
-        local_heads = _positive_int(cfg, "num_sliding_attention_heads", heads)
+        local_heads = positive_int(cfg, "num_sliding_attention_heads", heads)
     full = AttentionShape(heads, kv_heads, head_dim, v_head_dim, full_sinks)
     local = AttentionShape(local_heads, local_kv, local_hd, local_vhd, local_sinks)
     return full, local
@@ -335,7 +299,7 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"config must be a JSON object, got {type(cfg).__name__}")
     model_type, text = text_config(cfg)
-    n = _positive_int(text, "num_hidden_layers")
+    n = positive_int(text, "num_hidden_layers")
     full_shape, local_shape = _shapes(model_type, text)
     if model_type in ("llama4", "llama4_text"):
         layers = _llama4_layers(text, n)
@@ -355,62 +319,9 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
         layers=tuple(layers),
         full_attention=full_shape,
         swa_attention=local_shape,
-        hidden_size=_positive_int(text, "hidden_size"),
-        vocab_size=_positive_int(text, "vocab_size") if "vocab_size" in text else 0,
+        hidden_size=positive_int(text, "hidden_size"),
+        vocab_size=positive_int(text, "vocab_size") if "vocab_size" in text else 0,
     )
-
-
-_LAYER_TYPE_NAMES = {
-    LayerKind.FULL: "full_attention",
-    LayerKind.SLIDING: "sliding_attention",
-    LayerKind.CHUNKED: "chunked_attention",
-}
-
-
-def _rope_theta(cfg: Mapping[str, Any], kind: LayerKind, layer: int) -> float | None:
-    """RoPE base of one layer from the v5 `rope_parameters` or the legacy fields."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping):
-        per_type = params.get(_LAYER_TYPE_NAMES[kind])
-        if isinstance(per_type, Mapping):
-            params = per_type
-        if params.get("rope_theta") is not None:
-            return float(params["rope_theta"])
-    legacy_local = ("rope_local_base_freq", "swa_rope_theta")  # Gemma 3, MiMo-V2
-    for field in legacy_local if kind.is_local else ():
-        if cfg.get(field) is not None:
-            return float(cfg[field])
-    theta = cfg.get("rope_theta")
-    if isinstance(theta, list | tuple):  # Step-3.5 lists one base per layer
-        theta = theta[layer] if layer < len(theta) else None
-    return None if theta is None else float(theta)
-
-
-def _frozen(value):
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _rope_params(cfg: Mapping[str, Any], kind: LayerKind) -> tuple[tuple[str, Any], ...]:
-    """RoPE scaling of one kind of layer: v5 `rope_parameters` (per layer type or shared) or the
-    legacy `rope_scaling`, plus a model-wide `partial_rotary_factor`."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ConfigError(f"config field 'rope_parameters' must be an object, got {params!r}")
-    per_type = params.get(_LAYER_TYPE_NAMES[kind])
-    if isinstance(per_type, Mapping):
-        params = per_type
-    elif any(isinstance(v, Mapping) for v in params.values()):
-        params = {}  # per-type parameters that do not name this kind
-    elif kind.is_local and cfg.get("rope_local_base_freq") is not None:
-        params = {}  # Gemma 3's legacy form: the scaling is the global layers' only
-    params = {k: _frozen(v) for k, v in params.items() if k != "rope_theta"}
-    if "type" in params:  # the oldest spelling
-        params.setdefault("rope_type", params.pop("type"))
-    if params.get("rope_type") == "default":
-        del params["rope_type"]
-    if "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is not None:
-        params["partial_rotary_factor"] = cfg["partial_rotary_factor"]
-    return tuple(sorted(params.items()))
 
 
 def _layer_specs(
@@ -420,13 +331,13 @@ def _layer_specs(
     if LayerKind.SLIDING in kinds:
         windows[LayerKind.SLIDING] = _local_window(model_type, cfg)
     if LayerKind.CHUNKED in kinds:
-        windows[LayerKind.CHUNKED] = _positive_int(cfg, "attention_chunk_size")
+        windows[LayerKind.CHUNKED] = positive_int(cfg, "attention_chunk_size")
     return [
         LayerSpec(
             kind,
             windows[kind],
-            rope_theta=_rope_theta(cfg, kind, i),
-            rope_params=_rope_params(cfg, kind),
+            rope_theta=rope_theta(cfg, _TYPE_NAMES[kind], kind.is_local, i),
+            rope_params=rope_params(cfg, _TYPE_NAMES[kind], kind.is_local),
         )
         for i, kind in enumerate(kinds)
     ]
