@@ -19,7 +19,7 @@ def pack(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, Layout]:
     """Concatenate 4-byte arrays into one int32 vector; returns it and its static layout."""
     parts, layout = [], []
     for name, value in arrays.items():
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value)  # (ascontiguousarray would make a scalar 1-d)
         if value.dtype.itemsize != 4:
             raise TypeError(f"{name}: only 4-byte dtypes pack, got {value.dtype}")
         layout.append((name, value.shape, value.dtype.str))
