@@ -9,8 +9,11 @@ Run in a separate environment; the project itself never needs torch:
 
 For each family it builds a tiny model (hidden 64, 2-4 layers, window 4-8 or chunk 4), draws
 every weight again from N(0, 0.3^2) so that routing and windows matter, saves it with
-`save_pretrained` (the hub's file layout), and records in float32 the logits of a fixed 24-token
-prompt (`logits.npy`, [24, vocab]) and a greedy 8-token continuation (`greedy.json`).
+`save_pretrained` (the hub's file layout), then optionally rewrites the folder into another form
+the hub ships (a legacy config.json; MXFP4 or block-FP8 weights, packed here by our own code),
+loads the folder back through transformers and records, from that reloaded model, in float32
+the logits of a fixed 24-token prompt (`logits.npy`, [24, vocab]) and a greedy 8-token
+continuation (`greedy.json`). So the oracle is always transformers' own reading of the files.
 """
 
 from __future__ import annotations
@@ -45,6 +48,17 @@ def configs():
         ),
     )
     yield "mistral", tf.MistralConfig(**BASE, num_hidden_layers=2, sliding_window=6)
+    yield (
+        "qwen2",
+        tf.Qwen2Config(
+            **BASE,
+            num_hidden_layers=3,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=1,
+            tie_word_embeddings=False,
+        ),
+    )
     yield (
         "gpt_oss",
         tf.GptOssConfig(
@@ -101,6 +115,105 @@ def configs():
     )
 
 
+def legacy_gemma3(folder: Path) -> None:
+    """The config form of the Gemma 3 hub checkpoints: a sliding pattern, a local RoPE base and
+    one `rope_scaling` (which applies to the global layers only), no layer_types."""
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("layer_types", "rope_parameters", "_sliding_window_pattern"):
+        cfg.pop(key, None)
+    cfg.update(
+        sliding_window_pattern=3,  # layers 0, 1, 3 sliding, 2 global: the same SSFS
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def legacy_gpt_oss(folder: Path) -> None:
+    """gpt-oss as published: `rope_scaling` + `rope_theta` instead of `rope_parameters`."""
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
+                -6.0], np.float32)  # fmt: skip
+
+
+def pack_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., R, C] float -> blocks [..., R, C/32, 16] uint8 (low nibble first) and e8m0 scales
+    [..., R, C/32]: each group of 32 scaled by 2^e so that its largest value fits 6."""
+    groups = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.maximum(np.abs(groups).max(-1), 1e-30)
+    e = np.ceil(np.log2(amax / 6.0)).astype(np.int32)
+    scaled = groups / np.exp2(e)[..., None]
+    codes = np.abs(scaled[..., None] - FP4[None, :8] * np.sign(scaled)[..., None]).argmin(-1)
+    codes = np.where(np.signbit(scaled) & (codes > 0), codes + 8, codes).astype(np.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.astype(np.uint8), (e + 127).astype(np.uint8)
+
+
+def mxfp4_gpt_oss(folder: Path) -> None:
+    """GPT-OSS as published: expert weights in MXFP4 (`*_blocks` / `*_scales`)."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        w = weights.pop(name)  # [E, in, out] as transformers holds it; stored [E, out, in]
+        blocks, scales = pack_mxfp4(np.swapaxes(w, 1, 2))
+        weights[f"{name}_blocks"], weights[f"{name}_scales"] = blocks, scales
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+FP8_BLOCK = (16, 16)
+
+
+def fp8_mimo(folder: Path) -> None:
+    """MiMo-V2-Flash as published: linear weights in float8 e4m3, one float32 inverse scale per
+    16x16 block (`weight_scale_inv`); router, norms, embeddings and head stay float."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    bm, bn = FP8_BLOCK
+    for name in list(weights):
+        if not name.endswith("proj.weight"):
+            continue
+        w = weights[name].float()
+        rows, cols = w.shape
+        grid = w.reshape(rows // bm, bm, cols // bn, bn)
+        scale = grid.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        q = (grid / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+        weights[name], weights[f"{name}_scale_inv"] = q, scale.float().contiguous()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(FP8_BLOCK),
+    }
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+# Fixtures that are another family's model rewritten into a form the hub ships.
+VARIANTS = {
+    "gemma3_legacy": ("gemma3", legacy_gemma3),
+    "gpt_oss_legacy": ("gpt_oss", legacy_gpt_oss),
+    "gpt_oss_mxfp4": ("gpt_oss", mxfp4_gpt_oss),
+    "mimo_v2_flash_fp8": ("mimo_v2_flash", fp8_mimo),
+}
+
+
 def build(cfg, seed=0):
     cfg = copy.deepcopy(cfg)  # from_config mutates the config it is given
     torch.manual_seed(seed)
@@ -114,12 +227,29 @@ def build(cfg, seed=0):
     return model
 
 
+def reload(folder: Path):
+    return tf.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+
+
+def fixtures():
+    """(folder name, model built from config, rewrite of the saved folder or None)."""
+    built = dict(configs())
+    for name, cfg in built.items():
+        yield name, cfg, None
+    for name, (base, rewrite) in VARIANTS.items():
+        yield name, built[base], rewrite
+
+
 def main() -> None:
-    for name, cfg in configs():
-        model = build(cfg)
+    for name, cfg, rewrite in fixtures():
         folder = OUT / name
         folder.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(folder)
+        build(cfg).save_pretrained(folder)
+        if rewrite is not None:
+            rewrite(folder)
+        model = reload(folder)
         ids = torch.tensor([PROMPT])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float().numpy()

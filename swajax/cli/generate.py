@@ -41,9 +41,9 @@ TINY_CONFIG = {
 
 
 def tiny_decoder(seed: int = 0) -> Decoder:
-    decoder = Decoder(model_spec(TINY_CONFIG))
+    spec = model_spec(TINY_CONFIG)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(spec)))
     rng = np.random.default_rng(seed)
-    graphdef, state = nnx.split(decoder)
     state = nnx.map_state(lambda _, x: np.asarray(rng.normal(0, 0.3, x.shape), np.float32), state)
     return nnx.merge(graphdef, state)
 

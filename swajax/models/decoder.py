@@ -13,18 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from swajax.memory import pool as pool_lib
-from swajax.models.layers import (
-    HIGHEST,
-    Attention,
-    DenseMLP,
-    GptOssMoE,
-    Linear,
-    Llama4MoE,
-    MimoMoE,
-    RMSNorm,
-    _set,
-    take,
-)
+from swajax.models.layers import Attention, DenseMLP, Linear, RMSNorm, dot, param
+from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE
 from swajax.models.sampling import sample
 from swajax.models.spec import ModelSpec
 
@@ -42,7 +32,8 @@ class DecoderLayer(nnx.Module):
             self.pre_feedforward_layernorm = RMSNorm(h, eps, plus)
             self.post_feedforward_layernorm = RMSNorm(h, eps, plus)
         kind = spec.mlps[i]
-        self.mlp = MLPS[kind](spec) if kind in MLPS else DenseMLP(h, spec.intermediate[i], spec.act)
+        dense = lambda: DenseMLP(h, spec.intermediate[i], spec.act, spec.dtype)  # noqa: E731
+        self.mlp = MLPS[kind](spec) if kind in MLPS else dense()
 
     def load(self, w, prefix):
         self.self_attn.load(w, f"{prefix}.self_attn")
@@ -69,13 +60,17 @@ class DecoderLayer(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, spec: ModelSpec):
         self.spec = spec
-        self.embed = nnx.Param(jnp.zeros((spec.vocab_size, spec.hidden), jnp.float32))
+        self.embed = param((spec.vocab_size, spec.hidden), spec.dtype)
         self.layers = nnx.List([DecoderLayer(spec, i) for i in range(spec.num_layers)])
         self.norm = RMSNorm(spec.hidden, spec.eps, spec.norm_plus_one)
-        self.lm_head = None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size)
+        head = (
+            None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
+        )
+        self.lm_head = head
 
     def load(self, w):
-        _set(self.embed, take(w, "model.embed_tokens.weight", self.embed[...].shape))
+        """Fill every parameter through `w` (a `swajax.models.weights.WeightLoader`)."""
+        w.fill(self.embed, "model.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
             layer.load(w, f"model.layers.{i}")
         self.norm.load(w, "model.norm.weight")
@@ -86,14 +81,13 @@ class Decoder(nnx.Module):
         self, tokens, positions, pools, meta, sample_index, *, implementation="xla", interpret=False
     ):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
-        x = self.embed[...][tokens] * jnp.asarray(self.spec.embed_scale, jnp.float32)
+        embed = self.embed[...]
+        x = embed[tokens] * jnp.asarray(self.spec.embed_scale, embed.dtype)
         for layer in self.layers:
             x, pools = layer(x, positions, pools, meta, implementation, interpret)
         x = self.norm(x[sample_index])
-        if self.lm_head is None:
-            logits = jnp.dot(x, self.embed[...].T, precision=HIGHEST)
-        else:
-            logits = self.lm_head(x)
+        head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
+        logits = dot(x, head)  # float32 logits whatever the parameter dtype
         if self.spec.final_soft_cap is not None:
             cap = self.spec.final_soft_cap
             logits = jnp.tanh(logits / cap) * cap

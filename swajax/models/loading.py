@@ -1,22 +1,22 @@
-"""Load a model from a Hugging Face checkpoint directory (config.json + *.safetensors, numpy
-only, no torch) or from an orbax checkpoint written by `swajax convert`."""
+"""Load a model from a Hugging Face checkpoint directory (config.json + *.safetensors, read
+lazily with numpy, no torch) or from an orbax checkpoint written by `swajax convert`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy before safetensors reads it)
-import numpy as np
 from flax import nnx
-from safetensors.numpy import load_file
 
 from swajax.config import ConfigError
+from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
-from swajax.models.layers import LoadError
+from swajax.models.quantization import quantization
 from swajax.models.spec import ModelSpec, model_spec
+from swajax.models.weights import WeightLoader
 
 ORBAX_DIR = "params"
 
@@ -57,29 +57,41 @@ def checkpoint_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint (sharded via model.safetensors.index.json, or not)."""
+DTYPES = ("float32", "bfloat16", "float16")
+# Tensors a checkpoint may carry that no model here reads (as transformers ignores them): old
+# RoPE buffers, a stored copy of tied embeddings, MiMo's multi-token-prediction layers.
+IGNORED = (r"\.rotary_emb\.inv_freq$",)
+IGNORED_BY_FAMILY = {"mimo": (r"^model\.mtp\.",)}
+
+
+def load_decoder(
+    path: str | Path, *, dtype: str = "float32", moe: str = "routed", mesh=None
+) -> Decoder:
+    """A `Decoder` with the weights of `path` (a HF checkpoint or a `swajax convert` output).
+
+    Built abstractly and filled one tensor at a time, each straight into its final placement
+    (`mesh`: tensor parallel, see `swajax.models.sharding`) and `dtype`. A checkpoint tensor
+    the model does not read is an error naming it.
+    """
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if moe not in ("routed", "dense"):
+        raise ConfigError(f"moe must be 'routed' or 'dense', got {moe!r}")
     path = Path(path)
+    cfg = read_config(path)
+    spec = dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe)
+    decoder = nnx.eval_shape(lambda: Decoder(spec))
+    if (path / ORBAX_DIR).exists():
+        return _restore_orbax(decoder, path / ORBAX_DIR)
     files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
-    weights: dict[str, np.ndarray] = {}
-    for file in files:
-        try:
-            weights.update(load_file(str(file)))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own types and OSError
-            raise LoadError(f"cannot read {file}: {e}") from e
-    return weights
-
-
-def load_decoder(path: str | Path) -> Decoder:
-    """A `Decoder` with the weights of `path` (a HF checkpoint or a `swajax convert` output)."""
-    path = Path(path)
-    spec = model_spec(read_config(path))
-    decoder = Decoder(spec)
-    if (path / ORBAX_DIR).exists():
-        return _restore_orbax(decoder, path / ORBAX_DIR)
-    decoder.load(read_safetensors(path))
+    ignore = IGNORED + IGNORED_BY_FAMILY.get(spec.family, ())
+    if spec.tie_embeddings:
+        ignore += (r"^lm_head\.weight$",)
+    loader = WeightLoader(Checkpoint(files, ignore), decoder, quantization(cfg), mesh)
+    decoder.load(loader)
+    loader.check_complete(decoder)
     return decoder
 
 

@@ -37,13 +37,17 @@ def check_divisible(spec, mesh: Mesh) -> None:
             )
 
 
+def param_spec(path) -> P:
+    """How the parameter at `path` (NNX graph keys) splits: by heads, else replicated."""
+    names = tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+    return next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
+
+
 def shard_state(state, mesh: Mesh):
     """Place NNX params: attention projections split by heads, the rest replicated."""
 
     def place(path, x):
-        names = tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-        spec = next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
-        return jax.device_put(x, NamedSharding(mesh, spec))
+        return jax.device_put(x, NamedSharding(mesh, param_spec(path)))
 
     return jax.tree_util.tree_map_with_path(place, state)
 

@@ -46,7 +46,8 @@ class ModelSpec:
     norm_plus_one: bool  # Gemma: x * (1 + w)
     sandwich_norms: bool  # Gemma: norms after attention and around the feed-forward block
     qk_norm: str  # none | weight (before RoPE) | l2 (Llama 4: weightless, after RoPE)
-    attn_bias: bool
+    qkv_bias: bool
+    o_bias: bool
     embed_scale: float
     scales: tuple[float, ...]  # attention scale per layer
     ropes: tuple[RopeSpec | None, ...]  # per layer (None: NoPE)
@@ -64,6 +65,8 @@ class ModelSpec:
     attn_temperature: tuple[float, float] | None = None  # Llama 4 NoPE: (attn_scale, floor_scale)
     routed_scale: float = 1.0
     norm_topk: bool = True
+    dtype: str = "float32"  # parameters and activations (norms, softmax, router stay float32)
+    moe: str = "routed"  # routed | dense (every expert on every token: the reference)
 
     @property
     def num_layers(self) -> int:
@@ -89,6 +92,20 @@ def _rope(layer: LayerSpec, head_dim: int, default_theta: float, interleaved=Fal
         truncate=bool(params.get("truncate", True)),
         attention_factor=params.get("attention_factor"),
     )
+
+
+def _qkv_bias(model_type: str, text) -> bool:
+    """transformers' rule: Qwen 2 always has q/k/v biases and Mistral never, whatever
+    `attention_bias` says; the other families follow the field."""
+    if model_type == "qwen2":
+        return True
+    return model_type != "mistral" and bool(text.get("attention_bias", False))
+
+
+def _o_bias(model_type: str, text) -> bool:
+    if model_type in ("qwen2", "mistral", "mimo_v2_flash"):
+        return False
+    return bool(text.get("attention_bias", False))
 
 
 def _require_vocab(hybrid: HybridConfig) -> int:
@@ -123,7 +140,8 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         norm_plus_one=False,
         sandwich_norms=False,
         qk_norm="none",
-        attn_bias=bool(text.get("attention_bias", False)),
+        qkv_bias=_qkv_bias(hybrid.model_type, text),
+        o_bias=_o_bias(hybrid.model_type, text),
         embed_scale=1.0,
         scales=tuple(head_dim(la) ** -0.5 for la in layers),
         mlps=("dense",) * n,

@@ -1,0 +1,83 @@
+"""Routed experts vs every expert on every token, GPT-OSS-shaped MoE block, CPU.
+
+    python benchmarks/moe.py [--json] [--tokens 256] [--hidden 2880] [--repeats 3]
+
+gpt-oss-20b's block: 32 experts of width 2880, top-4, hidden 2880, float32; 256 tokens (a
+prefill chunk). Both paths run jitted, interleaved, best of `--repeats`; the outputs are compared
+(same routing, relative error printed). The ratio is the number to read: these machines are
+noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swajax.models import experts as ex
+
+
+def gpt_oss_act(h, limit=7.0, alpha=1.702):
+    gate = jnp.minimum(h[..., 0::2], limit)
+    up = jnp.clip(h[..., 1::2], -limit, limit)
+    return (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=2880)
+    p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--block", type=int, default=None, help="rows per block (default: automatic)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    t, h, e, k = a.tokens, a.hidden, a.experts, a.top_k
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(t, h)), jnp.float32)
+    weights = ex.Experts(
+        jnp.asarray(rng.normal(size=(e, h, 2 * h)) * 0.02, jnp.float32),
+        jnp.asarray(rng.normal(size=(e, 2 * h)) * 0.02, jnp.float32),
+        jnp.asarray(rng.normal(size=(e, h, h)) * 0.02, jnp.float32),
+        jnp.asarray(rng.normal(size=(e, h)) * 0.02, jnp.float32),
+    )
+    router = jnp.asarray(rng.normal(size=(h, e)), jnp.float32)
+
+    def routing(x):
+        top, idx = jax.lax.top_k(x @ router, k)
+        return ex.Routing(idx, None, jax.nn.softmax(top, -1))
+
+    dense = jax.jit(lambda x, w: ex.dense(x, routing(x), w, gpt_oss_act))
+    routed = jax.jit(lambda x, w: ex.routed(x, routing(x), w, gpt_oss_act, block=a.block))
+    times = {"dense": [], "routed": []}
+    outs = {}
+    for _ in range(a.repeats + 1):  # the first round compiles
+        for name, fn in (("dense", dense), ("routed", routed)):
+            start = time.perf_counter()
+            outs[name] = jax.block_until_ready(fn(x, weights))
+            times[name].append(time.perf_counter() - start)
+    best = {name: min(ts[1:]) for name, ts in times.items()}
+    err = float(jnp.max(jnp.abs(outs["routed"] - outs["dense"])) / jnp.max(jnp.abs(outs["dense"])))
+    result = {
+        "shape": dict(tokens=t, hidden=h, experts=e, top_k=k),
+        "dense_s": best["dense"],
+        "routed_s": best["routed"],
+        "speedup": best["dense"] / best["routed"],
+        "rel_err": err,
+        "backend": jax.default_backend(),
+    }
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(f"{t} tokens, {e} experts x {h}, top-{k} on {result['backend']}: dense "
+              f"{best['dense']:.3f} s, routed {best['routed']:.3f} s, {result['speedup']:.2f}x "
+              f"faster (rel err {err:.1e})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The mixture-of-experts blocks of GPT-OSS, Llama 4 and MiMo-V2-Flash: each family's router, the
+expert weights stacked [E, ...], and `swajax.models.experts` for the computation (routed by
+default; `spec.moe == "dense"` runs every expert, the reference the tests compare against).
+
+Routers run in float32 whatever the parameter dtype, as transformers does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from swajax.models import experts as ex
+from swajax.models.layers import F32, DenseMLP, Linear, param
+from swajax.models.spec import ModelSpec
+
+
+def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
+    fn = ex.dense if spec.moe == "dense" else ex.routed
+    return fn(x, routing, weights, act)
+
+
+def _swiglu_halves(h):
+    i = h.shape[-1] // 2
+    return jax.nn.silu(h[..., :i]) * h[..., i:]
+
+
+class GptOssMoE(nnx.Module):
+    """Router: biased linear, softmax over the top-k logits. Experts: interleaved gate/up,
+    clamped, glu = gate * sigmoid(alpha * gate), out = (up + 1) * glu."""
+
+    def __init__(self, spec: ModelSpec):
+        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        self.spec = spec
+        self.router = Linear(h, e, bias=True)
+        self.gate_up, self.gate_up_bias = param((e, h, 2 * i), dt), param((e, 2 * i))
+        self.down, self.down_bias = param((e, i, h), dt), param((e, h))
+
+    def load(self, w, prefix):
+        self.router.load(w, f"{prefix}.router")
+        for attr, name in (
+            ("gate_up", "gate_up_proj"),
+            ("gate_up_bias", "gate_up_proj_bias"),
+            ("down", "down_proj"),
+            ("down_bias", "down_proj_bias"),
+        ):
+            w.fill(getattr(self, attr), f"{prefix}.experts.{name}")
+
+    def _act(self, h):
+        limit, alpha = self.spec.swiglu_limit, self.spec.swiglu_alpha
+        gate = jnp.minimum(h[..., 0::2], limit)
+        up = jnp.clip(h[..., 1::2], -limit, limit)
+        return (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
+
+    def __call__(self, x):
+        top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
+        routing = ex.Routing(idx, None, jax.nn.softmax(top, axis=-1))
+        weights = ex.Experts(
+            self.gate_up[...], self.gate_up_bias[...], self.down[...], self.down_bias[...]
+        )
+        return _run(self.spec, x, routing, weights, self._act)
+
+
+class Llama4MoE(nnx.Module):
+    """Top-k router with sigmoid scores that scale each chosen expert's *input*; plus a shared
+    expert on every token."""
+
+    def __init__(self, spec: ModelSpec):
+        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        self.spec = spec
+        self.router = Linear(h, e)
+        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        self.shared_expert = DenseMLP(h, i, "silu", dt)
+
+    def load(self, w, prefix):
+        self.router.load(w, f"{prefix}.router")
+        w.fill(self.gate_up, f"{prefix}.experts.gate_up_proj")
+        w.fill(self.down, f"{prefix}.experts.down_proj")
+        self.shared_expert.load(w, f"{prefix}.shared_expert")
+
+    def __call__(self, x):
+        top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
+        routing = ex.Routing(idx, jax.nn.sigmoid(top), jnp.ones_like(top))
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        return _run(self.spec, x, routing, weights, _swiglu_halves) + self.shared_expert(x)
+
+
+class MimoMoE(nnx.Module):
+    """Sigmoid router; the choice adds a score-correction bias, the weights do not; normalized
+    top-k weights times the routed scale. Per-expert gate/up/down tensors are stacked at load."""
+
+    def __init__(self, spec: ModelSpec):
+        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        self.spec = spec
+        self.gate = Linear(h, e)
+        self.correction = param((e,))
+        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+
+    def load(self, w, prefix):
+        self.gate.load(w, f"{prefix}.gate")
+        w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
+        e = self.spec.num_experts
+        gate_up = [
+            (f"{prefix}.experts.{j}.gate_proj", f"{prefix}.experts.{j}.up_proj") for j in range(e)
+        ]
+        w.fill_stacked(self.gate_up, [[f"{g}.weight", f"{u}.weight"] for g, u in gate_up])
+        w.fill_stacked(self.down, [[f"{prefix}.experts.{j}.down_proj.weight"] for j in range(e)])
+
+    def __call__(self, x):
+        spec = self.spec
+        scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
+        _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
+        chosen = jnp.take_along_axis(scores, idx, axis=-1)
+        if spec.norm_topk:
+            chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        return _run(spec, x, routing, weights, _swiglu_halves)

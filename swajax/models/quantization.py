@@ -1,0 +1,122 @@
+"""Quantized checkpoint tensors as published, dequantized at load (one tensor at a time).
+
+- MXFP4 (GPT-OSS experts, `quant_method: mxfp4`): a weight `X` is stored as `X_blocks`
+  [..., R, G, 16] uint8 (two e2m1 values per byte, low nibble first) and `X_scales` [..., R, G]
+  uint8 (e8m0: 2^(s - 127) per 32 values). Dequantized it is [..., R, G*32], transposed on its
+  last two axes, the layout transformers' own dequantizer produces ([E, in, out] for experts).
+- Fine-grained FP8 (MiMo-V2-Flash, DeepSeek-style, `quant_method: fp8`): `X.weight` float8 e4m3
+  [out, in] with `X.weight_scale_inv` float32 [ceil(out/bm), ceil(in/bn)], value = w * scale of
+  its (bm, bn) block; `weight_block_size` comes from the config (absent: one scale per tensor).
+
+Both products are exact in float32 (a 4-bit or 8-bit float times a float32 scale), so a float32
+model equals transformers' dequantized one bit for bit before any matmul.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from swajax.config import ConfigError
+from swajax.models.checkpoint import Checkpoint, LoadError
+
+METHODS = ("fp8", "mxfp4")
+FP4_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    np.float32,
+)
+FLOAT8 = {"F8_E4M3", "F8_E5M2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    method: str | None = None  # None: plain float tensors only
+    block: tuple[int, int] | None = None  # fp8: (rows, cols) per scale
+
+
+def quantization(cfg: Mapping) -> Quantization:
+    """The checkpoint's `quantization_config`; an unknown method is a `ConfigError` naming it."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return Quantization()
+    if not isinstance(q, Mapping):
+        raise ConfigError("config field 'quantization_config' must be an object")
+    method = q.get("quant_method")
+    if method not in METHODS:
+        raise ConfigError(
+            f"quantization_config.quant_method {method!r} is not supported; supported: {METHODS}"
+        )
+    block = q.get("weight_block_size")
+    if block is not None:
+        ok = isinstance(block, list | tuple) and len(block) == 2
+        if not ok or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block
+        ):
+            raise ConfigError(
+                f"quantization_config.weight_block_size must be two positive ints, got {block!r}"
+            )
+        block = (block[0], block[1])
+    fmt = q.get("fmt", "e4m3")
+    if method == "fp8" and fmt != "e4m3":
+        raise ConfigError(f"quantization_config.fmt {fmt!r} is not supported; supported: e4m3")
+    return Quantization(method, block)
+
+
+def mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype) -> np.ndarray:
+    """Dequantize [..., R, G, 16] blocks and [..., R, G] scales to [..., G*32, R] of `dtype`."""
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise LoadError(
+            f"MXFP4 blocks {blocks.shape} and scales {scales.shape} do not match "
+            "([..., R, G, 16] and [..., R, G])"
+        )
+    *lead, rows, groups, _ = blocks.shape
+    out = np.empty((*lead, groups * 32, rows), dtype)
+    flat_b = blocks.reshape(-1, rows, groups, 16)
+    flat_s = scales.reshape(-1, rows, groups)
+    flat_o = out.reshape(-1, groups * 32, rows)
+    for i in range(flat_b.shape[0]):  # one expert at a time bounds the float32 temporaries
+        b = np.asarray(flat_b[i], np.uint8)
+        values = np.stack([FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]], axis=-1)
+        exponent = np.asarray(flat_s[i], np.int32)[..., None, None] - 127
+        values = np.ldexp(values, exponent).reshape(rows, groups * 32)
+        flat_o[i] = values.T.astype(dtype)
+    return out
+
+
+def block_fp8(weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] | None, dtype):
+    """Dequantize float8 [..., rows, cols] with one scale per (bm, bn) block (or per tensor)."""
+    w = np.asarray(weight).astype(np.float32)
+    s = np.asarray(scale_inv).astype(np.float32)
+    if block is None:
+        if s.size != 1:
+            raise LoadError(
+                f"FP8 scale of shape {s.shape} needs quantization_config.weight_block_size"
+            )
+        return (w * s.reshape(())).astype(dtype)
+    rows, cols = w.shape[-2:]
+    bm, bn = block
+    grid = (-(-rows // bm), -(-cols // bn))
+    if s.shape[-2:] != grid or s.shape[:-2] != w.shape[:-2]:
+        raise LoadError(
+            f"FP8 scale grid {s.shape} does not fit weight {w.shape} in {bm}x{bn} blocks "
+            f"(expected {(*w.shape[:-2], *grid)})"
+        )
+    full = np.repeat(np.repeat(s, bm, axis=-2)[..., :rows, :], bn, axis=-1)[..., :cols]
+    return (w * full).astype(dtype)
+
+
+def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.ndarray:
+    """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized."""
+    if name not in checkpoint and f"{name}_blocks" in checkpoint:
+        if quant.method != "mxfp4":
+            raise LoadError(f"tensor {name!r} is stored as MXFP4 blocks but the config's "
+                            f"quant_method is {quant.method!r}")  # fmt: skip
+        return mxfp4(checkpoint.array(f"{name}_blocks"), checkpoint.array(f"{name}_scales"), dtype)
+    if name in checkpoint and checkpoint.dtype(name) in FLOAT8:
+        scale = f"{name}_scale_inv"
+        if scale not in checkpoint:
+            raise LoadError(f"float8 tensor {name!r} has no {scale!r} beside it")
+        return block_fp8(checkpoint.array(name), checkpoint.array(scale), quant.block, dtype)
+    return checkpoint.array(name)

@@ -1,0 +1,99 @@
+"""Fill an abstract decoder's parameters from a checkpoint, one tensor at a time.
+
+The decoder is built with `nnx.eval_shape` (no zero-filled arrays, no programs run); each
+parameter is then made with `jax.make_array_from_callback` in its final sharding, the callback
+reading only the slice a device holds from the memory-mapped file and converting its dtype on
+the way. Host memory during a load therefore stays near one tensor (a quantized tensor is
+dequantized whole, still one at a time), never the checkpoint.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, SingleDeviceSharding
+
+from swajax.models import quantization
+from swajax.models.checkpoint import Checkpoint, LoadError
+from swajax.models.quantization import Quantization
+
+
+def _variables(module: nnx.Module):
+    return [(path, v) for path, v in nnx.iter_graph(module) if isinstance(v, nnx.Variable)]
+
+
+class WeightLoader:
+    """`fill(param, name)` sets one parameter of `module` (an abstract NNX module)."""
+
+    def __init__(self, checkpoint: Checkpoint, module: nnx.Module, quant=None, mesh=None):
+        self.checkpoint, self.quant, self.mesh = checkpoint, quant or Quantization(), mesh
+        self._paths = {
+            id(node): path
+            for path, node in nnx.iter_graph(module)
+            if isinstance(node, nnx.Variable)
+        }
+        self._device = SingleDeviceSharding(jax.devices()[0])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.checkpoint or f"{name}_blocks" in self.checkpoint
+
+    def fill(self, param: nnx.Variable, name: str, *, transpose: bool = False) -> None:
+        target = param.get_value()
+        value = quantization.read(self.checkpoint, name, self.quant, target.dtype)
+        value = value.T if transpose else value
+        if tuple(value.shape) != tuple(target.shape):
+            raise LoadError(
+                f"tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+            )
+        dtype = np.dtype(target.dtype)
+
+        def read(index):  # a copy: the device array must not alias the mapped file
+            return np.array(value[index], dtype=dtype, order="C", copy=True)
+
+        param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
+        self.checkpoint.release()
+
+    def fill_stacked(self, param: nnx.Variable, names: list[list[str]]) -> None:
+        """Stack per-expert nn.Linear weights: expert j's tensors `names[j]`, each [out, in],
+        transposed and joined on the output axis, become param[j] ([in, sum of outs])."""
+        target = param.get_value()
+        host = np.empty(target.shape, np.dtype(target.dtype))
+        if len(names) != target.shape[0]:
+            raise LoadError(f"{len(names)} experts for a parameter of shape {target.shape}")
+        for j, group in enumerate(names):
+            parts = [quantization.read(self.checkpoint, n, self.quant, np.float32).T for n in group]
+            width = sum(p.shape[-1] for p in parts)
+            if parts[0].shape[0] != target.shape[1] or width != target.shape[2]:
+                shapes = [tuple(p.shape[::-1]) for p in parts]
+                raise LoadError(
+                    f"tensors {group} have shapes {shapes}, expected together "
+                    f"[{target.shape[2]}, {target.shape[1]}]"
+                )
+            np.concatenate(parts, axis=-1, out=host[j], casting="unsafe")
+        param.set_value(
+            jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
+        )
+        self.checkpoint.release()
+
+    def _sharding(self, param):
+        if self.mesh is None:
+            return self._device
+        from swajax.models.sharding import param_spec
+
+        return NamedSharding(self.mesh, param_spec(self._paths[id(param)]))
+
+    def check_complete(self, module: nnx.Module) -> None:
+        """Every parameter filled and every checkpoint tensor used (or knowingly ignored)."""
+        for path, node in nnx.iter_graph(module):
+            if isinstance(node, nnx.Variable) and isinstance(
+                node.get_value(), jax.ShapeDtypeStruct
+            ):
+                raise LoadError(f"parameter {'.'.join(map(str, path))} was never loaded")
+        extra = self.checkpoint.unconsumed()
+        if extra:
+            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+            raise LoadError(
+                f"the model does not use checkpoint tensor(s) {extra[:5]}{more}: the checkpoint "
+                "does not match this model's config"
+            )
