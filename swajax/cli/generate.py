@@ -40,11 +40,13 @@ TINY_CONFIG = {
 }
 
 
-def tiny_decoder(seed: int = 0) -> Decoder:
-    spec = model_spec(TINY_CONFIG)
+def tiny_decoder(seed: int = 0, dtype: str = "float32") -> Decoder:
+    spec = dataclasses.replace(model_spec(TINY_CONFIG), dtype=dtype)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(spec)))
     rng = np.random.default_rng(seed)
-    state = nnx.map_state(lambda _, x: np.asarray(rng.normal(0, 0.3, x.shape), np.float32), state)
+    state = nnx.map_state(
+        lambda _, x: np.asarray(rng.normal(0, 0.3, x.shape), np.float32).astype(x.dtype), state
+    )
     return nnx.merge(graphdef, state)
 
 
@@ -90,28 +92,35 @@ class Setup:
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
     max_running: int = 16
     max_context: int = 2048
+    dtype: str = "float32"  # parameters and activations
+    kv_dtype: str | None = None  # KV pools; None: the same as dtype
 
 
-def load(model: str) -> tuple[Decoder, Tokenizer]:
+KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def load(model: str, dtype: str = "float32") -> tuple[Decoder, Tokenizer]:
     """`tiny` (embedded), or a checkpoint directory."""
     if model == "tiny":
-        return tiny_decoder(), Tokenizer(None)
+        return tiny_decoder(dtype=dtype), Tokenizer(None)
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"--model must be 'tiny' or a checkpoint directory, got {model!r}")
-    return load_decoder(path), Tokenizer(path)
+    return load_decoder(path, dtype=dtype), Tokenizer(path)
 
 
 def make_engine(decoder: Decoder, setup: Setup) -> Engine:
     cfg = decoder.spec.hybrid
     budget = sizing.gib_to_bytes(setup.kv_budget_gib)
+    kv = setup.kv_dtype or KV_DTYPE[decoder.spec.dtype]
     if setup.hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.size_hybrid(
-            cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype="fp32"
+            cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype=kv
         )
     else:
-        sizes = sizing.size_single_pool(cfg, budget, page_size=setup.page_size, dtype="fp32")
-    model = HybridLM(decoder, implementation=setup.attention, interpret=setup.attention == "pallas")
+        sizes = sizing.size_single_pool(cfg, budget, page_size=setup.page_size, dtype=kv)
+    pallas = setup.attention == "pallas"
+    model = HybridLM(decoder, dtype=kv, implementation=setup.attention, interpret=pallas)
     options = EngineOptions(
         max_running=setup.max_running,
         max_context=setup.max_context,
@@ -209,6 +218,8 @@ def _setup(args) -> Setup:
         hybrid_memory=not args.disable_hybrid_memory,
         prefix_cache=not args.no_prefix_cache,
         attention=args.attention,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
     )
 
 
@@ -234,7 +245,7 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    decoder, tokenizer = load(args.model)
+    decoder, tokenizer = load(args.model, args.dtype)
     prompts = _prompts(args, tokenizer)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -269,7 +280,7 @@ def run_generate(args) -> int:
 
 
 def run_logits(args) -> int:
-    decoder, tokenizer = load(args.model)
+    decoder, tokenizer = load(args.model, args.dtype)
     prompt = _prompts(args, tokenizer)[0]
     logits = teacher_forced_logits(make_engine(decoder, _setup(args)), prompt)
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
@@ -284,6 +295,14 @@ def _add_model_args(p) -> None:
     p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated token ids")
     p.add_argument("--prompts-file", help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")
     p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(KV_DTYPE),
+        default="float32",
+        help="parameters and activations (norms, softmax, routers stay float32)",
+    )
+    p.add_argument("--kv-dtype", choices=tuple(KV_DTYPE.values()),
+                   help="KV pools (default: the same as --dtype)")  # fmt: skip
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, default=0.004)
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.5)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)

@@ -20,7 +20,15 @@ def test_embedded_default_generates_and_reports_memory(cli):
 
 
 @pytest.mark.parametrize(
-    "flags", [[], ["--disable-hybrid-memory"], ["--no-prefix-cache"], ["--page-size", "1"]]
+    "flags",
+    [
+        [],
+        ["--disable-hybrid-memory"],
+        ["--no-prefix-cache"],
+        ["--page-size", "1"],
+        ["--dtype", "bfloat16"],  # this fixture's greedy tokens survive bf16 (test_models)
+        ["--kv-dtype", "bf16"],
+    ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
     code, out, _ = cli(
