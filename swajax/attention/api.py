@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 
@@ -11,6 +11,14 @@ from swajax.attention.xla import attention_xla
 from swajax.config import LayerSpec
 
 Implementation = Literal["xla", "pallas"]
+
+
+class AttentionMode(NamedTuple):
+    """How a model's layers run `attention` (hashable: a static argument of the model's jit)."""
+
+    implementation: Implementation = "xla"
+    interpret: bool = False  # Pallas interpret mode (CPU)
+    mesh: Any = None  # a Mesh splitting KV heads over axis "tp", or None
 
 
 def as_pages(buffer: jax.Array, page_size: int) -> jax.Array:
@@ -56,6 +64,7 @@ def attention(
     implementation: Implementation = "xla",
     interpret: bool = False,
     backend: str | None = None,
+    mesh=None,
 ) -> jax.Array:
     """Paged attention of a flattened batch for one layer.
 
@@ -71,10 +80,39 @@ def attention(
       interpret: run Pallas kernels in interpret mode (required on CPU).
       backend: Pallas front end, "gpu" (Triton style) or "tpu" (scalar prefetch); default
         from the JAX backend (the GPU front end on CPU).
+      mesh: a `jax.sharding.Mesh` whose axis "tp" splits the KV heads (tensor parallel): each
+        device runs the implementation on its own heads inside `shard_map` (a kernel sees only
+        local arrays; query head h reads KV head h // group on the same device).
     Returns:
       [T, Hq, Dv] in q's dtype.
     """
     _validate(q, k_pages, v_pages, meta, sinks)
+    if mesh is not None:
+        return _sharded(q, k_pages, v_pages, meta, layer, mesh, sinks=sinks, scale=scale,
+                        soft_cap=soft_cap, implementation=implementation, interpret=interpret,
+                        backend=backend)  # fmt: skip
+    return _local(q, k_pages, v_pages, meta, layer, scale=scale, sinks=sinks, soft_cap=soft_cap,
+                  implementation=implementation, interpret=interpret, backend=backend)  # fmt: skip
+
+
+def _sharded(q, k_pages, v_pages, meta, layer, mesh, *, sinks, **kwargs):
+    from jax.sharding import PartitionSpec as P
+
+    from swajax.models.sharding import AXIS
+
+    heads, pages = P(None, AXIS, None), P(None, None, AXIS, None)
+    if sinks is None:
+        fn = lambda q, k, v, m: _local(q, k, v, m, layer, sinks=None, **kwargs)  # noqa: E731
+        specs, args = (heads, pages, pages, P()), (q, k_pages, v_pages, meta)
+    else:
+        fn = lambda q, k, v, m, s: _local(q, k, v, m, layer, sinks=s, **kwargs)  # noqa: E731
+        specs, args = (heads, pages, pages, P(), P(AXIS)), (q, k_pages, v_pages, meta, sinks)
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=heads, check_vma=False)
+    return mapped(*args)
+
+
+def _local(q, k_pages, v_pages, meta, layer, *, scale, sinks, soft_cap, implementation,
+           interpret, backend):  # fmt: skip
     kwargs = dict(scale=scale, sinks=sinks, soft_cap=soft_cap)
     if implementation == "xla":
         return attention_xla(q, k_pages, v_pages, meta, layer, **kwargs)

@@ -12,12 +12,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
 from swajax.models.layers import Attention, DenseMLP, Linear, RMSNorm, dot, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE
 from swajax.models.sampling import sample
 from swajax.models.spec import ModelSpec
 
+XLA = AttentionMode()
 MLPS = {"gpt_oss_moe": GptOssMoE, "llama4_moe": Llama4MoE, "mimo_moe": MimoMoE}
 
 
@@ -44,10 +46,8 @@ class DecoderLayer(nnx.Module):
             getattr(self, name).load(w, f"{prefix}.{name}.weight")
         self.mlp.load(w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}")
 
-    def __call__(self, x, positions, pools, meta, implementation, interpret):
-        a, pools = self.self_attn(
-            self.input_layernorm(x), positions, pools, meta, implementation, interpret
-        )
+    def __call__(self, x, positions, pools, meta, mode):
+        a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode)
         if self.spec.sandwich_norms:
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(
@@ -77,14 +77,12 @@ class Decoder(nnx.Module):
         if self.lm_head is not None:
             self.lm_head.load(w, "lm_head")
 
-    def __call__(
-        self, tokens, positions, pools, meta, sample_index, *, implementation="xla", interpret=False
-    ):
+    def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
         embed = self.embed[...]
         x = embed[tokens] * jnp.asarray(self.spec.embed_scale, embed.dtype)
         for layer in self.layers:
-            x, pools = layer(x, positions, pools, meta, implementation, interpret)
+            x, pools = layer(x, positions, pools, meta, mode)
         x = self.norm(x[sample_index])
         head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
         logits = dot(x, head)  # float32 logits whatever the parameter dtype
@@ -96,12 +94,10 @@ class Decoder(nnx.Module):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "implementation", "interpret", "return_logits"),
+    static_argnames=("graphdef", "mode", "return_logits"),
     donate_argnames=("pools",),
 )
-def _forward_and_sample(
-    graphdef, state, pools, batch, meta, implementation, interpret, return_logits
-):
+def _forward_and_sample(graphdef, state, pools, batch, meta, mode, return_logits):
     model = nnx.merge(graphdef, state)
     logits, pools = model(
         batch.tokens,
@@ -109,8 +105,7 @@ def _forward_and_sample(
         pools,
         meta,
         batch.logit_index,
-        implementation=implementation,
-        interpret=interpret,
+        mode=mode,
     )
     rows = logits[batch.sample_index]
     tokens, logprobs = sample(
@@ -172,7 +167,6 @@ class HybridLM:
             pools,
             batch,
             meta,
-            self.implementation,
-            self.interpret,
+            AttentionMode(self.implementation, self.interpret, self.mesh),
             return_logits,
         )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from swajax.attention import as_pages, attention
+from swajax.attention import AttentionMode, as_pages, attention
 from swajax.memory import pool as pool_lib
 from swajax.models.rope import apply_rope
 from swajax.models.spec import ModelSpec
@@ -93,7 +93,7 @@ class Attention(nnx.Module):
             name = "sinks" if self.spec.family == "gpt_oss" else "attention_sink_bias"
             w.fill(self.sinks, f"{prefix}.{name}")
 
-    def __call__(self, x, positions, pools, meta, implementation, interpret):
+    def __call__(self, x, positions, pools, meta, mode: AttentionMode):
         t, s, spec = x.shape[0], self.shape, self.spec
         q = self.q_proj(x).reshape(t, s.num_heads, s.head_dim)
         k = self.k_proj(x).reshape(t, s.num_kv_heads, s.head_dim)
@@ -120,8 +120,9 @@ class Attention(nnx.Module):
             scale=spec.scales[self.layer_id],
             sinks=None if self.sinks is None else self.sinks[...],
             soft_cap=spec.attn_soft_cap,
-            implementation=implementation,
-            interpret=interpret,
+            implementation=mode.implementation,
+            interpret=mode.interpret,
+            mesh=mode.mesh,
         )
         return self.o_proj(out.reshape(t, s.num_heads * s.v_head_dim)), pools
 

@@ -80,6 +80,10 @@ def load_decoder(
     path = Path(path)
     cfg = read_config(path)
     spec = dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe)
+    if mesh is not None:
+        from swajax.models.sharding import check_divisible
+
+        check_divisible(spec, mesh)
     decoder = nnx.eval_shape(lambda: Decoder(spec))
     if (path / ORBAX_DIR).exists():
         return _restore_orbax(decoder, path / ORBAX_DIR)

@@ -1,5 +1,6 @@
 """The mixture-of-experts blocks of GPT-OSS, Llama 4 and MiMo-V2-Flash: each family's router, the
-expert weights stacked [E, ...], and `swajax.models.experts` for the computation (routed by
+expert weights stacked [E, ...] with gate and up columns interleaved (GPT-OSS's own layout; the
+others are reordered at load), and `swajax.models.experts` for the computation (routed by
 default; `spec.moe == "dense"` runs every expert, the reference the tests compare against).
 
 Routers run in float32 whatever the parameter dtype, as transformers does.
@@ -14,6 +15,7 @@ from flax import nnx
 from swajax.models import experts as ex
 from swajax.models.layers import F32, DenseMLP, Linear, param
 from swajax.models.spec import ModelSpec
+from swajax.models.weights import interleave_halves
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
@@ -21,9 +23,9 @@ def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
     return fn(x, routing, weights, act)
 
 
-def _swiglu_halves(h):
-    i = h.shape[-1] // 2
-    return jax.nn.silu(h[..., :i]) * h[..., i:]
+def _swiglu_pairs(h):
+    """SiLU(gate) * up over interleaved (gate, up) columns (see `interleave_halves`)."""
+    return jax.nn.silu(h[..., 0::2]) * h[..., 1::2]
 
 
 class GptOssMoE(nnx.Module):
@@ -75,7 +77,7 @@ class Llama4MoE(nnx.Module):
 
     def load(self, w, prefix):
         self.router.load(w, f"{prefix}.router")
-        w.fill(self.gate_up, f"{prefix}.experts.gate_up_proj")
+        w.fill(self.gate_up, f"{prefix}.experts.gate_up_proj", transform=interleave_halves)
         w.fill(self.down, f"{prefix}.experts.down_proj")
         self.shared_expert.load(w, f"{prefix}.shared_expert")
 
@@ -83,7 +85,7 @@ class Llama4MoE(nnx.Module):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
         routing = ex.Routing(idx, jax.nn.sigmoid(top), jnp.ones_like(top))
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
-        return _run(self.spec, x, routing, weights, _swiglu_halves) + self.shared_expert(x)
+        return _run(self.spec, x, routing, weights, _swiglu_pairs) + self.shared_expert(x)
 
 
 class MimoMoE(nnx.Module):
@@ -100,12 +102,10 @@ class MimoMoE(nnx.Module):
     def load(self, w, prefix):
         self.gate.load(w, f"{prefix}.gate")
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
-        e = self.spec.num_experts
-        gate_up = [
-            (f"{prefix}.experts.{j}.gate_proj", f"{prefix}.experts.{j}.up_proj") for j in range(e)
-        ]
-        w.fill_stacked(self.gate_up, [[f"{g}.weight", f"{u}.weight"] for g, u in gate_up])
-        w.fill_stacked(self.down, [[f"{prefix}.experts.{j}.down_proj.weight"] for j in range(e)])
+        experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
+        pairs = [[f"{e}.gate_proj.weight", f"{e}.up_proj.weight"] for e in experts]
+        w.fill_stacked(self.gate_up, pairs, transform=interleave_halves)
+        w.fill_stacked(self.down, [[f"{e}.down_proj.weight"] for e in experts])
 
     def __call__(self, x):
         spec = self.spec
@@ -116,4 +116,4 @@ class MimoMoE(nnx.Module):
             chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
-        return _run(spec, x, routing, weights, _swiglu_halves)
+        return _run(spec, x, routing, weights, _swiglu_pairs)

@@ -19,6 +19,16 @@ _RULES = {
     ("v_proj", "bias"): P(AXIS),
     ("o_proj", "kernel"): P(AXIS, None),
     ("self_attn", "sinks"): P(AXIS),
+    # Feed-forward blocks split their intermediate axis (Megatron style): one all-reduce after
+    # the down projection. Expert gate/up columns are interleaved pairs, so a split keeps each
+    # (gate, up) pair on one device; every device holds every expert (tensor, not expert,
+    # parallel: the routed block loop needs no token exchange).
+    ("gate_proj", "kernel"): P(None, AXIS),
+    ("up_proj", "kernel"): P(None, AXIS),
+    ("down_proj", "kernel"): P(AXIS, None),
+    ("mlp", "gate_up"): P(None, None, AXIS),
+    ("mlp", "gate_up_bias"): P(None, AXIS),
+    ("mlp", "down"): P(None, AXIS, None),
 }
 
 
@@ -29,6 +39,12 @@ def kv_mesh(num_devices: int | None = None) -> Mesh:
 
 def check_divisible(spec, mesh: Mesh) -> None:
     n = mesh.shape[AXIS]
+    widths = [("MLP intermediate", w) for w, k in zip(spec.intermediate, spec.mlps) if k == "dense"]
+    if spec.num_experts:
+        widths.append(("expert intermediate", spec.expert_intermediate))
+    for name, width in widths:
+        if width % n:
+            raise ValueError(f"{name} size {width} is not divisible by the {n} devices of the mesh")
     for name, shape in (("full", spec.hybrid.full_attention), ("SWA", spec.hybrid.swa_attention)):
         if shape.num_kv_heads % n:
             raise ValueError(

@@ -23,6 +23,15 @@ def _variables(module: nnx.Module):
     return [(path, v) for path, v in nnx.iter_graph(module) if isinstance(v, nnx.Variable)]
 
 
+def interleave_halves(w: np.ndarray) -> np.ndarray:
+    """[..., gate | up] -> [..., g0, u0, g1, u1, ...]: every expert layout pairs gate and up
+    columns, so splitting the last axis over devices keeps each pair on one device."""
+    i = w.shape[-1] // 2
+    out = np.empty(w.shape, w.dtype)
+    out[..., 0::2], out[..., 1::2] = w[..., :i], w[..., i:]
+    return out
+
+
 class WeightLoader:
     """`fill(param, name)` sets one parameter of `module` (an abstract NNX module)."""
 
@@ -38,10 +47,12 @@ class WeightLoader:
     def __contains__(self, name: str) -> bool:
         return name in self.checkpoint or f"{name}_blocks" in self.checkpoint
 
-    def fill(self, param: nnx.Variable, name: str, *, transpose: bool = False) -> None:
+    def fill(self, param: nnx.Variable, name: str, *, transpose=False, transform=None) -> None:
+        """param <- tensor `name` (transposed, then `transform`ed: a whole-tensor function)."""
         target = param.get_value()
         value = quantization.read(self.checkpoint, name, self.quant, target.dtype)
         value = value.T if transpose else value
+        value = transform(value) if transform is not None else value
         if tuple(value.shape) != tuple(target.shape):
             raise LoadError(
                 f"tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
@@ -54,9 +65,9 @@ class WeightLoader:
         param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
         self.checkpoint.release()
 
-    def fill_stacked(self, param: nnx.Variable, names: list[list[str]]) -> None:
+    def fill_stacked(self, param: nnx.Variable, names: list[list[str]], transform=None) -> None:
         """Stack per-expert nn.Linear weights: expert j's tensors `names[j]`, each [out, in],
-        transposed and joined on the output axis, become param[j] ([in, sum of outs])."""
+        transposed and joined on the output axis (then `transform`ed), become param[j]."""
         target = param.get_value()
         host = np.empty(target.shape, np.dtype(target.dtype))
         if len(names) != target.shape[0]:
@@ -70,7 +81,8 @@ class WeightLoader:
                     f"tensors {group} have shapes {shapes}, expected together "
                     f"[{target.shape[2]}, {target.shape[1]}]"
                 )
-            np.concatenate(parts, axis=-1, out=host[j], casting="unsafe")
+            joined = np.concatenate(parts, axis=-1)
+            host[j] = transform(joined) if transform is not None else joined
         param.set_value(
             jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
         )

@@ -13,8 +13,13 @@ from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.request import SamplingParams
 
 
-def run(path, mesh):
-    model = HybridLM(load_decoder(path), mesh=mesh)
+def run(path, mesh, attention="xla"):
+    model = HybridLM(
+        load_decoder(path, mesh=mesh),
+        mesh=mesh,
+        implementation=attention,
+        interpret=attention == "pallas",
+    )
     cfg = model.spec.hybrid
     sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=4)
     engine = Engine(
@@ -30,12 +35,17 @@ def run(path, mesh):
     return req.output, np.stack(req.logits), engine.runner.pools
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "mimo_v2_flash"])
-def test_sharded_engine_matches_one_device(family):
+@pytest.mark.parametrize(
+    "family, attention",
+    [("gpt_oss", "xla"), ("mimo_v2_flash", "xla"), ("gpt_oss", "pallas"), ("llama4", "xla")],
+)
+def test_sharded_engine_matches_one_device(family, attention):
+    """Params loaded straight into their shards; with Pallas the kernels run per device inside
+    shard_map (interpret mode here), with sinks (gpt_oss)."""
     assert len(jax.devices()) >= 4
     heads = 2  # the fixtures have 2 (full) KV heads: split them over 2 of the 4 devices
-    out_1, logits_1, _ = run(FIXTURES / family, None)
-    out_n, logits_n, pools = run(FIXTURES / family, kv_mesh(heads))
+    out_1, logits_1, _ = run(FIXTURES / family, None, attention)
+    out_n, logits_n, pools = run(FIXTURES / family, kv_mesh(heads), attention)
     assert out_1 == out_n
     np.testing.assert_allclose(logits_n, logits_1, rtol=1e-5, atol=1e-5)
     shards = pools.full_k.addressable_shards
@@ -45,3 +55,18 @@ def test_sharded_engine_matches_one_device(family):
 def test_heads_must_divide_the_mesh():
     with pytest.raises(ValueError, match="not divisible by the 4 devices"):
         HybridLM(load_decoder(FIXTURES / "qwen3"), mesh=kv_mesh(4))
+
+
+def test_parameters_load_straight_into_their_shards():
+    decoder = load_decoder(FIXTURES / "llama4", mesh=kv_mesh(2))
+    moe = decoder.layers[1].mlp  # experts: intermediate axis split, (gate, up) pairs together
+    assert moe.gate_up[...].addressable_shards[0].data.shape == (4, 64, 32)
+    assert moe.down[...].addressable_shards[0].data.shape == (4, 16, 64)
+    q = decoder.layers[0].self_attn.q_proj.kernel[...]
+    assert q.addressable_shards[0].data.shape == (64, 32)
+    assert decoder.embed[...].addressable_shards[0].data.shape == decoder.embed[...].shape
+
+
+def test_mlp_width_must_divide_the_mesh():
+    with pytest.raises(ValueError, match="expert intermediate size 32 is not divisible by the 3"):
+        load_decoder(FIXTURES / "gpt_oss", mesh=kv_mesh(3))
