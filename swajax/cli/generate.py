@@ -13,6 +13,7 @@ from flax import nnx
 
 from swajax import sizing
 from swajax.cli import args as args_lib
+from swajax.cli.tokenizer import Tokenizer
 from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
@@ -50,36 +51,6 @@ def tiny_decoder(seed: int = 0, dtype: str = "float32") -> Decoder:
     return nnx.merge(graphdef, state)
 
 
-class Tokenizer:
-    """tokenizer.json through the `tokenizers` package, or bytes for the embedded model."""
-
-    def __init__(self, path: Path | None):
-        self.hf = None
-        self.missing = None  # a checkpoint folder without tokenizer.json: ids only
-        if path is not None and (path / "tokenizer.json").exists():
-            try:
-                from tokenizers import Tokenizer as HFTokenizer
-            except ImportError as e:
-                raise RuntimeError("text prompts need `pip install tokenizers`") from e
-            self.hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
-        elif path is not None:
-            self.missing = path
-
-    def encode(self, text: str) -> list[int]:
-        if self.hf is not None:
-            return self.hf.encode(text).ids
-        if self.missing is not None:
-            raise ValueError(f"{self.missing} has no tokenizer.json: use --prompt-ids")
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str | None:
-        if self.hf is not None:
-            return self.hf.decode(ids)
-        if self.missing is not None:
-            return None
-        return bytes(ids).decode("utf-8", errors="replace")
-
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
     kv_budget_gib: float = 0.004
@@ -99,14 +70,16 @@ class Setup:
 KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def load(model: str, dtype: str = "float32") -> tuple[Decoder, Tokenizer]:
+def load(model: str, dtype: str = "float32", chat: bool = False) -> tuple[Decoder, Tokenizer]:
     """`tiny` (embedded), or a checkpoint directory."""
     if model == "tiny":
+        if chat:
+            raise args_lib.UsageError("--chat needs a checkpoint folder with a chat template")
         return tiny_decoder(dtype=dtype), Tokenizer(None)
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"--model must be 'tiny' or a checkpoint directory, got {model!r}")
-    return load_decoder(path, dtype=dtype), Tokenizer(path)
+    return load_decoder(path, dtype=dtype), Tokenizer(path, chat=chat)
 
 
 def make_engine(decoder: Decoder, setup: Setup) -> Engine:
@@ -245,7 +218,7 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    decoder, tokenizer = load(args.model, args.dtype)
+    decoder, tokenizer = load(args.model, args.dtype, args.chat)
     prompts = _prompts(args, tokenizer)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -280,7 +253,7 @@ def run_generate(args) -> int:
 
 
 def run_logits(args) -> int:
-    decoder, tokenizer = load(args.model, args.dtype)
+    decoder, tokenizer = load(args.model, args.dtype, args.chat)
     prompt = _prompts(args, tokenizer)[0]
     logits = teacher_forced_logits(make_engine(decoder, _setup(args)), prompt)
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
@@ -294,6 +267,8 @@ def _add_model_args(p) -> None:
     p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
     p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated token ids")
     p.add_argument("--prompts-file", help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")
+    chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
+    p.add_argument("--chat", action="store_true", help=chat)
     p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
     p.add_argument(
         "--dtype",

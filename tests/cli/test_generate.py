@@ -96,3 +96,53 @@ def test_bad_input(cli, argv, needle):
 def test_text_prompt_needs_a_tokenizer(cli):
     code, _, err = cli("generate", "--model", str(FIXTURE), "--prompt", "hi")
     assert code != 0 and "tokenizer.json" in err
+
+
+def _with_tokenizer(tmp_path, template=True):
+    """The gpt_oss fixture plus a word-level tokenizer.json (special tokens added) and a chat
+    template in tokenizer_config.json."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path / "chat"
+    shutil.copytree(FIXTURE, folder)
+    words = ["<unk>", "hello", "sliding", "windows", "again"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "<|user|>", "<|end|>", "<|assistant|>"])  # ids 5..8
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": {"content": "<s>"}, "eos_token": "<|end|>"}
+    if template:
+        config["chat_template"] = (
+            "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_chat_template_wraps_a_text_prompt(cli, tmp_path):
+    folder = _with_tokenizer(tmp_path)
+    args = ["generate", "--model", folder, "--max-new-tokens", "2", "--json"]
+    code, out, _ = cli(*args, "--prompt", "hello sliding windows")
+    assert code == 0 and json.loads(out.splitlines()[0])["prompt_ids"] == [1, 2, 3]
+    code, out, _ = cli(*args, "--prompt", "hello sliding windows", "--chat")
+    assert code == 0 and json.loads(out.splitlines()[0])["prompt_ids"] == [5, 6, 1, 2, 3, 7, 8]
+
+
+def test_chat_without_a_template_is_an_error(cli, tmp_path):
+    folder = _with_tokenizer(tmp_path, template=False)
+    code, _, err = cli("generate", "--model", folder, "--prompt", "hello", "--chat")
+    assert code == 2 and "no chat template" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("generate", "--prompt", "hello", "--chat")  # the embedded model
+    assert code == 2 and "--chat needs a checkpoint" in err
+
+
+def test_a_missing_hf_extra_is_named(cli, tmp_path, monkeypatch):
+    import sys
+
+    folder = _with_tokenizer(tmp_path)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
+    code, _, err = cli("generate", "--model", folder, "--prompt", "hello")
+    assert code != 0 and "swajax[hf]" in err and len(err.strip().splitlines()) == 1

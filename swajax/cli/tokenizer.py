@@ -1,0 +1,89 @@
+"""Text in and out: a checkpoint's tokenizer.json (through `tokenizers`) and, with `--chat`, its
+chat template (through `jinja2`); bytes for the embedded model. Both packages come with the
+`hf` extra (`pip install 'swajax[hf]'`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HF_EXTRA = "install the 'hf' extra: pip install 'swajax[hf]'"
+
+
+def _special(config: dict, key: str) -> str:
+    """tokenizer_config.json writes special tokens as strings or as {"content": ...}."""
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+class ChatTemplate:
+    """The checkpoint's Jinja chat template, rendered as transformers does for one user turn
+    with the generation prompt (sandboxed; `raise_exception` as the hub templates expect)."""
+
+    def __init__(self, folder: Path):
+        config_file = folder / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        source = None
+        if (folder / "chat_template.jinja").exists():
+            source = (folder / "chat_template.jinja").read_text()
+        elif isinstance(config.get("chat_template"), str):
+            source = config["chat_template"]
+        elif isinstance(config.get("chat_template"), list):  # named templates
+            named = {t.get("name"): t.get("template") for t in config["chat_template"]}
+            source = named.get("default")
+        if not source:
+            raise ValueError(
+                f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json's "
+                "'chat_template'): drop --chat"
+            )
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as e:
+            raise RuntimeError(f"--chat needs jinja2: {HF_EXTRA}") from e
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(source)
+        self.tokens = {k: _special(config, k) for k in ("bos_token", "eos_token")}
+
+    def render(self, prompt: str) -> str:
+        messages = [{"role": "user", "content": prompt}]
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.tokens)
+
+
+def _raise(message: str):
+    raise ValueError(f"chat template: {message}")
+
+
+class Tokenizer:
+    """tokenizer.json through `tokenizers`, or bytes for the embedded model (`path` None)."""
+
+    def __init__(self, path: Path | None, chat: bool = False):
+        self.hf = None
+        self.missing = None  # a checkpoint folder without tokenizer.json: ids only
+        self.chat = ChatTemplate(path) if chat else None
+        if path is not None and (path / "tokenizer.json").exists():
+            try:
+                from tokenizers import Tokenizer as HFTokenizer
+            except ImportError as e:
+                raise RuntimeError(f"text prompts need the `tokenizers` package: {HF_EXTRA}") from e
+            self.hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        elif path is not None:
+            self.missing = path
+
+    def encode(self, text: str) -> list[int]:
+        if self.hf is not None:
+            if self.chat is not None:  # the template writes the special tokens itself
+                return self.hf.encode(self.chat.render(text), add_special_tokens=False).ids
+            return self.hf.encode(text).ids
+        if self.missing is not None:
+            raise ValueError(f"{self.missing} has no tokenizer.json: use --prompt-ids")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str | None:
+        if self.hf is not None:
+            return self.hf.decode(ids)
+        if self.missing is not None:
+            return None
+        return bytes(ids).decode("utf-8", errors="replace")
