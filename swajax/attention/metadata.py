@@ -88,6 +88,9 @@ class MetadataShape:
     num_blocks: int
 
 
+MIN_CONTEXT = 256
+
+
 def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_q=None):
     """Bucketed static sizes for a batch (host arrays of per-request lengths)."""
     pre, seq = np.asarray(prefix_lens, np.int32), np.asarray(seq_lens, np.int32)
@@ -102,7 +105,9 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
         window=window,
         block_q=block_q,
         num_tokens=bucket(int(extend.sum()), 16),
-        full_pages=bucket(int(-(-seq.max() // ps)), 4),
+        # At least 256 tokens' worth: a short generation keeps one decode program throughout
+        # instead of recompiling each time its longest request crosses a power of two.
+        full_pages=bucket(int(-(-seq.max() // ps)), max(4, -(-MIN_CONTEXT // ps))),
         # At least what a decode step's window spans, so every decode shares one width.
         swa_pages=bucket(
             int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)

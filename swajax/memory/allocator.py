@@ -71,7 +71,9 @@ def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode
             raise ValueError(f"{name}={size} must be a positive multiple of page_size={page_size}")
     mapping = None
     if mode is PoolMode.HYBRID:
-        mapping = jnp.zeros(full_size + page_size + 1, jnp.int32).at[-1].set(-1)
+        mapping = np.zeros(full_size + page_size + 1, np.int32)
+        mapping[-1] = -1  # host-built, like the page stacks: no program to compile
+        mapping = jnp.asarray(mapping)
     return AllocatorState(
         full=PageStack.init(full_size // page_size) if mode is not PoolMode.ALL_SWA else None,
         swa=PageStack.init(swa_size // page_size) if mode is not PoolMode.SINGLE else None,

@@ -10,6 +10,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
@@ -22,10 +23,13 @@ class PageStack:
     @staticmethod
     def init(num_pages: int) -> PageStack:
         """All pages 1..num_pages free, page 1 on top (popped first)."""
+        # Built on the host and uploaded: device-side constructors would each compile a program.
+        is_free = np.ones(num_pages + 1, bool)
+        is_free[0] = False
         return PageStack(
-            pages=jnp.arange(num_pages, 0, -1, dtype=jnp.int32),
-            count=jnp.int32(num_pages),
-            is_free=jnp.ones(num_pages + 1, bool).at[0].set(False),
+            pages=jnp.asarray(np.arange(num_pages, 0, -1, dtype=np.int32)),
+            count=jnp.asarray(np.int32(num_pages)),
+            is_free=jnp.asarray(is_free),
         )
 
     @property

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from swajax.config import AttentionShape, HybridConfig
+from swajax.memory.zeros import zeros
 from swajax.sizing import PoolMode, PoolSizes
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
@@ -59,10 +60,12 @@ def layers_mapping(cfg: HybridConfig) -> tuple[tuple[int, bool], ...]:
     )
 
 
-def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[jax.Array, ...]:
-    k = jnp.zeros((num_layers, rows, shape.num_kv_heads, shape.head_dim), dtype)
-    v = jnp.zeros((num_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype)
-    return k, v
+def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[tuple, tuple]:
+    """(shape, dtype) of a pool's K and V buffers."""
+    return (
+        ((num_layers, rows, shape.num_kv_heads, shape.head_dim), dtype),
+        ((num_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype),
+    )
 
 
 def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPools:
@@ -73,8 +76,10 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPo
     ps = sizes.page_size
     full_rows = sizes.full_tokens + ps if mode is not PoolMode.ALL_SWA else ps
     swa_rows = (sizes.full_tokens if mode is PoolMode.SINGLE else sizes.swa_tokens) + ps
-    full_k, full_v = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, DTYPES[dtype])
-    swa_k, swa_v = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, DTYPES[dtype])
+    kind = jnp.dtype(DTYPES[dtype]).name
+    full = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, kind)
+    swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
+    full_k, full_v, swa_k, swa_v = zeros(*full, *swa)  # one program for all four
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode)
 
 

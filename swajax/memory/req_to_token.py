@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swajax.memory.padding import bucket, pad, token_positions
+from swajax.memory.zeros import zeros
 
 
 @jax.tree_util.register_dataclass
@@ -27,7 +28,8 @@ class ReqToToken:
                 f"req_to_token needs max_requests >= 1 and max_context >= 1, "
                 f"got {max_requests} x {max_context}"
             )
-        return ReqToToken(jnp.zeros((max_requests, max_context), jnp.int32))
+        (table,) = zeros(((max_requests, max_context), "int32"))
+        return ReqToToken(table)
 
     @property
     def max_context(self) -> int:
