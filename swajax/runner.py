@@ -1,13 +1,16 @@
-"""The device half of the engine: one upload, two dispatches and one read per step.
+"""The device half of the engine: one upload, one dispatch and one read per step.
 
 `DeviceRunner` owns the device state (allocator, `req_to_token`, KV pools). `run(plan)` pads the
-scheduler's plan to a few bucket shapes, uploads it with one `device_put`, dispatches
-`commit_step` (releases, allocation, req_to_token tail, metadata) and the model's
-`forward_and_sample` back to back, and reads the step's result (status, new slots, free counts,
-sampled tokens and logprobs) with one `device_get`. Nothing in between waits for the device.
+scheduler's plan to a few bucket shapes, uploads it with one `device_put`, runs `commit_step`
+(releases, allocation, req_to_token tail, metadata) and the model's forward-and-sample as ONE
+jitted program (`_fused_step`; a model under a mesh, whose allocator state lives on one device,
+gets the two dispatched back to back instead), and reads the step's result (status, new slots,
+free counts, sampled tokens and logprobs) with one `device_get`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import numpy as np
@@ -33,7 +36,19 @@ from swajax.memory.step import (
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
-MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
+MIN_REQS, MIN_TOKENS, MIN_EDITS = 1, 64, 64
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("forward", "layout", "decode", "num_tokens", "meta_shape", "return_logits"),
+    donate_argnums=(0, 1, 2),
+)
+def _fused_step(alloc, r2t, pools, packed, weights, *, forward, return_logits, **commit):
+    """commit_step then the model's forward (a static `Forward`), traced into one program."""
+    alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
+    pools, sampled = forward(weights, pools, ForwardBatch(**extra), meta, return_logits)
+    return alloc, r2t, pools, out, sampled
 
 
 def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
@@ -44,7 +59,7 @@ def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
 
 def pad_forward(fwd: ForwardBatch, num_tokens: int) -> ForwardBatch:
     """The forward inputs padded to bucket shapes (padding rows sample row 0, and are dropped)."""
-    k, s = bucket(len(fwd.logit_index), 8), bucket(len(fwd.sample_index), 8)
+    k, s = bucket(len(fwd.logit_index), 1), bucket(len(fwd.sample_index), 1)
     return ForwardBatch(
         tokens=_pad_to(fwd.tokens, num_tokens, np.int32),
         logit_index=_pad_to(fwd.logit_index, k, np.int32),
@@ -115,6 +130,19 @@ class DeviceRunner:
         releases = list(plan.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
+        fused = getattr(self.model, "fused_forward", None)
+        if fused is not None:
+            try:
+                packed, commit = self._prepare(plan, last)
+                self.alloc, self.r2t, self.pools, out, sampled = _fused_step(
+                    self.alloc, self.r2t, self.pools, packed, self.model.state,
+                    forward=fused, return_logits=plan.return_logits, **commit,
+                )  # fmt: skip
+                out, sampled = jax.device_get((out, sampled))  # the step's one read
+            except Exception:  # raised before the program ran: the device state is untouched
+                self.apply_releases((last,))
+                raise
+            return self._result(plan, out, sampled)
         try:
             out, meta, fwd = self._commit(plan, last)
         except Exception:
@@ -132,6 +160,9 @@ class DeviceRunner:
         except Exception:
             self._roll_back(plan, out)
             raise
+        return self._result(plan, out, sampled)
+
+    def _result(self, plan: StepPlan, out, sampled) -> StepResult:
         tokens, logprobs, logits = sampled
         s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
         new = plan.num_new_tokens
@@ -145,7 +176,9 @@ class DeviceRunner:
             logits=None if logits is None else np.asarray(logits)[:k],
         )
 
-    def _commit(self, plan: StepPlan, last: Releases):
+    def _prepare(self, plan: StepPlan, last: Releases):
+        """The step's one upload (every input packed in one int32 buffer) and the static
+        arguments of `commit_step`."""
         decode = plan.kind is StepKind.DECODE
         num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
         shape = None
@@ -158,17 +191,15 @@ class DeviceRunner:
         if self.model.needs_kv:  # the model's inputs ride in the same buffer
             arrays.update(fwd._asdict())
         packed, layout = pack(arrays)
-        packed = jax.device_put(packed)  # the step's one upload
-        self.alloc, self.r2t, out, meta, extra = commit_step(
-            self.alloc,
-            self.r2t,
-            packed,
-            layout=layout,
-            decode=decode,
-            num_tokens=num_tokens,
-            meta_shape=shape,
-        )
-        return out, meta, ForwardBatch(**extra) if self.model.needs_kv else fwd
+        commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
+        return jax.device_put(packed), commit
+
+    def _commit(self, plan: StepPlan, last: Releases):
+        packed, commit = self._prepare(plan, last)
+        self.alloc, self.r2t, out, meta, extra = commit_step(self.alloc, self.r2t, packed, **commit)
+        if self.model.needs_kv:
+            return out, meta, ForwardBatch(**extra)
+        return out, meta, pad_forward(plan.forward, len(plan.forward.tokens))
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""

@@ -104,7 +104,7 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
     return MetadataShape(
         window=window,
         block_q=block_q,
-        num_tokens=bucket(int(extend.sum()), 16),
+        num_tokens=bucket(int(extend.sum()), 1),
         # At least 256 tokens' worth: a short generation keeps one decode program throughout
         # instead of recompiling each time its longest request crosses a power of two.
         full_pages=bucket(int(-(-seq.max() // ps)), max(4, -(-MIN_CONTEXT // ps))),
@@ -112,7 +112,7 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
         swa_pages=bucket(
             int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)
         ),
-        num_blocks=bucket(int((-(-extend // block_q)).sum()), 8),
+        num_blocks=bucket(int((-(-extend // block_q)).sum()), 1),
     )
 
 

@@ -92,26 +92,42 @@ class Decoder(nnx.Module):
         return logits, pools
 
 
+class Forward:
+    """The traced body of a step's model half: forward the batch, sample inside the same
+    program. Static (hashable) so it can be an argument of any jit, the engine's fused step
+    included; instances are interned, so equal (graphdef, mode) pairs share one object and jit's
+    cache compares them by identity (hashing a GraphDef walks the whole module tree, ~160 us for
+    a 3-layer model, which every step would pay)."""
+
+    __slots__ = ("graphdef", "mode")
+
+    def __init__(self, graphdef, mode: AttentionMode):
+        self.graphdef, self.mode = graphdef, mode
+
+    def __call__(self, state, pools, batch, meta, return_logits: bool):
+        model = nnx.merge(self.graphdef, state)
+        logits, pools = model(
+            batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
+        )
+        rows = logits[batch.sample_index]
+        tokens, logprobs = sample(
+            rows, batch.temperature, batch.top_p, batch.seeds, batch.sample_positions
+        )
+        return pools, (tokens, logprobs, logits if return_logits else None)
+
+
+_FORWARDS: dict = {}
+
+
+def forward_of(graphdef, mode: AttentionMode) -> Forward:
+    return _FORWARDS.setdefault((graphdef, mode), Forward(graphdef, mode))
+
+
 @functools.partial(
-    jax.jit,
-    static_argnames=("graphdef", "mode", "return_logits"),
-    donate_argnames=("pools",),
+    jax.jit, static_argnames=("forward", "return_logits"), donate_argnames=("pools",)
 )
-def _forward_and_sample(graphdef, state, pools, batch, meta, mode, return_logits):
-    model = nnx.merge(graphdef, state)
-    logits, pools = model(
-        batch.tokens,
-        meta.positions,
-        pools,
-        meta,
-        batch.logit_index,
-        mode=mode,
-    )
-    rows = logits[batch.sample_index]
-    tokens, logprobs = sample(
-        rows, batch.temperature, batch.top_p, batch.seeds, batch.sample_positions
-    )
-    return pools, (tokens, logprobs, logits if return_logits else None)
+def _forward_and_sample(forward, state, pools, batch, meta, return_logits):
+    return forward(state, pools, batch, meta, return_logits)
 
 
 class HybridLM:
@@ -133,6 +149,7 @@ class HybridLM:
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
         self.mesh = mesh  # tensor parallel over KV heads (swajax.models.sharding)
+        self.forward = forward_of(self.graphdef, AttentionMode(implementation, interpret, mesh))
         if mesh is not None:
             from swajax.models import sharding
 
@@ -161,12 +178,10 @@ class HybridLM:
 
             meta = replicate(meta, self.mesh)
             batch = replicate(batch, self.mesh)
-        return _forward_and_sample(
-            self.graphdef,
-            self.state,
-            pools,
-            batch,
-            meta,
-            AttentionMode(self.implementation, self.interpret, self.mesh),
-            return_logits,
-        )
+        return _forward_and_sample(self.forward, self.state, pools, batch, meta, return_logits)
+
+    @property
+    def fused_forward(self) -> Forward | None:
+        """The forward the runner may trace into its own step program (one dispatch per step);
+        None under a mesh, where the allocator's single-device state cannot join the program."""
+        return self.forward if self.mesh is None else None

@@ -1,0 +1,93 @@
+"""Start-up cost of the README's first command: cold (empty compilation cache) and warm, and the
+programs a run compiles with their compile times.
+
+    python benchmarks/startup.py [--json]
+
+Cold and warm runs are `swajax generate --prompt "Hello, sliding windows" --max-new-tokens 48
+--json` in fresh subprocesses sharing one temporary cache folder (wall time from process start
+to exit, `compilations` / `compile_cache_hits` from the JSON summary). The program list comes
+from one more in-process run with the cache off and `jax_log_compiles` on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGV = ["generate", "--prompt", "Hello, sliding windows", "--max-new-tokens", "48"]
+
+
+def timed_run(cache: str) -> dict:
+    env = {**os.environ, "SWAJAX_COMPILE_CACHE": cache, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "swajax", *ARGV, "--json"], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
+    return {"wall_s": wall, "compilations": summary["compilations"],
+            "cache_hits": summary["compile_cache_hits"]}  # fmt: skip
+
+
+def programs() -> list[tuple[str, int, float]]:
+    """(program, times compiled, seconds) of one in-process run with the cache off."""
+    os.environ["SWAJAX_COMPILE_CACHE"] = "off"
+    import jax
+
+    jax.config.update("jax_log_compiles", True)
+    found = []
+    pattern = re.compile(r"Finished XLA compilation of (\S+) in ([\d.]+) sec")
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            m = pattern.search(record.getMessage())
+            if m:
+                found.append((m.group(1), float(m.group(2))))
+
+    logger = logging.getLogger("jax")
+    logger.addHandler(Collect())
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    from swajax.cli.main import main
+
+    main([*ARGV, "--no-compile-cache"])
+    counts = collections.Counter(name for name, _ in found)
+    seconds = collections.defaultdict(float)
+    for name, s in found:
+        seconds[name] += s
+    return sorted(((n, counts[n], seconds[n]) for n in counts), key=lambda x: -x[2])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        cold = timed_run(cache)
+        warm = timed_run(cache)
+    listing = programs()
+    result = {"cold": cold, "warm": warm,
+              "programs": [dict(name=n, count=c, seconds=s) for n, c, s in listing]}  # fmt: skip
+    if a.json:
+        print(json.dumps(result))
+        return
+    for name, r in (("cold", cold), ("warm", warm)):
+        print(f"{name}: {r['wall_s']:.1f} s end to end, {r['compilations']} programs compiled, "
+              f"{r['cache_hits']} loaded from the cache")  # fmt: skip
+    total = sum(c for _, c, _ in listing)
+    print(f"programs of one run ({total}, {sum(s for *_, s in listing):.1f} s compiling):")
+    for name, count, seconds in listing:
+        print(f"  {count:>3} x {name:<32} {seconds:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
