@@ -36,7 +36,7 @@ from swajax.memory.step import (
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
-MIN_REQS, MIN_TOKENS, MIN_EDITS = 1, 64, 64
+MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
 
 
 @functools.partial(
@@ -77,6 +77,9 @@ class DeviceRunner:
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
         self.alloc = A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
         self.r2t = ReqToToken.init(max_running, max_context) if model.needs_kv else None
+        # Batches pad to MIN_REQS rows (fewer programs as a batch grows) but never past what can
+        # run at once: a single-stream engine decodes one row, not eight.
+        self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
         self.pools = model.init_pools(sizes) if model.needs_kv else None
         self._compiles0 = compilation_count()
 
@@ -98,7 +101,7 @@ class DeviceRunner:
             self.alloc = apply_releases(self.alloc, *jax.device_put(args))
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
-        r = bucket(len(plan.requests), MIN_REQS)
+        r = bucket(len(plan.requests), self.min_reqs)
         rp = plan.repoint
         n = rp.ends - rp.starts
         kinds = np.concatenate(
