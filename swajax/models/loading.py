@@ -58,6 +58,7 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+MOE_MODES = ("auto", "routed", "dense")
 # Tensors a checkpoint may carry that no model here reads (as transformers ignores them): old
 # RoPE buffers, a stored copy of tied embeddings, MiMo's multi-token-prediction layers.
 IGNORED = (r"\.rotary_emb\.inv_freq$",)
@@ -65,7 +66,7 @@ IGNORED_BY_FAMILY = {"mimo": (r"^model\.mtp\.",)}
 
 
 def load_decoder(
-    path: str | Path, *, dtype: str = "float32", moe: str = "routed", mesh=None
+    path: str | Path, *, dtype: str = "float32", moe: str = "auto", mesh=None
 ) -> Decoder:
     """A `Decoder` with the weights of `path` (a HF checkpoint or a `swajax convert` output).
 
@@ -75,8 +76,8 @@ def load_decoder(
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if moe not in ("routed", "dense"):
-        raise ConfigError(f"moe must be 'routed' or 'dense', got {moe!r}")
+    if moe not in MOE_MODES:
+        raise ConfigError(f"moe must be one of {MOE_MODES}, got {moe!r}")
     path = Path(path)
     cfg = read_config(path)
     spec = dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe)

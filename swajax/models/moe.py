@@ -1,7 +1,8 @@
 """The mixture-of-experts blocks of GPT-OSS, Llama 4 and MiMo-V2-Flash: each family's router, the
 expert weights stacked [E, ...] with gate and up columns interleaved (GPT-OSS's own layout; the
-others are reordered at load), and `swajax.models.experts` for the computation (routed by
-default; `spec.moe == "dense"` runs every expert, the reference the tests compare against).
+others are reordered at load), and `swajax.models.experts` for the computation: routed when most
+experts are skipped (`ModelSpec.routed_experts`), else every expert on every token (also the
+reference the tests compare against).
 
 Routers run in float32 whatever the parameter dtype, as transformers does.
 """
@@ -19,7 +20,7 @@ from swajax.models.weights import interleave_halves
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
-    fn = ex.dense if spec.moe == "dense" else ex.routed
+    fn = ex.routed if spec.routed_experts else ex.dense
     return fn(x, routing, weights, act)
 
 

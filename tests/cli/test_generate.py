@@ -26,8 +26,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--disable-hybrid-memory"],
         ["--no-prefix-cache"],
         ["--page-size", "1"],
-        ["--dtype", "bfloat16"],  # this fixture's greedy tokens survive bf16 (test_models)
-        ["--kv-dtype", "bf16"],
+        ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):

@@ -64,3 +64,13 @@ def test_family_moe_blocks_routed_equal_dense(family, layer):
     x[7] = 0.0  # a token whose router scores are all bias: ties broken the same way
     want, got = np.asarray(dense(jnp.asarray(x))), np.asarray(routed(jnp.asarray(x)))
     assert rel_err(got, want) < 1e-5
+
+
+def test_auto_routes_only_when_most_experts_are_skipped():
+    import dataclasses
+
+    spec = load_decoder(FIXTURES / "gpt_oss").spec  # 4 experts, top-2: dense is cheaper
+    assert not spec.routed_experts
+    assert dataclasses.replace(spec, num_experts=32, top_k=4).routed_experts  # gpt-oss-20b
+    assert dataclasses.replace(spec, moe="routed").routed_experts
+    assert load_decoder(FIXTURES / "llama4").spec.routed_experts  # 4 experts, top-1

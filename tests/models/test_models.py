@@ -70,7 +70,7 @@ def test_legacy_config_forms_read_as_the_current_form(legacy, current):
     assert spec_of(FIXTURES / legacy) == spec_of(FIXTURES / current)
 
 
-BF16_SLOW = {"qwen3", "mimo_v2_flash"}  # the same code paths as mistral / gpt_oss
+BF16_SLOW = {"qwen3", "mimo_v2_flash", "gemma3"}  # paths mistral / gpt_oss / llama4 cover
 
 
 @pytest.mark.parametrize(
