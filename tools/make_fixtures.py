@@ -100,6 +100,28 @@ def configs():
         ),
     )
     yield (
+        "olmo3",
+        tf.Olmo3Config(
+            **BASE, num_hidden_layers=4, sliding_window=6, layer_types=[TYPES[c] for c in "SSFS"]
+        ),
+    )
+    yield (
+        "exaone4",
+        tf.Exaone4Config(
+            **BASE, num_hidden_layers=4, sliding_window=6, layer_types=[TYPES[c] for c in "SSSF"]
+        ),
+    )
+    yield (
+        "cohere2",
+        tf.Cohere2Config(
+            **BASE,
+            num_hidden_layers=4,
+            sliding_window=6,
+            layer_types=[TYPES[c] for c in "SFSS"],
+            logit_scale=0.25,
+        ),
+    )
+    yield (
         "mimo_v2_flash",
         tf.MiMoV2FlashConfig(
             **{**BASE, "head_dim": 24},

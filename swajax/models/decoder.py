@@ -14,7 +14,7 @@ from flax import nnx
 
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
-from swajax.models.layers import Attention, DenseMLP, Linear, RMSNorm, dot, param
+from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE
 from swajax.models.sampling import sample
 from swajax.models.spec import ModelSpec
@@ -23,32 +23,49 @@ XLA = AttentionMode()
 MLPS = {"gpt_oss_moe": GptOssMoE, "llama4_moe": Llama4MoE, "mimo_moe": MimoMoE}
 
 
+# The residual block's norms, by layout: pre-norm (Llama), Gemma's sandwich, post-norm (Olmo 2/3,
+# Exaone 4: norms on each sublayer's output, none on its input), parallel (Cohere: attention and
+# MLP read the same normed input and both add to the residual).
+NORMS = {
+    "pre": ("input_layernorm", "post_attention_layernorm"),
+    "sandwich": (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "parallel": ("input_layernorm",),
+}
+
+
 class DecoderLayer(nnx.Module):
     def __init__(self, spec: ModelSpec, i: int):
         self.spec = spec
-        h, eps, plus = spec.hidden, spec.eps, spec.norm_plus_one
         self.self_attn = Attention(spec, i)
-        self.input_layernorm = RMSNorm(h, eps, plus)
-        self.post_attention_layernorm = RMSNorm(h, eps, plus)
-        if spec.sandwich_norms:
-            self.pre_feedforward_layernorm = RMSNorm(h, eps, plus)
-            self.post_feedforward_layernorm = RMSNorm(h, eps, plus)
+        for name in NORMS[spec.block]:
+            setattr(self, name, norm_of(spec, spec.hidden))
         kind = spec.mlps[i]
-        dense = lambda: DenseMLP(h, spec.intermediate[i], spec.act, spec.dtype)  # noqa: E731
+        dense = lambda: DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype)  # noqa: E731
         self.mlp = MLPS[kind](spec) if kind in MLPS else dense()
 
     def load(self, w, prefix):
         self.self_attn.load(w, f"{prefix}.self_attn")
-        names = ["input_layernorm", "post_attention_layernorm"]
-        if self.spec.sandwich_norms:
-            names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
-        for name in names:
+        for name in NORMS[self.spec.block]:
             getattr(self, name).load(w, f"{prefix}.{name}.weight")
         self.mlp.load(w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}")
 
     def __call__(self, x, positions, pools, meta, mode):
-        a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode)
-        if self.spec.sandwich_norms:
+        block = self.spec.block
+        if block == "post":
+            a, pools = self.self_attn(x, positions, pools, meta, mode)
+            x = x + self.post_attention_layernorm(a)
+            return x + self.post_feedforward_layernorm(self.mlp(x)), pools
+        h = self.input_layernorm(x)
+        a, pools = self.self_attn(h, positions, pools, meta, mode)
+        if block == "parallel":
+            return x + a + self.mlp(h), pools
+        if block == "sandwich":
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(
                 self.mlp(self.pre_feedforward_layernorm(x))
@@ -62,7 +79,7 @@ class Decoder(nnx.Module):
         self.spec = spec
         self.embed = param((spec.vocab_size, spec.hidden), spec.dtype)
         self.layers = nnx.List([DecoderLayer(spec, i) for i in range(spec.num_layers)])
-        self.norm = RMSNorm(spec.hidden, spec.eps, spec.norm_plus_one)
+        self.norm = norm_of(spec, spec.hidden)
         head = (
             None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
         )
@@ -86,6 +103,8 @@ class Decoder(nnx.Module):
         x = self.norm(x[sample_index])
         head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
         logits = dot(x, head)  # float32 logits whatever the parameter dtype
+        if self.spec.logit_scale != 1.0:  # Cohere
+            logits = logits * self.spec.logit_scale
         if self.spec.final_soft_cap is not None:
             cap = self.spec.final_soft_cap
             logits = jnp.tanh(logits / cap) * cap

@@ -48,17 +48,27 @@ class Linear(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, plus_one: bool = False):
+    """RMS norm in float32 (Gemma: x * (1 + w)); `centered` subtracts the mean first, which
+    makes it Cohere's weight-only LayerNorm."""
+
+    def __init__(self, dim: int, eps: float, plus_one: bool = False, centered: bool = False):
         self.weight, self.eps, self.plus_one = param((dim,)), eps, plus_one
+        self.centered = centered
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
+        if self.centered:
+            x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         w = self.weight[...] + 1.0 if self.plus_one else self.weight[...]
         return (y * w).astype(x.dtype)
 
     def load(self, w, name):
         w.fill(self.weight, name)
+
+
+def norm_of(spec: ModelSpec, dim: int) -> RMSNorm:
+    return RMSNorm(dim, spec.eps, spec.norm_plus_one, centered=spec.norm == "layer")
 
 
 def act(name, x):
@@ -78,9 +88,13 @@ class Attention(nnx.Module):
         self.k_proj = Linear(h, shape.num_kv_heads * shape.head_dim, bias, dt)
         self.v_proj = Linear(h, shape.num_kv_heads * shape.v_head_dim, bias, dt)
         self.o_proj = Linear(shape.num_heads * shape.v_head_dim, h, spec.o_bias, dt)
-        norm = spec.qk_norm == "weight"
-        self.q_norm = RMSNorm(shape.head_dim, spec.eps, spec.norm_plus_one) if norm else None
-        self.k_norm = RMSNorm(shape.head_dim, spec.eps, spec.norm_plus_one) if norm else None
+        # q/k norms per head ("weight") or over the whole projection (Olmo 3: "full").
+        q_dim, k_dim = shape.head_dim, shape.head_dim
+        if spec.qk_norm == "full":
+            q_dim, k_dim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        norm = spec.qk_norm in ("weight", "full")
+        self.q_norm = norm_of(spec, q_dim) if norm else None
+        self.k_norm = norm_of(spec, k_dim) if norm else None
         self.sinks = param((shape.num_heads,)) if shape.has_sinks else None
 
     def load(self, w, prefix):
@@ -95,10 +109,13 @@ class Attention(nnx.Module):
 
     def __call__(self, x, positions, pools, meta, mode: AttentionMode):
         t, s, spec = x.shape[0], self.shape, self.spec
-        q = self.q_proj(x).reshape(t, s.num_heads, s.head_dim)
-        k = self.k_proj(x).reshape(t, s.num_kv_heads, s.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if spec.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(t, s.num_heads, s.head_dim)
+        k = k.reshape(t, s.num_kv_heads, s.head_dim)
         v = self.v_proj(x).reshape(t, s.num_kv_heads, s.v_head_dim) * spec.value_scale
-        if self.q_norm is not None:
+        if spec.qk_norm == "weight":
             q, k = self.q_norm(q), self.k_norm(k)
         rope = spec.ropes[self.layer_id]
         if rope is not None:

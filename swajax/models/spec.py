@@ -1,8 +1,8 @@
 """Model hyper-parameters from a Hugging Face config, per family (what `HybridConfig` leaves out).
 
 Families: gpt_oss, mimo_v2_flash, llama4_text, gemma3_text (and gemma2's soft caps), qwen3 /
-qwen2, mistral. The layer kinds and windows come from `swajax.config`; this adds norms, RoPE,
-projections and feed-forward blocks.
+qwen2, mistral, olmo3, exaone4, cohere2. The layer kinds and windows come from `swajax.config`;
+this adds norms, RoPE, projections and feed-forward blocks.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ FAMILIES = {
     "qwen2": "llama",
     "qwen3": "llama",
     "mistral": "llama",
+    "olmo3": "olmo",
+    "exaone4": "olmo",
+    "cohere2": "cohere",
 }
 
 
@@ -44,8 +47,8 @@ class ModelSpec:
     eps: float
     act: str  # silu | gelu_tanh
     norm_plus_one: bool  # Gemma: x * (1 + w)
-    sandwich_norms: bool  # Gemma: norms after attention and around the feed-forward block
-    qk_norm: str  # none | weight (before RoPE) | l2 (Llama 4: weightless, after RoPE)
+    block: str  # pre | sandwich (Gemma) | post (Olmo 3, Exaone 4) | parallel (Cohere 2)
+    qk_norm: str  # none | weight (per head, before RoPE) | full (whole projection) | l2 (Llama 4)
     qkv_bias: bool
     o_bias: bool
     embed_scale: float
@@ -65,6 +68,8 @@ class ModelSpec:
     attn_temperature: tuple[float, float] | None = None  # Llama 4 NoPE: (attn_scale, floor_scale)
     routed_scale: float = 1.0
     norm_topk: bool = True
+    norm: str = "rms"  # rms | layer (Cohere: mean-centered, weight only)
+    logit_scale: float = 1.0  # Cohere multiplies the logits
     dtype: str = "float32"  # parameters and activations (norms, softmax, router stay float32)
     moe: str = "auto"  # auto | routed | dense (every expert on every token: the reference)
 
@@ -108,11 +113,12 @@ def _qkv_bias(model_type: str, text) -> bool:
     `attention_bias` says; the other families follow the field."""
     if model_type == "qwen2":
         return True
-    return model_type != "mistral" and bool(text.get("attention_bias", False))
+    no_bias = ("mistral", "exaone4")
+    return model_type not in no_bias and bool(text.get("attention_bias", False))
 
 
 def _o_bias(model_type: str, text) -> bool:
-    if model_type in ("qwen2", "mistral", "mimo_v2_flash"):
+    if model_type in ("qwen2", "mistral", "mimo_v2_flash", "exaone4"):
         return False
     return bool(text.get("attention_bias", False))
 
@@ -147,7 +153,7 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         eps=float(text.get("rms_norm_eps", 1e-6)),
         act="silu",
         norm_plus_one=False,
-        sandwich_norms=False,
+        block="pre",
         qk_norm="none",
         qkv_bias=_qkv_bias(hybrid.model_type, text),
         o_bias=_o_bias(hybrid.model_type, text),
@@ -162,6 +168,37 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         qk = "weight" if hybrid.model_type == "qwen3" else "none"
         return ModelSpec(
             **{**common, "qk_norm": qk, "ropes": tuple(rope(la, 1e4) for la in layers)}
+        )
+    if family == "olmo":
+        # Post-norm blocks. Olmo 3 norms q and k over the whole projection and ropes every
+        # layer; Exaone 4 norms per head and, when it has sliding layers, ropes only those.
+        exaone = hybrid.model_type == "exaone4"
+        local_only = exaone and text.get("sliding_window") is not None  # transformers' test
+        return ModelSpec(
+            **{
+                **common,
+                "block": "post",
+                "qk_norm": "weight" if exaone else "full",
+                "ropes": tuple(
+                    rope(la, 1e4) if la.kind.is_local or not local_only else None for la in layers
+                ),
+            }
+        )
+    if family == "cohere":
+        # Parallel blocks over one mean-centered norm; interleaved RoPE on the sliding layers
+        # only (the full ones are NoPE); logits times logit_scale; tied head.
+        return ModelSpec(
+            **{
+                **common,
+                "block": "parallel",
+                "norm": "layer",
+                "eps": float(text.get("layer_norm_eps", 1e-5)),
+                "ropes": tuple(
+                    rope(la, 1e4, interleaved=True) if la.kind.is_local else None for la in layers
+                ),
+                "logit_scale": float(text.get("logit_scale", 0.0625)),
+                "tie_embeddings": bool(text.get("tie_word_embeddings", True)),
+            }
         )
     if family == "gpt_oss":
         return ModelSpec(
@@ -183,7 +220,7 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
                 **common,
                 "act": "gelu_tanh",
                 "norm_plus_one": True,
-                "sandwich_norms": True,
+                "block": "sandwich",
                 "qk_norm": "weight" if hybrid.model_type != "gemma2" else "none",
                 "embed_scale": float(hidden) ** 0.5,
                 "scales": (scale,) * n,

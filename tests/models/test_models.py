@@ -20,7 +20,7 @@ from swajax.serving.request import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
-FORMS = ["qwen2", "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]
+FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]
 # Legacy config forms: transformers computes the very same logits from them as from the current
 # form (checked when the fixtures are made), so reading them must give the very same spec.
 LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
@@ -70,7 +70,7 @@ def test_legacy_config_forms_read_as_the_current_form(legacy, current):
     assert spec_of(FIXTURES / legacy) == spec_of(FIXTURES / current)
 
 
-BF16_SLOW = {"qwen3", "mimo_v2_flash", "gemma3"}  # paths mistral / gpt_oss / llama4 cover
+BF16_SLOW = {"qwen3", "mimo_v2_flash", "gemma3", "llama4"}  # paths mistral / gpt_oss cover
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_bfloat16_stays_close_to_float32(family):
         assert row[-1] - row[-2] <= 2 * error, (step, row[-1] - row[-2], error)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["olmo3", "exaone4", "cohere2"])
 def test_hybrid_memory_off_gives_the_same_logits(family):
     on, out_on, _, _ = run_engine(FIXTURES / family)
     off, out_off, _, _ = run_engine(FIXTURES / family, hybrid_memory=False, page_size=1, chunk=None)

@@ -44,7 +44,7 @@ PROPERTY = dict(
 )
 
 
-@settings(max_examples=8)
+@settings(max_examples=5)
 @given(**PROPERTY)
 def test_every_request_finishes_or_fails_with_a_reason(**kw):
     run_random_workload(**kw)
