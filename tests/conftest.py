@@ -2,7 +2,12 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# Four fake CPU devices for the sharding tests. LLVM optimization level 0: the suite's time is
+# mostly compiling many tiny programs, which this cuts by about a quarter; it changes no
+# semantics (speed is measured by benchmarks/, never by tests).
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["SWAJAX_COMPILE_CACHE"] = "off"  # tests that want the on-disk cache set their own
 
