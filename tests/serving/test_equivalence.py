@@ -80,11 +80,15 @@ def family(request):
     return decoder, run(decoder, BASE)
 
 
-# GPT-OSS (sinks, MoE) under every setting; Gemma 3 (soft caps, sandwich norms) under the ones
-# that change how attention reads the pools in the default run, the rest with `-m slow`.
-GEMMA_DEFAULT = ("hybrid off", "page size 1", "pallas")
-CASES = [("gpt_oss", v) for v in VARIANTS] + [
-    ("gemma3", v) if v in GEMMA_DEFAULT else pytest.param("gemma3", v, marks=pytest.mark.slow)
+# In the default run: the settings that change how attention reads the pools, for GPT-OSS
+# (sinks, MoE) and Gemma 3 (soft caps, sandwich norms); the rest of the matrix with `-m slow`.
+DEFAULT = {
+    "gpt_oss": ("hybrid off", "page size 1", "page size 16", "chunk 64", "pallas"),
+    "gemma3": ("hybrid off", "page size 1", "pallas"),
+}
+CASES = [
+    (f, v) if v in DEFAULT[f] else pytest.param(f, v, marks=pytest.mark.slow)
+    for f in DEFAULT
     for v in VARIANTS
 ]
 

@@ -44,7 +44,7 @@ PROPERTY = dict(
 )
 
 
-@settings(max_examples=5)
+@settings(max_examples=4)
 @given(**PROPERTY)
 def test_every_request_finishes_or_fails_with_a_reason(**kw):
     run_random_workload(**kw)
