@@ -102,9 +102,6 @@ class Checkpoint:
     def dtype(self, name: str) -> str:
         return self._entry(name)[2]["dtype"]
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._entry(name)[2]["shape"])
-
     def array(self, name: str) -> np.ndarray:
         """The tensor as a memory-mapped view; marks it consumed."""
         file, start, entry = self._entry(name)

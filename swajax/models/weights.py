@@ -44,9 +44,6 @@ class WeightLoader:
         }
         self._device = SingleDeviceSharding(jax.devices()[0])
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.checkpoint or f"{name}_blocks" in self.checkpoint
-
     def fill(self, param: nnx.Variable, name: str, *, transpose=False, transform=None) -> None:
         """param <- tensor `name` (transposed, then `transform`ed: a whole-tensor function)."""
         target = param.get_value()
