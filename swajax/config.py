@@ -26,6 +26,7 @@ from swajax.hf_fields import (
     rope_params,
     rope_theta,
 )
+from swajax.hf_shapes import kv_sources, shape_fields
 
 
 class LayerKind(enum.Enum):
@@ -51,6 +52,9 @@ class LayerSpec:
     rope_theta: float | None = None  # None: the config does not say (the model's default applies)
     # The layer's RoPE scaling fields (rope_type, factor, ...) as sorted (name, value) pairs.
     rope_params: tuple[tuple[str, Any], ...] = ()
+    # Gemma 4's KV-shared layers: the layer whose KV this one reads (it stores none); None for a
+    # layer that stores its own.
+    kv_source: int | None = None
 
     @property
     def kernel_window(self) -> int:
@@ -73,20 +77,27 @@ class AttentionShape:
     head_dim: int  # K (and Q) head dim
     v_head_dim: int
     has_sinks: bool = False
+    k_is_v: bool = False  # Gemma 4 attention_k_eq_v: one stored tensor serves as K and V
 
     def __post_init__(self):
         for name in ("num_heads", "num_kv_heads", "head_dim", "v_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.k_is_v and self.head_dim != self.v_head_dim:
+            raise ConfigError(
+                f"keys that are values need head_dim == v_head_dim, got {self.head_dim} and "
+                f"{self.v_head_dim}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
 
     def kv_bytes_per_token(self, dtype_bytes: float) -> float:
-        """Bytes of K and V of one token in one layer."""
-        return self.num_kv_heads * (self.head_dim + self.v_head_dim) * dtype_bytes
+        """Bytes of K and V of one token in one layer (one tensor where keys are values)."""
+        dims = self.head_dim if self.k_is_v else self.head_dim + self.v_head_dim
+        return self.num_kv_heads * dims * dtype_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +121,17 @@ class HybridConfig:
 
     @property
     def swa_layer_ids(self) -> tuple[int, ...]:
-        return tuple(i for i, layer in enumerate(self.layers) if layer.kind.is_local)
+        """Local layers that store KV (the SWA pool's layers; KV-shared layers store none)."""
+        return tuple(
+            i for i, la in enumerate(self.layers) if la.kind.is_local and la.kv_source is None
+        )
 
     @property
     def full_layer_ids(self) -> tuple[int, ...]:
-        return tuple(i for i, layer in enumerate(self.layers) if not layer.kind.is_local)
+        """Full layers that store KV (the full pool's layers)."""
+        return tuple(
+            i for i, la in enumerate(self.layers) if not la.kind.is_local and la.kv_source is None
+        )
 
     @property
     def kinds(self) -> str:
@@ -255,33 +272,6 @@ def _local_window(model_type: str, cfg: Mapping[str, Any]) -> int:
     return hf_window(cfg)
 
 
-def _shapes(model_type: str, cfg: Mapping[str, Any]) -> tuple[AttentionShape, AttentionShape]:
-    heads = positive_int(cfg, "num_attention_heads")
-    kv_heads = positive_int(cfg, "num_key_value_heads", heads)
-    hidden = positive_int(cfg, "hidden_size")
-    head_dim = positive_int(cfg, "head_dim", hidden // heads)
-    v_head_dim = positive_int(cfg, "v_head_dim", head_dim)
-    full_sinks = local_sinks = model_type == "gpt_oss"
-    local_heads, local_kv, local_hd, local_vhd = heads, kv_heads, head_dim, v_head_dim
-    if model_type in ("mimo_v2_flash", "mimo_v2"):
-        local_heads = positive_int(cfg, "swa_num_attention_heads", heads)
-        # The transformers port drops the swa_* fields and gives SWA layers twice the KV heads.
-        local_kv = positive_int(cfg, "swa_num_key_value_heads", 2 * kv_heads)
-        local_hd = positive_int(cfg, "swa_head_dim", head_dim)
-        local_vhd = positive_int(cfg, "swa_v_head_dim", v_head_dim)
-        local_sinks = bool(cfg.get("add_swa_attention_sink_bias", True))
-        full_sinks = bool(cfg.get("add_full_attention_sink_bias", False))
-    elif model_type in ("gemma4", "gemma4_text"):
-        # Gemma 4 full layers have their own KV heads and head dim.
-        kv_heads = positive_int(cfg, "num_global_key_value_heads", kv_heads)
-        head_dim = v_head_dim = positive_int(cfg, "global_head_dim", head_dim)
-    elif model_type == "step3p5":
-        local_heads = positive_int(cfg, "num_sliding_attention_heads", heads)
-    full = AttentionShape(heads, kv_heads, head_dim, v_head_dim, full_sinks)
-    local = AttentionShape(local_heads, local_kv, local_hd, local_vhd, local_sinks)
-    return full, local
-
-
 def text_config(cfg: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     """(model_type, the decoder's fields): multimodal wrappers nest them under text_config."""
     model_type = cfg.get("model_type")
@@ -300,7 +290,6 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
         raise ConfigError(f"config must be a JSON object, got {type(cfg).__name__}")
     model_type, text = text_config(cfg)
     n = positive_int(text, "num_hidden_layers")
-    full_shape, local_shape = _shapes(model_type, text)
     if model_type in ("llama4", "llama4_text"):
         layers = _llama4_layers(text, n)
     else:
@@ -314,6 +303,11 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
                 "'layer_types' field"
             )
         layers = _layer_specs(model_type, text, kinds)
+    kinds = [layer.kind for layer in layers]
+    sources = kv_sources(model_type, text, kinds)
+    layers = [dataclasses.replace(la, kv_source=s) for la, s in zip(layers, sources)]
+    full_fields, local_fields = shape_fields(model_type, text, kinds)
+    full_shape, local_shape = AttentionShape(**full_fields), AttentionShape(**local_fields)
     return HybridConfig(
         model_type=model_type,
         layers=tuple(layers),

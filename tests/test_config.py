@@ -118,10 +118,22 @@ def test_llama4_nested_text_config_and_nope_layers():
 def test_gemma_presets_and_gemma4_full_shapes():
     c = load_preset("gemma-3-27b")
     assert len(c.layers) == 62 and c.kinds.count("F") == 10 and c.sliding_window == 1023
-    g4 = cfg("gemma4_text", 6, sliding_window=512, num_global_key_value_heads=1, global_head_dim=64)
+    g4 = cfg(
+        "gemma4_text",
+        6,
+        sliding_window=512,
+        num_global_key_value_heads=1,
+        global_head_dim=64,
+        attention_k_eq_v=True,
+    )
     assert g4.kinds == "SSSSSF"
     assert (g4.full_attention.num_kv_heads, g4.full_attention.head_dim) == (1, 64)
+    assert g4.full_attention.k_is_v and not g4.swa_attention.k_is_v
     assert (g4.swa_attention.num_kv_heads, g4.swa_attention.head_dim) == (2, 16)
+    # transformers' rule: the global KV head count applies only where keys are values
+    plain = cfg("gemma4_text", 6, sliding_window=512, num_global_key_value_heads=1)
+    assert (plain.full_attention.num_kv_heads, plain.full_attention.head_dim) == (2, 512)
+    assert not plain.full_attention.k_is_v
 
 
 def test_rope_legacy_and_v5_forms():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,42 @@ def configs():
             sliding_window=6,
             layer_types=[TYPES[c] for c in "SFSS"],
             logit_scale=0.25,
+        ),
+    )
+    gemma4 = dict(
+        **{**BASE, "head_dim": 16},
+        sliding_window=6,
+        global_head_dim=32,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=128,
+        final_logit_softcapping=30.0,
+    )
+    # Every memory rule at once: full layers whose keys are their values (one global KV head),
+    # the last two layers reading layers 2 and 3's KV, an MoE block, double-width MLPs.
+    yield (
+        "gemma4",
+        tf.Gemma4TextConfig(
+            **gemma4,
+            num_hidden_layers=6,
+            layer_types=[TYPES[c] for c in "SFSFSF"],
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+        ),
+    )
+    # The small E-size form: per-layer inputs and KV sharing, separate K and V on full layers.
+    yield (
+        "gemma4_e",
+        tf.Gemma4TextConfig(
+            **gemma4,
+            num_hidden_layers=5,
+            layer_types=[TYPES[c] for c in "SSFSF"],
+            num_kv_shared_layers=2,
         ),
     )
     yield (
@@ -265,7 +302,10 @@ def fixtures():
 
 
 def main() -> None:
+    only = set(sys.argv[1:])  # optional: the fixtures to rebuild (default: all)
     for name, cfg, rewrite in fixtures():
+        if only and name not in only:
+            continue
         folder = OUT / name
         folder.mkdir(parents=True, exist_ok=True)
         build(cfg).save_pretrained(folder)
@@ -273,10 +313,14 @@ def main() -> None:
             rewrite(folder)
         model = reload(folder)
         ids = torch.tensor([PROMPT])
+        # transformers 5.24's Gemma 4 runs KV-shared layers only with hidden states requested
+        # (the same math; it skips a slicing shortcut)
+        extra = {"output_hidden_states": True} if name.startswith("gemma4") else {}
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0].float().numpy()
+            logits = model(input_ids=ids, **extra).logits[0].float().numpy()
             out = model.generate(
                 ids,
+                **extra,
                 max_new_tokens=8,
                 do_sample=False,
                 min_new_tokens=8,

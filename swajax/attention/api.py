@@ -61,6 +61,7 @@ def attention(
     scale: float,
     sinks: jax.Array | None = None,
     soft_cap: float | None = None,
+    key_transform=None,
     implementation: Implementation = "xla",
     interpret: bool = False,
     backend: str | None = None,
@@ -76,6 +77,10 @@ def attention(
       scale: multiplies q.k (sinks are not scaled).
       sinks: optional [Hq] per-head logits added to the softmax denominator only.
       soft_cap: optional logit soft cap (Gemma 2): s -> cap * tanh(s / cap), before the mask.
+      key_transform: optional fn(rows, positions) -> keys for pools that store one tensor as K
+        and V (Gemma 4 attention_k_eq_v: K = RoPE(V * k_norm weight)). Applied to the gathered
+        rows, so such layers run the XLA implementation whatever `implementation` says (the
+        kernels read K pages as stored).
       implementation: "xla" (any device) or "pallas" (kernels in swajax.kernels).
       interpret: run Pallas kernels in interpret mode (required on CPU).
       backend: Pallas front end, "gpu" (Triton style) or "tpu" (scalar prefetch); default
@@ -87,12 +92,13 @@ def attention(
       [T, Hq, Dv] in q's dtype.
     """
     _validate(q, k_pages, v_pages, meta, sinks)
-    if mesh is not None:
-        return _sharded(q, k_pages, v_pages, meta, layer, mesh, sinks=sinks, scale=scale,
-                        soft_cap=soft_cap, implementation=implementation, interpret=interpret,
-                        backend=backend)  # fmt: skip
-    return _local(q, k_pages, v_pages, meta, layer, scale=scale, sinks=sinks, soft_cap=soft_cap,
+    if key_transform is not None:
+        implementation = "xla"
+    kwargs = dict(scale=scale, soft_cap=soft_cap, key_transform=key_transform,
                   implementation=implementation, interpret=interpret, backend=backend)  # fmt: skip
+    if mesh is not None:
+        return _sharded(q, k_pages, v_pages, meta, layer, mesh, sinks=sinks, **kwargs)
+    return _local(q, k_pages, v_pages, meta, layer, sinks=sinks, **kwargs)
 
 
 def _sharded(q, k_pages, v_pages, meta, layer, mesh, *, sinks, **kwargs):
@@ -111,11 +117,12 @@ def _sharded(q, k_pages, v_pages, meta, layer, mesh, *, sinks, **kwargs):
     return mapped(*args)
 
 
-def _local(q, k_pages, v_pages, meta, layer, *, scale, sinks, soft_cap, implementation,
-           interpret, backend):  # fmt: skip
+def _local(q, k_pages, v_pages, meta, layer, *, scale, sinks, soft_cap, key_transform,
+           implementation, interpret, backend):  # fmt: skip
     kwargs = dict(scale=scale, sinks=sinks, soft_cap=soft_cap)
     if implementation == "xla":
-        return attention_xla(q, k_pages, v_pages, meta, layer, **kwargs)
+        return attention_xla(q, k_pages, v_pages, meta, layer, key_transform=key_transform,
+                             **kwargs)  # fmt: skip
     if implementation == "pallas":
         from swajax.attention.pallas import attention_pallas
 

@@ -79,6 +79,7 @@ def attention_xla(
     scale,
     sinks=None,
     soft_cap=None,
+    key_transform=None,
 ):
     """Paged attention for a flattened batch.
 
@@ -88,6 +89,8 @@ def attention_xla(
       v_pages: [num_pages + 1, page_size, Hkv, Dv].
       layer: kind and window of the layer (local layers read the SWA page table).
       sinks: optional [Hq] per-head sink logits.
+      key_transform: optional fn(rows [S, Hkv, Dk], positions i32[S]) -> keys, applied to the
+        gathered K rows (a pool whose keys are derived from the stored values, Gemma 4).
     Returns:
       [T, Hq, Dv] in q's dtype (padding rows are 0).
     """
@@ -101,6 +104,7 @@ def attention_xla(
         qb, req, first_q, tokens = args
         pages, k_pos = block_keys(meta, layer, req, first_q)
         k = k_pages[pages].reshape(-1, hkv, dk)
+        k = k if key_transform is None else key_transform(k, k_pos)
         v = v_pages[pages].reshape(-1, hkv, dv)
         q_pos = first_q + jnp.arange(meta.block_q, dtype=jnp.int32)
         mask = visible(q_pos[:, None], k_pos[None, :], layer)

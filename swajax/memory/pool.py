@@ -38,33 +38,47 @@ class KVPools:
     full_v: jax.Array  # [L_full, full_rows, full_kv_heads, full_v_dim]
     swa_k: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_k_dim]
     swa_v: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_v_dim]
-    # Global layer id -> (index in its sub-pool, is an SWA layer).
+    # Global layer id -> (index in its sub-pool, is an SWA layer). A KV-shared layer (Gemma 4)
+    # maps to its source layer's buffers.
     layers: tuple[tuple[int, bool], ...] = dataclasses.field(metadata=dict(static=True))
     page_size: int = dataclasses.field(metadata=dict(static=True))
     mode: PoolMode = dataclasses.field(metadata=dict(static=True))
+    # (full, swa): the sub-pool stores one tensor that is both K and V (Gemma 4
+    # attention_k_eq_v); its V buffer then has no layers.
+    k_is_v: tuple[bool, bool] = dataclasses.field(
+        default=(False, False), metadata=dict(static=True)
+    )
 
     def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
-        """(K, V) buffers of one global layer, shape [rows, kv_heads, dim]."""
+        """(K, V) buffers of one global layer, shape [rows, kv_heads, dim] (the same buffer
+        twice where keys are values)."""
         index, is_swa = self.layers[layer_id]
         if is_swa:
-            return self.swa_k[index], self.swa_v[index]
-        return self.full_k[index], self.full_v[index]
+            k = self.swa_k[index]
+            return k, k if self.k_is_v[1] else self.swa_v[index]
+        k = self.full_k[index]
+        return k, k if self.k_is_v[0] else self.full_v[index]
 
 
 def layers_mapping(cfg: HybridConfig) -> tuple[tuple[int, bool], ...]:
     full_index = {layer: i for i, layer in enumerate(cfg.full_layer_ids)}
     swa_index = {layer: i for i, layer in enumerate(cfg.swa_layer_ids)}
+
+    def slot(i):
+        return (swa_index[i], True) if i in swa_index else (full_index[i], False)
+
     return tuple(
-        (swa_index[i], True) if i in swa_index else (full_index[i], False)
-        for i in range(cfg.num_layers)
+        slot(i if layer.kv_source is None else layer.kv_source)
+        for i, layer in enumerate(cfg.layers)
     )
 
 
 def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[tuple, tuple]:
     """(shape, dtype) of a pool's K and V buffers."""
+    v_layers = 0 if shape.k_is_v else num_layers
     return (
         ((num_layers, rows, shape.num_kv_heads, shape.head_dim), dtype),
-        ((num_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype),
+        ((v_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype),
     )
 
 
@@ -80,7 +94,8 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPo
     full = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, kind)
     swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
     full_k, full_v, swa_k, swa_v = zeros(*full, *swa)  # one program for all four
-    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode)
+    k_is_v = (cfg.full_attention.k_is_v, cfg.swa_attention.k_is_v)
+    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v)
 
 
 def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVWriteLoc) -> KVPools:
@@ -88,12 +103,18 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
 
     Full layers write at `loc.full` (any `loc.swa` is ignored); SWA layers write at `loc.swa`,
     which must be given: a missing SWA location is a bug in the caller and fails at trace time.
+    Where keys are values the pool stores `k` only (`v` must be None).
     """
     index, is_swa = pools.layers[layer_id]
+    if pools.k_is_v[1 if is_swa else 0] != (v is None):
+        raise ValueError(f"layer {layer_id}: pass v=None exactly where the pool's keys are values")
     if not is_swa:
+        full_k = pools.full_k.at[index, loc.full].set(k.astype(pools.full_k.dtype))
+        if v is None:
+            return dataclasses.replace(pools, full_k=full_k)
         return dataclasses.replace(
             pools,
-            full_k=pools.full_k.at[index, loc.full].set(k.astype(pools.full_k.dtype)),
+            full_k=full_k,
             full_v=pools.full_v.at[index, loc.full].set(v.astype(pools.full_v.dtype)),
         )
     if loc.swa is None:
@@ -101,10 +122,11 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
             f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
             "(KVWriteLoc.swa), translated once per batch by the attention metadata"
         )
+    swa_k = pools.swa_k.at[index, loc.swa].set(k.astype(pools.swa_k.dtype))
+    if v is None:
+        return dataclasses.replace(pools, swa_k=swa_k)
     return dataclasses.replace(
-        pools,
-        swa_k=pools.swa_k.at[index, loc.swa].set(k.astype(pools.swa_k.dtype)),
-        swa_v=pools.swa_v.at[index, loc.swa].set(v.astype(pools.swa_v.dtype)),
+        pools, swa_k=swa_k, swa_v=pools.swa_v.at[index, loc.swa].set(v.astype(pools.swa_v.dtype))
     )
 
 

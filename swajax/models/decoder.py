@@ -14,6 +14,7 @@ from flax import nnx
 
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
+from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE
 from swajax.models.sampling import sample
@@ -78,7 +79,9 @@ class Decoder(nnx.Module):
     def __init__(self, spec: ModelSpec):
         self.spec = spec
         self.embed = param((spec.vocab_size, spec.hidden), spec.dtype)
-        self.layers = nnx.List([DecoderLayer(spec, i) for i in range(spec.num_layers)])
+        layer = Gemma4Layer if spec.family == "gemma4" else DecoderLayer
+        self.layers = nnx.List([layer(spec, i) for i in range(spec.num_layers)])
+        self.per_layer_inputs = PerLayerInputs(spec) if spec.ple_dim else None
         self.norm = norm_of(spec, spec.hidden)
         head = (
             None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
@@ -90,6 +93,8 @@ class Decoder(nnx.Module):
         w.fill(self.embed, "model.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
             layer.load(w, f"model.layers.{i}")
+        if self.per_layer_inputs is not None:
+            self.per_layer_inputs.load(w)
         self.norm.load(w, "model.norm.weight")
         if self.lm_head is not None:
             self.lm_head.load(w, "lm_head")
@@ -98,8 +103,13 @@ class Decoder(nnx.Module):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
         embed = self.embed[...]
         x = embed[tokens] * jnp.asarray(self.spec.embed_scale, embed.dtype)
-        for layer in self.layers:
-            x, pools = layer(x, positions, pools, meta, mode)
+        if self.per_layer_inputs is None:
+            for layer in self.layers:
+                x, pools = layer(x, positions, pools, meta, mode)
+        else:  # Gemma 4: each layer adds its own slice of the per-layer inputs
+            per_layer = self.per_layer_inputs(tokens, x)
+            for i, layer in enumerate(self.layers):
+                x, pools = layer(x, positions, pools, meta, mode, per_layer[:, i])
         x = self.norm(x[sample_index])
         head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
         logits = dot(x, head)  # float32 logits whatever the parameter dtype

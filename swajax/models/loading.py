@@ -91,13 +91,23 @@ def load_decoder(
     files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
-    ignore = IGNORED + IGNORED_BY_FAMILY.get(spec.family, ())
-    if spec.tie_embeddings:
-        ignore += (r"^lm_head\.weight$",)
-    loader = WeightLoader(Checkpoint(files, ignore), decoder, quantization(cfg), mesh)
+    loader = WeightLoader(Checkpoint(files, _ignored(spec)), decoder, quantization(cfg), mesh)
     decoder.load(loader)
     loader.check_complete(decoder)
     return decoder
+
+
+def _ignored(spec: ModelSpec) -> tuple[str, ...]:
+    ignore = IGNORED + IGNORED_BY_FAMILY.get(spec.family, ())
+    if spec.tie_embeddings:
+        ignore += (r"^lm_head\.weight$",)
+    # Gemma 4 checkpoints may keep K/V projections of KV-shared layers, which read another
+    # layer's KV (transformers ignores them too).
+    shared = [i for i, la in enumerate(spec.hybrid.layers) if la.kv_source is not None]
+    if shared:
+        layers = "|".join(map(str, shared))
+        ignore += (rf"^model\.layers\.({layers})\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.",)
+    return ignore
 
 
 def _checkpointer():

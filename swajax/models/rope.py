@@ -14,7 +14,7 @@ import numpy as np
 class RopeSpec:
     theta: float
     dim: int  # rotated dims (head_dim * partial_rotary_factor)
-    kind: str = "default"  # default | linear | llama3 | yarn
+    kind: str = "default"  # default | linear | llama3 | yarn | proportional
     factor: float = 1.0
     interleaved: bool = False  # Llama 4 rotates (x[2i], x[2i+1]); the others rotate halves
     original_max_position: int = 4096
@@ -24,6 +24,9 @@ class RopeSpec:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None
+    # Gemma 4's proportional RoPE rotates the pairs (i, i + dim/2) for i < proportion * dim / 2
+    # at frequencies theta^(-2i / dim) (exponents over the whole head) and leaves the rest.
+    proportion: float = 1.0
 
     def inv_freq_and_scale(self) -> tuple[np.ndarray, float]:
         """Inverse frequencies (float64, dim / 2) and the factor that multiplies cos and sin."""
@@ -34,6 +37,10 @@ class RopeSpec:
             return _llama3(base, self), 1.0
         if self.kind == "yarn":
             return _yarn(base, self)
+        if self.kind == "proportional":
+            angles = int(self.proportion * self.dim // 2)
+            inv = np.concatenate([base[:angles], np.zeros(self.dim // 2 - angles)])
+            return inv / self.factor, 1.0
         return base, 1.0
 
 

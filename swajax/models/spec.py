@@ -35,6 +35,8 @@ FAMILIES = {
     "olmo3": "olmo",
     "exaone4": "olmo",
     "cohere2": "cohere",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
 }
 
 
@@ -72,6 +74,9 @@ class ModelSpec:
     logit_scale: float = 1.0  # Cohere multiplies the logits
     dtype: str = "float32"  # parameters and activations (norms, softmax, router stay float32)
     moe: str = "auto"  # auto | routed | dense (every expert on every token: the reference)
+    moe_block: bool = False  # Gemma 4: an MoE block beside every layer's dense MLP
+    ple_dim: int = 0  # Gemma 4 per-layer inputs: width per layer (0: none)
+    ple_vocab: int = 0
 
     @property
     def routed_experts(self) -> bool:
@@ -91,11 +96,15 @@ def _rope(layer: LayerSpec, head_dim: int, default_theta: float, interleaved=Fal
     """The layer's RoPE from what `swajax.config` parsed (the only reader of the JSON fields)."""
     params = dict(layer.rope_params)
     theta = layer.rope_theta if layer.rope_theta is not None else default_theta
-    dim = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2 * 2
+    kind = params.get("rope_type", params.get("type", "default"))
+    partial = float(params.get("partial_rotary_factor", 1.0))
+    proportional = kind == "proportional"  # Gemma 4: the whole head, some pairs unrotated
+    dim = head_dim if proportional else int(head_dim * partial) // 2 * 2
     return RopeSpec(
         theta=float(theta),
         dim=dim,
-        kind=params.get("rope_type", params.get("type", "default")),
+        kind=kind,
+        proportion=partial if proportional else 1.0,
         factor=float(params.get("factor", 1.0)),
         interleaved=interleaved,
         original_max_position=int(params.get("original_max_position_embeddings", 4096)),
@@ -232,6 +241,8 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
                 "tie_embeddings": bool(text.get("tie_word_embeddings", True)),
             }
         )
+    if family == "gemma4":
+        return _gemma4(common, hybrid, text, rope)
     if family == "llama4":
         step = int(text.get("interleave_moe_layer_step", 1))
         mlps = tuple("llama4_moe" if (i + 1) % step == 0 else "dense" for i in range(n))
@@ -267,5 +278,40 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
             "value_scale": float(text.get("attention_value_scale", 1.0)),
             "routed_scale": float(text.get("routed_scaling_factor", 1.0)),
             "norm_topk": bool(text.get("norm_topk_prob", True)),
+        }
+    )
+
+
+def _gemma4(common: dict, hybrid: HybridConfig, text, rope) -> ModelSpec:
+    """Gemma 4: sandwich blocks with plain-weight norms, q/k norms and a weightless v norm
+    instead of a softmax scale, proportional RoPE on full layers; KV-shared layers may have
+    double-width MLPs; optional MoE block and per-layer inputs (the small E-size models)."""
+    if text.get("use_bidirectional_attention") == "all":
+        raise ConfigError("use_bidirectional_attention='all' is not causal: it cannot be served")
+    n = hybrid.num_layers
+    width = int(text.get("intermediate_size", 0))
+    double = bool(text.get("use_double_wide_mlp", False))
+    shared = [layer.kv_source is not None for layer in hybrid.layers]
+    moe = bool(text.get("enable_moe_block", False))
+    return ModelSpec(
+        **{
+            **common,
+            "act": "gelu_tanh",
+            "block": "sandwich",
+            "qk_norm": "weight",
+            "embed_scale": float(hybrid.hidden_size) ** 0.5,
+            "scales": (1.0,) * n,
+            "ropes": tuple(
+                rope(la, 1e6 if la.kind is LayerKind.FULL else 1e4) for la in hybrid.layers
+            ),
+            "intermediate": tuple(width * (2 if double and s else 1) for s in shared),
+            "final_soft_cap": text.get("final_logit_softcapping"),
+            "tie_embeddings": bool(text.get("tie_word_embeddings", True)),
+            "moe_block": moe,
+            "num_experts": int(text.get("num_experts") or 0) if moe else 0,
+            "top_k": int(text.get("top_k_experts") or 0) if moe else 0,
+            "expert_intermediate": int(text.get("moe_intermediate_size") or 0) if moe else 0,
+            "ple_dim": int(text.get("hidden_size_per_layer_input") or 0),
+            "ple_vocab": int(text.get("vocab_size_per_layer_input") or hybrid.vocab_size),
         }
     )

@@ -20,14 +20,18 @@ from swajax.serving.request import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
-FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]
+FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "gpt_oss_mxfp4",
+         "mimo_v2_flash_fp8"]  # fmt: skip
 # Legacy config forms: transformers computes the very same logits from them as from the current
 # form (checked when the fixtures are made), so reading them must give the very same spec.
 LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
 
 
-def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32", kv="fp32"):
-    model = HybridLM(load_decoder(path, dtype=dtype), dtype=kv)
+def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32", kv="fp32",
+               attention="xla"):  # fmt: skip
+    pallas = attention == "pallas"
+    model = HybridLM(load_decoder(path, dtype=dtype), dtype=kv, implementation=attention,
+                     interpret=pallas)  # fmt: skip
     cfg = model.spec.hybrid
     if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)
@@ -100,7 +104,7 @@ def test_bfloat16_stays_close_to_float32(family):
         assert row[-1] - row[-2] <= 2 * error, (step, row[-1] - row[-2], error)
 
 
-@pytest.mark.parametrize("family", FAMILIES + ["olmo3", "exaone4", "cohere2"])
+@pytest.mark.parametrize("family", FAMILIES + ["olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e"])
 def test_hybrid_memory_off_gives_the_same_logits(family):
     on, out_on, _, _ = run_engine(FIXTURES / family)
     off, out_off, _, _ = run_engine(FIXTURES / family, hybrid_memory=False, page_size=1, chunk=None)
