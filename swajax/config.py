@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from swajax import hf_compressed
 from swajax.hf_fields import (
     ConfigError as ConfigError,
     get,
@@ -55,6 +56,11 @@ class LayerSpec:
     # Gemma 4's KV-shared layers: the layer whose KV this one reads (it stores none); None for a
     # layer that stores its own.
     kv_source: int | None = None
+    # DeepSeek-V4's compressed layers: besides the window, one cache entry of `compress_dims`
+    # elements (K = V, plus an indexer key) per `compress_rate` tokens, kept for the whole
+    # sequence (not in the two pools; see BUILD_NOTES.md).
+    compress_rate: int | None = None
+    compress_dims: int = 0
 
     @property
     def kernel_window(self) -> int:
@@ -131,6 +137,15 @@ class HybridConfig:
         """Full layers that store KV (the full pool's layers)."""
         return tuple(
             i for i, la in enumerate(self.layers) if not la.kind.is_local and la.kv_source is None
+        )
+
+    def compressed_bytes_per_token(self, dtype_bytes: float) -> float:
+        """Bytes of compressed cache one token costs, over all compressed layers (amortized:
+        an entry every `compress_rate` tokens)."""
+        return sum(
+            la.compress_dims * dtype_bytes / la.compress_rate
+            for la in self.layers
+            if la.compress_rate
         )
 
     @property
@@ -292,6 +307,12 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
     n = positive_int(text, "num_hidden_layers")
     if model_type in ("llama4", "llama4_text"):
         layers = _llama4_layers(text, n)
+    elif model_type in hf_compressed.MODEL_TYPES:  # every layer has a window branch
+        layers = _layer_specs(model_type, text, [LayerKind.SLIDING] * n)
+        layers = [
+            dataclasses.replace(la, compress_rate=c[0], compress_dims=c[1]) if c else la
+            for la, c in zip(layers, hf_compressed.compressed_layers(text, n))
+        ]
     else:
         if text.get("layer_types") is not None:
             kinds = _kinds_from_layer_types(text, n)

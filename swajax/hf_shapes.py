@@ -25,9 +25,11 @@ def shape_fields(model_type: str, cfg: Mapping[str, Any], kinds) -> tuple[dict, 
     v_head_dim, has_sinks, k_is_v. `kinds` are the layers' `LayerKind`s (for per-layer
     overrides)."""
     heads = positive_int(cfg, "num_attention_heads")
-    kv_heads = positive_int(cfg, "num_key_value_heads", heads)
+    # Step 3.x hub configs name the KV heads num_attention_groups (transformers maps it).
+    kv_heads = positive_int(cfg, "num_key_value_heads", cfg.get("num_attention_groups") or heads)
     hidden = positive_int(cfg, "hidden_size")
-    head_dim = positive_int(cfg, "head_dim", hidden // heads)
+    default_head_dim = 512 if model_type == "deepseek_v4" else hidden // heads
+    head_dim = positive_int(cfg, "head_dim", default_head_dim)
     v_head_dim = positive_int(cfg, "v_head_dim", head_dim)
     sinks = model_type == "gpt_oss"
     full = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -45,8 +47,15 @@ def shape_fields(model_type: str, cfg: Mapping[str, Any], kinds) -> tuple[dict, 
         full["has_sinks"] = bool(cfg.get("add_full_attention_sink_bias", False))
     elif model_type in GEMMA4:
         full.update(_gemma4_full(cfg, kinds, kv_heads))
+    elif model_type == "deepseek_v4":  # shared-KV MQA: one head whose K is its V, sinks
+        local.update(k_is_v=True, v_head_dim=local["head_dim"], has_sinks=True)
     elif model_type in STEP3:
-        local["num_heads"] = positive_int(cfg, "num_sliding_attention_heads", heads)
+        # ... and give the sliding layers' head count in attention_other_setting.
+        other = cfg.get("attention_other_setting") or {}
+        other_heads = (
+            other.get("num_attention_heads", heads) if isinstance(other, Mapping) else heads
+        )
+        local["num_heads"] = positive_int(cfg, "num_sliding_attention_heads", other_heads)
         _check_per_layer(cfg, kinds, local, full)
     return full, local
 

@@ -107,6 +107,85 @@ GEMMA_3_27B = {
     },
 }
 
+
+# Gemma 4 (google/gemma-4-31B-it, /gemma-4-26B-A4B-it, /gemma-4-E4B-it config.json, text_config):
+# 5 sliding : 1 full; sliding layers 256-dim heads, full layers 512-dim heads whose keys are
+# their values (31B, 26B) over fewer KV heads; the E4B reads the KV of its last 18 layers from
+# earlier layers.
+def _gemma4(n, hidden, heads, kv, global_kv, window, **extra) -> dict[str, Any]:
+    return {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": {
+            "model_type": "gemma4_text",
+            "hidden_size": hidden,
+            "num_hidden_layers": n,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "num_global_key_value_heads": global_kv,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "sliding_window": window,
+            "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * (n // 6),
+            "rope_parameters": {
+                "full_attention": {
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 1000000.0,
+                    "rope_type": "proportional",
+                },
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },  # fmt: skip
+            "final_logit_softcapping": 30.0,
+            "vocab_size": 262144,
+            **extra,
+        },
+    }
+
+
+GEMMA_4_31B = _gemma4(60, 5376, 32, 16, 4, 1024, attention_k_eq_v=True)
+GEMMA_4_26B_A4B = _gemma4(30, 2816, 16, 8, 2, 1024, attention_k_eq_v=True,
+                          enable_moe_block=True, num_experts=128, top_k_experts=8,
+                          moe_intermediate_size=704)  # fmt: skip
+GEMMA_4_E4B = _gemma4(42, 2560, 8, 2, None, 512, attention_k_eq_v=False,
+                      num_kv_shared_layers=18, hidden_size_per_layer_input=256)  # fmt: skip
+
+# huggingface.co/stepfun-ai/Step-3.5-Flash config.json: 45 layers, full attention every 4th
+# (from layer 0), sliding window 512; sliding layers have 96 query heads, full ones 64, both
+# over 8 KV heads ("num_attention_groups") of dim 128.
+STEP_3_5_FLASH = {
+    "model_type": "step3p5",
+    "architectures": ["Step3p5ForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 45,
+    "num_attention_heads": 64,
+    "num_attention_groups": 8,
+    "head_dim": 128,
+    "sliding_window": 512,
+    "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(45)],
+    "attention_other_setting": {"num_attention_heads": 96, "num_attention_groups": 8},
+    "vocab_size": 128896,
+}
+
+# huggingface.co/deepseek-ai/DeepSeek-V4-Flash config.json: 43 layers, every one attends a
+# 128-token window (shared-KV MQA: one 512-dim head, K = V, sinks); layers 0-1 only that,
+# then CSA (an entry per 4 tokens, plus a 128-dim indexer key) and HCA (an entry per 128
+# tokens) alternate. The hub form: compress_ratios with a trailing 0 for the MTP layer.
+DEEPSEEK_V4_FLASH = {
+    "model_type": "deepseek_v4",
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "index_head_dim": 128,
+    "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 43)] + [0],
+    "compress_rope_theta": 160000,
+    "rope_theta": 10000,
+    "vocab_size": 129280,
+}
+
 # Tiny configs for tests and the embedded default: 4 layers, W = 7 (HF sliding_window 8).
 TINY_HYBRID = {
     "model_type": "gpt_oss",
@@ -152,6 +231,11 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     "mimo-v2-flash": MIMO_V2_FLASH,
     "llama-4-scout": LLAMA_4_SCOUT,
     "gemma-3-27b": GEMMA_3_27B,
+    "gemma-4-31b": GEMMA_4_31B,
+    "gemma-4-26b-a4b": GEMMA_4_26B_A4B,
+    "gemma-4-e4b": GEMMA_4_E4B,
+    "step-3.5-flash": STEP_3_5_FLASH,
+    "deepseek-v4-flash": DEEPSEEK_V4_FLASH,
     "tiny-hybrid": TINY_HYBRID,
     "tiny-mimo": TINY_MIMO,
     "tiny-all-swa": TINY_ALL_SWA,

@@ -240,3 +240,49 @@ def test_errors_name_the_field(config, field):
 def test_missing_file_error(tmp_path):
     with pytest.raises(ConfigError, match="no config file"):
         load_hf_config(tmp_path)
+
+
+def test_new_family_presets_by_hand():
+    """Published attention fields of Gemma 4, Step-3.5-Flash and DeepSeek-V4 (swajax.presets);
+    bytes per token in bf16, counted by hand."""
+    from swajax import sizing
+
+    g31 = load_preset("gemma-4-31b")
+    assert g31.kinds == "SSSSSF" * 10 and g31.sliding_window == 1023
+    # full: 10 layers x 4 KV heads x 512, stored once (keys are values); SWA: 50 x 16 x (256 + 256)
+    assert sizing.token_bytes(g31, "bf16") == (10 * 4 * 512 * 2, 50 * 16 * 512 * 2)
+    moe = load_preset("gemma-4-26b-a4b")
+    assert sizing.token_bytes(moe, "bf16") == (5 * 2 * 512 * 2, 25 * 8 * 512 * 2)
+    e4b = load_preset("gemma-4-e4b")  # layers 24-41 read layers 22 and 23's KV
+    assert e4b.layers[41].kv_source == 23 and e4b.layers[24].kv_source == 22
+    assert len(e4b.full_layer_ids) == 4 and len(e4b.swa_layer_ids) == 20
+    assert sizing.token_bytes(e4b, "bf16") == (4 * 2 * 1024 * 2, 20 * 2 * 512 * 2)
+    step = load_preset("step-3.5-flash")
+    assert step.kinds == ("FSSS" * 12)[:45] and step.sliding_window == 511
+    assert (step.swa_attention.num_heads, step.full_attention.num_heads) == (96, 64)
+    assert step.swa_attention.num_kv_heads == step.full_attention.num_kv_heads == 8
+    ds = load_preset("deepseek-v4-flash")
+    assert ds.layer_mix == "all_swa" and ds.sliding_window == 127
+    assert ds.swa_attention.k_is_v and ds.swa_attention.has_sinks
+    rates = [la.compress_rate for la in ds.layers]
+    assert rates[:4] == [None, None, 4, 128] and rates.count(4) == 21 and rates.count(128) == 20
+    # CSA: (512 KV + 128 indexer) every 4 tokens; HCA: 512 every 128 tokens
+    assert ds.compressed_bytes_per_token(2) == 21 * 640 * 2 / 4 + 20 * 512 * 2 / 128
+
+
+def test_deepseek_v4_layer_types_and_rates_forms():
+    base = {"model_type": "deepseek_v4", "num_hidden_layers": 4, "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+            "sliding_window": 8, "index_head_dim": 8}  # fmt: skip
+    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
+    new = parse_hf_config(base | {"layer_types": ["sliding_attention", csa, hca, csa],
+                                  "compress_rates": {csa: 2, hca: 16}})  # fmt: skip
+    legacy = parse_hf_config(base | {"compress_ratios": [0, 2, 16, 2, 0], "compress_rate_csa": 2,
+                                     "compress_rate_hca": 16})  # fmt: skip
+    assert new == legacy
+    assert [la.compress_rate for la in new.layers] == [None, 2, 16, 2]
+    assert [la.compress_dims for la in new.layers] == [0, 40, 32, 40]
+    with pytest.raises(ConfigError, match="compress_ratios"):
+        parse_hf_config(base | {"compress_ratios": [0, 3, 16, 2]})
+    with pytest.raises(ConfigError, match="layer_types"):
+        parse_hf_config(base | {"layer_types": ["sliding_attention", "full_attention"] * 2})

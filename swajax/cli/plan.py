@@ -28,6 +28,9 @@ class CapacityReport:
     single_pool_tokens: int  # tokens the same budget holds with one pool for every layer
     capacity_ratio: float  # full_tokens / single_pool_tokens
     min_ratio_estimate: float | None  # (W + I + P) / T, when an average length T is given
+    # DeepSeek-V4's compressed caches, outside the two pools: amortized bytes of one token
+    # over all compressed layers (0 for every other model)
+    compressed_bytes_per_token: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -73,6 +76,7 @@ def capacity_report(
         single_pool_tokens=single.full_tokens,
         capacity_ratio=sizes.max_total_tokens / single.full_tokens,
         min_ratio_estimate=estimate,
+        compressed_bytes_per_token=cfg.compressed_bytes_per_token(sizing.dtype_bytes(dtype)),
     )
 
 
@@ -97,6 +101,10 @@ def format_report(report: CapacityReport) -> str:
         ("single-pool tokens", f"{report.single_pool_tokens:,}"),
         ("capacity vs single", f"{report.capacity_ratio:.2f}x"),
     ]
+    if report.compressed_bytes_per_token:
+        rows.append(
+            ("compressed bytes/token", f"{report.compressed_bytes_per_token:,.1f} (not in pools)")
+        )
     if report.min_ratio_estimate is not None:
         rows.append(("min ratio estimate", f"{report.min_ratio_estimate:.4f}"))
     width = max(len(k) for k, _ in rows)

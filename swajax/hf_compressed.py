@@ -1,0 +1,77 @@
+"""DeepSeek-V4's attention schedule from a Hugging Face config: every layer attends a sliding
+window; compressed layers add a cache with one entry per `compress_rate` tokens.
+
+Layer types: `sliding_attention` (window only), `compressed_sparse_attention` (CSA: entries every
+`compress_rates[csa]` tokens, default 4, each a KV vector of `head_dim` plus a Lightning-Indexer
+key of `index_head_dim`), `heavily_compressed_attention` (HCA: every `compress_rates[hca]`
+tokens, default 128, KV only). The hub's older form gives `compress_ratios` per layer (0 / 4 /
+128, sometimes with a trailing entry for the multi-token-prediction layer) and
+`compress_rate_csa` / `compress_rate_hca`. Returned as plain fields for `swajax.config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from swajax.hf_fields import ConfigError, positive_int
+
+CSA, HCA, SLIDING = (
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+    "sliding_attention",
+)
+DEFAULT_RATES = {CSA: 4, HCA: 128}
+MODEL_TYPES = ("deepseek_v4",)
+
+
+def compress_rates(cfg: Mapping[str, Any]) -> dict[str, int]:
+    rates = dict(DEFAULT_RATES)
+    given = cfg.get("compress_rates")
+    if given is not None:
+        if not isinstance(given, Mapping) or set(given) - {CSA, HCA}:
+            raise ConfigError(
+                f"config field 'compress_rates' must map {CSA!r} / {HCA!r} to rates, got {given!r}"
+            )
+        rates.update(given)
+    for kind, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
+        if cfg.get(legacy) is not None:
+            rates[kind] = cfg[legacy]
+    for kind, rate in rates.items():
+        positive_int({kind: rate}, kind)
+    return rates
+
+
+def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
+    rates = compress_rates(cfg)
+    types = cfg.get("layer_types")
+    if types is None and cfg.get("compress_ratios") is not None:
+        by_rate = {0: SLIDING, rates[CSA]: CSA, rates[HCA]: HCA}
+        ratios = cfg["compress_ratios"]
+        if (
+            not isinstance(ratios, list)
+            or len(ratios) < n
+            or any(r not in by_rate for r in ratios[:n])
+        ):
+            raise ConfigError(
+                f"config field 'compress_ratios' must list {n} entries from {sorted(by_rate)}, "
+                f"got {ratios!r}"
+            )
+        types = [by_rate[r] for r in ratios[:n]]
+    if types is None:  # transformers' default: two HCA layers, then CSA / HCA alternating
+        types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
+    if not isinstance(types, list) or len(types) < n or set(types[:n]) - {SLIDING, CSA, HCA}:
+        raise ConfigError(
+            f"config field 'layer_types' must list {n} entries from {[SLIDING, CSA, HCA]}, "
+            f"got {types!r}"
+        )
+    return list(types[:n])
+
+
+def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int] | None]:
+    """Per layer: (compress_rate, elements per compressed entry), or None (window only)."""
+    rates = compress_rates(cfg)
+    head_dim = positive_int(cfg, "head_dim", 512)
+    index_dim = positive_int(cfg, "index_head_dim", 128)
+    entry = {CSA: head_dim + index_dim, HCA: head_dim}
+    return [None if t == SLIDING else (rates[t], entry[t]) for t in layer_types(cfg, n)]
