@@ -90,6 +90,8 @@ def rope_params(cfg: Mapping[str, Any], type_name: str, local: bool) -> tuple[tu
         params = {}  # per-type parameters that do not name this kind
     elif local and cfg.get("rope_local_base_freq") is not None:
         params = {}  # Gemma 3's legacy form: the scaling is the global layers' only
+    elif type_name not in cfg.get("yarn_only_types", [type_name]):
+        params = {}  # Step 3.x hub form: rope_scaling names the layer types it applies to
     params = {k: _frozen(v) for k, v in params.items() if k != "rope_theta"}
     if "type" in params:  # the oldest spelling
         params.setdefault("rope_type", params.pop("type"))
@@ -97,4 +99,10 @@ def rope_params(cfg: Mapping[str, Any], type_name: str, local: bool) -> tuple[tu
         del params["rope_type"]
     if "partial_rotary_factor" not in params and cfg.get("partial_rotary_factor") is not None:
         params["partial_rotary_factor"] = cfg["partial_rotary_factor"]
+    factors, types = cfg.get("partial_rotary_factors"), cfg.get("layer_types")
+    if "partial_rotary_factor" not in params and isinstance(factors, list) and types:
+        # Step 3.x hub form: one factor per layer; a type takes its first layer's (as
+        # transformers converts it; layers of a type agree)
+        if type_name in types and types.index(type_name) < len(factors):
+            params["partial_rotary_factor"] = factors[types.index(type_name)]
     return tuple(sorted(params.items()))

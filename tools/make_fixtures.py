@@ -158,6 +158,39 @@ def configs():
             num_kv_shared_layers=2,
         ),
     )
+    # Step 3.x ships as a vision-language checkpoint: a tiny vision tower rides along (the text
+    # model must ignore it). Sliding layers have 8 query heads, full ones 4; MoE layers 1-2
+    # with a shared expert; per-layer SwiGLU clamps and RoPE bases / partial factors.
+    yield (
+        "step3p7",
+        tf.Step3p7Config(
+            text_config=dict(
+                **BASE,
+                num_hidden_layers=4,
+                layer_types=[TYPES[c] for c in "FSSF"],
+                sliding_window=6,
+                num_sliding_attention_heads=8,
+                mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                share_expert_dim=32,
+                swiglu_limits=[None, 0.5, None, None],
+                swiglu_limits_shared=[None, 0.5, 0.4, None],
+                moe_router_scaling_factor=2.0,
+                rope_theta=[5e6, 1e4, 1e4, 5e6],
+                partial_rotary_factors=[0.5, 1.0, 1.0, 0.5],
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+        ),
+    )
     yield (
         "mimo_v2_flash",
         tf.MiMoV2FlashConfig(
@@ -273,23 +306,37 @@ VARIANTS = {
 }
 
 
+def auto_class(model_type: str):
+    # Step 3.x exists in transformers only as a vision-language model.
+    return tf.AutoModelForImageTextToText if model_type == "step3p7" else tf.AutoModelForCausalLM
+
+
 def build(cfg, seed=0):
     cfg = copy.deepcopy(cfg)  # from_config mutates the config it is given
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation="eager", dtype=torch.float32
-    ).eval()
+    model = (
+        auto_class(cfg.model_type)
+        .from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+        .eval()
+    )
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        if cfg.model_type == "step3p7":  # the router's choice bias is a buffer: draw it too
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(torch.randn(b.shape, generator=gen) * 0.3)
     return model
 
 
 def reload(folder: Path):
-    return tf.AutoModelForCausalLM.from_pretrained(
-        folder, attn_implementation="eager", dtype=torch.float32
-    ).eval()
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    return (
+        auto_class(model_type)
+        .from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+        .eval()
+    )
 
 
 def fixtures():

@@ -16,7 +16,7 @@ from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
-from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE
+from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
 from swajax.models.sampling import sample
 from swajax.models.spec import ModelSpec
 
@@ -47,14 +47,24 @@ class DecoderLayer(nnx.Module):
         for name in NORMS[spec.block]:
             setattr(self, name, norm_of(spec, spec.hidden))
         kind = spec.mlps[i]
-        dense = lambda: DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype)  # noqa: E731
-        self.mlp = MLPS[kind](spec) if kind in MLPS else dense()
+        limit = spec.mlp_limits[i] if spec.mlp_limits else None
+        if kind == "step3_moe":
+            self.mlp = Step3MoE(spec, i)
+        elif kind in MLPS:
+            self.mlp = MLPS[kind](spec)
+        else:
+            self.mlp = DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype, limit)
 
     def load(self, w, prefix):
         self.self_attn.load(w, f"{prefix}.self_attn")
         for name in NORMS[self.spec.block]:
             getattr(self, name).load(w, f"{prefix}.{name}.weight")
-        self.mlp.load(w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}")
+        if isinstance(self.mlp, Step3MoE):  # its tensors: moe.* and share_expert.*
+            self.mlp.load(w, prefix)
+        else:
+            self.mlp.load(
+                w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}"
+            )
 
     def __call__(self, x, positions, pools, meta, mode):
         block = self.spec.block

@@ -96,6 +96,7 @@ class Attention(nnx.Module):
         self.q_norm = norm_of(spec, q_dim) if norm else None
         self.k_norm = norm_of(spec, k_dim) if norm else None
         self.sinks = param((shape.num_heads,)) if shape.has_sinks else None
+        self.g_proj = Linear(h, shape.num_heads, dtype=dt) if spec.attn_gate else None
 
     def load(self, w, prefix):
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -106,6 +107,8 @@ class Attention(nnx.Module):
         if self.sinks is not None:
             name = "sinks" if self.spec.family == "gpt_oss" else "attention_sink_bias"
             w.fill(self.sinks, f"{prefix}.{name}")
+        if self.g_proj is not None:
+            self.g_proj.load(w, f"{prefix}.g_proj")
 
     def __call__(self, x, positions, pools, meta, mode: AttentionMode):
         t, s, spec = x.shape[0], self.shape, self.spec
@@ -141,6 +144,9 @@ class Attention(nnx.Module):
             interpret=mode.interpret,
             mesh=mode.mesh,
         )
+        if self.g_proj is not None:  # Step 3.x: each head's output times sigmoid(g_h(x))
+            gate = jax.nn.sigmoid(self.g_proj(x).astype(F32))[:, :, None]
+            out = (out.astype(F32) * gate).astype(out.dtype)
         return self.o_proj(out.reshape(t, s.num_heads * s.v_head_dim)), pools
 
 
@@ -150,15 +156,20 @@ def _l2(x, eps):
 
 
 class DenseMLP(nnx.Module):
-    def __init__(self, hidden: int, width: int, act: str, dtype=F32):
+    """down(act(gate(x)) * up(x)); `limit` (Step 3.x) clamps act(gate) above and up both ways."""
+
+    def __init__(self, hidden: int, width: int, act: str, dtype=F32, limit: float | None = None):
         self.gate_proj, self.up_proj = (
             Linear(hidden, width, dtype=dtype),
             Linear(hidden, width, dtype=dtype),
         )
-        self.down_proj, self.act = Linear(width, hidden, dtype=dtype), act
+        self.down_proj, self.act, self.limit = Linear(width, hidden, dtype=dtype), act, limit
 
     def __call__(self, x):
-        return self.down_proj(act(self.act, self.gate_proj(x)) * self.up_proj(x))
+        gate, up = act(self.act, self.gate_proj(x)), self.up_proj(x)
+        if self.limit is not None:
+            gate, up = jnp.minimum(gate, self.limit), jnp.clip(up, -self.limit, self.limit)
+        return self.down_proj(gate * up)
 
     def load(self, w, prefix):
         for name in ("gate_proj", "up_proj", "down_proj"):

@@ -62,7 +62,11 @@ MOE_MODES = ("auto", "routed", "dense")
 # Tensors a checkpoint may carry that no model here reads (as transformers ignores them): old
 # RoPE buffers, a stored copy of tied embeddings, MiMo's multi-token-prediction layers.
 IGNORED = (r"\.rotary_emb\.inv_freq$",)
-IGNORED_BY_FAMILY = {"mimo": (r"^model\.mtp\.",)}
+IGNORED_BY_FAMILY = {
+    "mimo": (r"^model\.mtp\.",),
+    # Step 3.x checkpoints carry a vision tower; the text model reads none of it.
+    "step3": (r"^vision_model\.", r"^vit_large_projector\."),
+}
 
 
 def load_decoder(

@@ -118,3 +118,44 @@ class MimoMoE(nnx.Module):
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
         return _run(spec, x, routing, weights, _swiglu_pairs)
+
+
+class Step3MoE(nnx.Module):
+    """Sigmoid router choosing by score + correction bias, normalized weights times the routed
+    scale; experts stacked per projection [E, out, in] in the file; plus a shared expert. Both
+    clamp SwiGLU at their layer's limits (Step 3.x)."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int):
+        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        self.spec, self.limit = spec, spec.expert_limits[layer_id]
+        self.gate = Linear(h, e)
+        self.correction = param((e,))
+        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        shared_limit = spec.mlp_limits[layer_id]
+        self.share_expert = DenseMLP(h, spec.shared_intermediate, "silu", dt, shared_limit)
+
+    def load(self, w, prefix):
+        """`prefix` is the layer's: the tensors sit under `moe.` and `share_expert.`."""
+        self.gate.load(w, f"{prefix}.moe.gate")
+        w.fill(self.correction, f"{prefix}.moe.router_bias")
+        # gate_proj / up_proj [E, I, H] -> one [E, H, 2I], interleaved; down [E, H, I] -> [E, I, H]
+        names = [f"{prefix}.moe.gate_proj.weight", f"{prefix}.moe.up_proj.weight"]
+        w.fill_joined(self.gate_up, names, transform=interleave_halves)
+        w.fill(self.down, f"{prefix}.moe.down_proj.weight", transform=lambda a: a.swapaxes(1, 2))
+        self.share_expert.load(w, f"{prefix}.share_expert")
+
+    def _act(self, h):
+        gate, up = jax.nn.silu(h[..., 0::2]), h[..., 1::2]
+        if self.limit is not None:
+            gate, up = jnp.minimum(gate, self.limit), jnp.clip(up, -self.limit, self.limit)
+        return gate * up
+
+    def __call__(self, x):
+        spec = self.spec
+        scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
+        _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
+        chosen = jnp.take_along_axis(scores, idx, axis=-1)
+        chosen = chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        return _run(spec, x, routing, weights, self._act) + self.share_expert(x)

@@ -37,6 +37,8 @@ FAMILIES = {
     "cohere2": "cohere",
     "gemma4": "gemma4",
     "gemma4_text": "gemma4",
+    "step3p5": "step3",
+    "step3p7": "step3",
 }
 
 
@@ -77,6 +79,11 @@ class ModelSpec:
     moe_block: bool = False  # Gemma 4: an MoE block beside every layer's dense MLP
     ple_dim: int = 0  # Gemma 4 per-layer inputs: width per layer (0: none)
     ple_vocab: int = 0
+    attn_gate: bool = False  # Step 3.x: a sigmoid gate per query head on the attention output
+    # Step 3.x SwiGLU clamps per layer (None: none): dense and shared-expert MLPs, routed experts
+    mlp_limits: tuple[float | None, ...] = ()
+    expert_limits: tuple[float | None, ...] = ()
+    shared_intermediate: int = 0
 
     @property
     def routed_experts(self) -> bool:
@@ -243,6 +250,8 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         )
     if family == "gemma4":
         return _gemma4(common, hybrid, text, rope)
+    if family == "step3":
+        return _step3(common, hybrid, text, rope)
     if family == "llama4":
         step = int(text.get("interleave_moe_layer_step", 1))
         mlps = tuple("llama4_moe" if (i + 1) % step == 0 else "dense" for i in range(n))
@@ -313,5 +322,41 @@ def _gemma4(common: dict, hybrid: HybridConfig, text, rope) -> ModelSpec:
             "expert_intermediate": int(text.get("moe_intermediate_size") or 0) if moe else 0,
             "ple_dim": int(text.get("hidden_size_per_layer_input") or 0),
             "ple_vocab": int(text.get("vocab_size_per_layer_input") or hybrid.vocab_size),
+        }
+    )
+
+
+def _limits(text, field: str, n: int) -> tuple[float | None, ...]:
+    values = text.get(field) or [None] * n
+    if not isinstance(values, list) or len(values) < n:
+        raise ConfigError(f"config field {field!r} must list {n} per-layer limits, got {values!r}")
+    return tuple(float(v) if v else None for v in values[:n])  # 0 / None: no clamp
+
+
+def _step3(common: dict, hybrid: HybridConfig, text, rope) -> ModelSpec:
+    """Step 3.x: Gemma-style (1 + w) norms, per-head q/k norms, a sigmoid gate per query head,
+    sliding layers with their own head count; dense MLP or sigmoid-routed MoE plus a shared
+    expert, with per-layer SwiGLU clamps."""
+    if text.get("use_bidirectional_attention"):
+        raise ConfigError("use_bidirectional_attention is not causal: it cannot be served")
+    n = hybrid.num_layers
+    kinds = text.get("mlp_layer_types") or ["dense"] * n
+    scalar = text.get("query_pre_attn_scalar") or hybrid.full_attention.head_dim
+    return ModelSpec(
+        **{
+            **common,
+            "norm_plus_one": True,
+            "qk_norm": "weight",
+            "scales": (float(scalar) ** -0.5,) * n,
+            "ropes": tuple(rope(la, 1e4) for la in hybrid.layers),
+            "mlps": tuple("step3_moe" if k == "sparse" else "dense" for k in kinds[:n]),
+            "num_experts": int(text.get("n_routed_experts") or text.get("moe_num_experts") or 0),
+            "top_k": int(text.get("num_experts_per_tok") or text.get("moe_top_k") or 0),
+            "expert_intermediate": int(text.get("moe_intermediate_size") or 0),
+            "shared_intermediate": int(text.get("share_expert_dim") or 0),
+            "routed_scale": float(text.get("moe_router_scaling_factor", 1.0)),
+            "attn_gate": True,
+            "mlp_limits": _limits(text, "swiglu_limits_shared", n),
+            "expert_limits": _limits(text, "swiglu_limits", n),
         }
     )

@@ -85,6 +85,26 @@ class WeightLoader:
         )
         self.checkpoint.release()
 
+    def fill_joined(self, param: nnx.Variable, names: list[str], transform=None) -> None:
+        """Stacked per-expert projections, one tensor per projection [E, out, in] (Step 3.x's
+        gate_proj and up_proj): transposed to [E, in, out], joined on the output axis (then
+        `transform`ed) into param [E, in, sum(out)]."""
+        target = param.get_value()
+        parts = [
+            np.swapaxes(quantization.read(self.checkpoint, n, self.quant, np.float32), 1, 2)
+            for n in names
+        ]
+        joined = np.concatenate(parts, axis=-1)
+        if joined.shape != tuple(target.shape):
+            raise LoadError(
+                f"tensors {names} join to shape {joined.shape}, expected {tuple(target.shape)}"
+            )
+        host = (transform(joined) if transform is not None else joined).astype(target.dtype)
+        param.set_value(
+            jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
+        )
+        self.checkpoint.release()
+
     def _sharding(self, param):
         if self.mesh is None:
             return self._device

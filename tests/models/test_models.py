@@ -20,8 +20,8 @@ from swajax.serving.request import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
-FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "gpt_oss_mxfp4",
-         "mimo_v2_flash_fp8"]  # fmt: skip
+FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7",
+         "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]  # fmt: skip
 # Legacy config forms: transformers computes the very same logits from them as from the current
 # form (checked when the fixtures are made), so reading them must give the very same spec.
 LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
@@ -74,6 +74,25 @@ def test_legacy_config_forms_read_as_the_current_form(legacy, current):
     assert spec_of(FIXTURES / legacy) == spec_of(FIXTURES / current)
 
 
+def test_step3_hub_config_form_reads_as_the_converted_form():
+    """Step-3.5-Flash's hub config lists RoPE bases and partial factors per layer, names the KV
+    heads num_attention_groups and the sliding heads attention_other_setting; transformers
+    converts that into what the fixture's config holds."""
+    from swajax.models.spec import model_spec
+
+    cfg = json.loads((FIXTURES / "step3p7" / "config.json").read_text())
+    converted = ("rope_parameters", "per_layer_config", "num_key_value_heads",
+                 "num_sliding_attention_heads")  # fmt: skip
+    hub = {k: v for k, v in cfg["text_config"].items() if k not in converted}
+    hub.update(
+        rope_theta=[5e6, 1e4, 1e4, 5e6],
+        partial_rotary_factors=[0.5, 1.0, 1.0, 0.5],
+        num_attention_groups=2,
+        attention_other_setting={"num_attention_heads": 8, "num_attention_groups": 2},
+    )
+    assert model_spec({"model_type": "step3p7", "text_config": hub}) == model_spec(cfg)
+
+
 BF16_SLOW = {"qwen3", "mimo_v2_flash", "gemma3", "llama4"}  # paths mistral / gpt_oss cover
 
 
@@ -104,7 +123,10 @@ def test_bfloat16_stays_close_to_float32(family):
         assert row[-1] - row[-2] <= 2 * error, (step, row[-1] - row[-2], error)
 
 
-@pytest.mark.parametrize("family", FAMILIES + ["olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e"])
+NEW_FAMILIES = ["olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7"]
+
+
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
 def test_hybrid_memory_off_gives_the_same_logits(family):
     on, out_on, _, _ = run_engine(FIXTURES / family)
     off, out_off, _, _ = run_engine(FIXTURES / family, hybrid_memory=False, page_size=1, chunk=None)
