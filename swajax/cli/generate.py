@@ -9,46 +9,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from flax import nnx
 
 from swajax import sizing
 from swajax.cli import args as args_lib
 from swajax.cli.tokenizer import Tokenizer
+from swajax.demo import demo_decoder
 from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
-from swajax.models.spec import model_spec
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.request import SamplingParams
-
-# The embedded default: a tiny hybrid model (sliding / full layers, GQA, sinks) whose vocabulary
-# is the 256 byte values, so text goes in and out without a tokenizer. Weights are fixed random.
-TINY_CONFIG = {
-    "model_type": "gpt_oss",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 64,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "sliding_window": 8,
-    "layer_types": ["sliding_attention", "full_attention"] * 2,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "attention_bias": True,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-}
-
-
-def tiny_decoder(seed: int = 0, dtype: str = "float32") -> Decoder:
-    spec = dataclasses.replace(model_spec(TINY_CONFIG), dtype=dtype)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(spec)))
-    rng = np.random.default_rng(seed)
-    state = nnx.map_state(
-        lambda _, x: np.asarray(rng.normal(0, 0.3, x.shape), np.float32).astype(x.dtype), state
-    )
-    return nnx.merge(graphdef, state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +41,11 @@ KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def load(model: str, dtype: str = "float32", chat: bool = False) -> tuple[Decoder, Tokenizer]:
-    """`tiny` (embedded), or a checkpoint directory."""
+    """`tiny` (the embedded byte-level demo model, swajax.demo), or a checkpoint directory."""
     if model == "tiny":
         if chat:
             raise args_lib.UsageError("--chat needs a checkpoint folder with a chat template")
-        return tiny_decoder(dtype=dtype), Tokenizer(None)
+        return demo_decoder(dtype=dtype), Tokenizer(None)
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"--model must be 'tiny' or a checkpoint directory, got {model!r}")

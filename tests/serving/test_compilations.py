@@ -1,13 +1,13 @@
 """Compilation stays bounded: bucketed shapes and one program per step kind, not per length."""
 
-from swajax.cli.generate import tiny_decoder
+from swajax.demo import demo_decoder
 from swajax.models import HybridLM
 from swajax.serving.request import SamplingParams
 
 
 def test_a_2000_token_generation_compiles_a_bounded_number_of_programs(tiny_engine):
     engine = tiny_engine(
-        full=4096, ps=4, chunk=64, model=HybridLM(tiny_decoder()), max_context=2100, max_running=2
+        full=4096, ps=4, chunk=64, model=HybridLM(demo_decoder()), max_context=2100, max_running=2
     )
     rid = engine.add_request(list(range(10, 30)), SamplingParams(max_new_tokens=2000))
     engine.run()

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from swajax.cli.generate import tiny_decoder
+from swajax.demo import demo_decoder
 from swajax.models import HybridLM
 from swajax.serving.batch import StepResult
 from swajax.serving.ledger import LedgerMismatch
@@ -17,7 +17,7 @@ from swajax.serving.request import SamplingParams
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return HybridLM(tiny_decoder())
+    return HybridLM(demo_decoder())
 
 
 def test_steady_decode_step_makes_one_upload_and_one_read(tiny_engine, tiny_model, monkeypatch):
