@@ -7,6 +7,7 @@ Each type raises `argparse.ArgumentTypeError`, which the parser prints as one li
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
 
@@ -116,3 +117,39 @@ def model_config(args: argparse.Namespace, default_preset: str | None = None) ->
 def add_model_choice(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", metavar="NAME", help=f"one of: {', '.join(presets.preset_names())}")
     p.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+
+
+def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
+    """The step-time model of `--accelerator NAME [--devices N]` for the `--preset` model (whose
+    published parameter counts it needs); devices default to what the weights plus the KV
+    budget need."""
+    from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+
+    if args.preset not in MODEL_COSTS:
+        raise UsageError(
+            f"modeled step time needs a --preset with published parameter counts: one of "
+            f"{', '.join(sorted(MODEL_COSTS))} (got {args.preset or args.hf_config!r})"
+        )
+    timer = StepTimeModel(cfg, MODEL_COSTS[args.preset], ACCELERATORS[args.accelerator])
+    devices = args.devices or timer.devices_needed(budget_bytes)
+    return dataclasses.replace(timer, devices=devices)
+
+
+def add_timer_choice(p: argparse.ArgumentParser, required: bool) -> None:
+    from swajax.serving.step_time import ACCELERATORS
+
+    p.add_argument("--accelerator", choices=sorted(ACCELERATORS), required=required,
+                   help="model step time on this chip (roofline: bandwidth, FLOPs)")  # fmt: skip
+    p.add_argument("--devices", type=POSITIVE, default=None,
+                   help="chips one model instance spans (default: weights + KV fit)")  # fmt: skip
+
+
+def workload_choice(value: str) -> str:
+    """A built-in workload name or an existing JSON-lines file."""
+    from swajax.serving.workloads import WORKLOADS
+
+    if value in WORKLOADS or Path(value).is_file():
+        return value
+    raise argparse.ArgumentTypeError(
+        f"must be one of {', '.join(WORKLOADS)} or a JSON-lines file, got {value!r}"
+    )

@@ -36,6 +36,7 @@ def _run_record(args: argparse.Namespace) -> int:
     from swajax.cli.simulate import run_workload
     from swajax.cli.trace import Tracer
     from swajax.serving.engine import EngineOptions
+    from swajax.serving.workloads import make_workload
 
     cfg = args_lib.model_config(args, default_preset="tiny-hybrid")
     if not cfg.sliding_window:
@@ -52,9 +53,7 @@ def _run_record(args: argparse.Namespace) -> int:
     run_workload(
         cfg,
         sizes,
-        args.workload,
-        args.requests,
-        seed=args.seed,
+        make_workload(args.workload, args.requests, args.seed),
         options=options,
         progress=False,
         on_engine=lambda e: tracers.append(Tracer(e)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from swajax import sizing
@@ -119,6 +120,8 @@ def run(args) -> int:
     import json
 
     cfg = args_lib.model_config(args)
+    if args.workload is not None:
+        return _run_planner(args, cfg)
     report = capacity_report(
         cfg,
         sizing.gib_to_bytes(args.kv_budget_gib),
@@ -131,6 +134,46 @@ def run(args) -> int:
     )
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0
+
+
+def _run_planner(args, cfg) -> int:
+    import json
+
+    from swajax.cli import ratio_planner
+    from swajax.serving.workloads import workload_of
+
+    if args.accelerator is None:
+        raise args_lib.UsageError("--workload plans by modeled step time: give --accelerator")
+    budget = sizing.gib_to_bytes(args.kv_budget_gib)
+    timer = args_lib.step_timer(args, cfg, budget)
+    chunks = ratio_planner.CHUNKS if args.chunk_size == "auto" else (int(args.chunk_size),)
+    result = ratio_planner.plan(
+        cfg,
+        budget,
+        lambda: workload_of(args.workload, args.requests, args.seed),
+        timer,
+        chunks=chunks,
+        ratios=args.ratios or ratio_planner.RATIOS,
+        page_size=args.page_size if args.page_size != 1 else 16,
+        dtype=args.dtype,
+    )
+    if args.plot:
+        ratio_planner.plot(result, args.plot)
+    print(json.dumps(result.as_dict()) if args.json else ratio_planner.format_plan(result))
+    return 0
+
+
+def _chunk(value: str) -> str:
+    if value == "auto" or (value.isdigit() and int(value) >= 1):
+        return value
+    raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {value!r}")
+
+
+def _ratios(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(args_lib.RATIO(v) for v in value.split(","))
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"ratios in (0, 1], comma-separated: {e}") from None
 
 
 def register(sub) -> None:
@@ -155,4 +198,13 @@ def register(sub) -> None:
         help="one pool for every layer (SWA layers still attend only their window)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    g = p.add_argument_group("planning by modeled step time (--workload)")
+    g.add_argument("--workload", type=args_lib.workload_choice,
+                   help="built-in workload or JSON-lines file to plan on")  # fmt: skip
+    args_lib.add_timer_choice(g, required=False)
+    g.add_argument("--chunk-size", type=_chunk, default="8192", help="prefill chunk, or 'auto'")
+    g.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=48)
+    g.add_argument("--ratios", type=_ratios, help="comma-separated candidates (default: a grid)")
+    g.add_argument("--seed", type=args_lib.SEED, default=0)
+    g.add_argument("--plot", type=args_lib.out_file(".png"), help="throughput against the ratio")
     p.set_defaults(func=run)

@@ -15,7 +15,8 @@ from swajax.config import HybridConfig
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import RequestError, Status
-from swajax.serving.workloads import make_workload
+from swajax.serving.step_time import Span, StepTimeModel
+from swajax.serving.workloads import Workload, workload_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,12 @@ class RunSummary:
     compilations: int
     full_occupancy: list[float]  # per step
     swa_occupancy: list[float]
+    # Modeled by `serving/step_time.py` when an accelerator is given (else 0): seconds to run
+    # the workload, output tokens per second, mean time to first token, mean inter-token gap.
+    modeled_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
 
 
 def _progress(done: int, total: int, label: str) -> None:
@@ -50,45 +57,76 @@ def _progress(done: int, total: int, label: str) -> None:
 def run_workload(
     cfg: HybridConfig,
     sizes: sizing.PoolSizes,
-    workload_name: str,
-    n: int,
+    workload: Workload,
     *,
-    seed: int,
     options: EngineOptions,
     progress: bool,
     on_engine=None,
+    timer: StepTimeModel | None = None,
 ) -> RunSummary:
+    """Run `workload` on the null model. With a `timer`, a modeled clock advances by each
+    step's modeled time: arrivals are submitted when the clock reaches them, follow-ups (the
+    next chat turn) as soon as their predecessor finishes."""
     model = NullModel()
     engine = Engine(cfg, model, sizes, options)
     if on_engine is not None:
         on_engine(engine)  # e.g. attach a trace recorder
-    workload = make_workload(workload_name, n, seed, model.vocab_size)
-    arrivals, rejected = {}, []
+    arrivals, rejected, pending = {}, [], list(workload.initial)
+    clock, submitted, token_times = 0.0, {}, {}
 
     def submit(arrival):
         try:
-            arrivals[engine.add_request(arrival.prompt, arrival.params)] = arrival
+            rid = engine.add_request(arrival.prompt, arrival.params)
         except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
             rejected.append(str(e))
+            return
+        arrivals[rid], submitted[rid], token_times[rid] = arrival, clock, []
 
-    for arrival in workload.initial:
-        submit(arrival)
     finished = set()
-    while not engine.idle:
-        if engine.step() is None:
+    while True:
+        while pending and (timer is None or pending[0].at <= clock):
+            submit(pending.pop(0))
+        if engine.idle:
+            if not pending:
+                break
+            clock = pending[0].at  # nothing to run until the next arrival
+            continue
+        metrics = engine.step()
+        if metrics is None:
             break
+        if timer is not None:
+            clock += timer.step_seconds(Span(pre, seq) for _, pre, seq, _ in metrics.spans)
+        for rid, _, _, sampled in metrics.spans:
+            if sampled:
+                token_times[rid].append(clock)
         for rid, arrival in list(arrivals.items()):
             req = engine.requests[rid]
             if req.status is Status.FINISHED and rid not in finished:
                 finished.add(rid)
                 nxt = workload.follow_up(arrival, req.output)
                 if nxt is not None:
-                    submit(nxt)
+                    nxt.at = clock
+                    pending.insert(0, nxt)
         if progress and len(engine.metrics) % 200 == 0:
             _progress(len(finished) + len(rejected), workload.total, sizes.mode)
     if progress:
         _progress(len(finished) + len(rejected), workload.total, sizes.mode)
-    return _summary(engine, sizes, arrivals, finished, len(rejected))
+    summary = _summary(engine, sizes, arrivals, finished, len(rejected))
+    if timer is None:
+        return summary
+    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times))
+
+
+def _latencies(clock: float, submitted: dict, token_times: dict) -> dict:
+    firsts = [t[0] - submitted[rid] for rid, t in token_times.items() if t]
+    gaps = [b - a for t in token_times.values() for a, b in zip(t, t[1:])]
+    tokens = sum(len(t) for t in token_times.values())
+    return dict(
+        modeled_seconds=clock,
+        tokens_per_s=tokens / clock if clock else 0.0,
+        ttft_s=sum(firsts) / max(len(firsts), 1),
+        itl_s=sum(gaps) / max(len(gaps), 1),
+    )
 
 
 def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
@@ -130,15 +168,23 @@ def simulate(
     max_running: int = 256,
     dtype: str = "bf16",
     progress: bool = False,
+    timer: StepTimeModel | None = None,
 ) -> dict:
-    """Run the workload with hybrid pools and with one pool; returns both summaries and ratios."""
+    """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
+    `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
+    modeled throughput and latencies."""
     hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
     single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
     options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size)
     runs = {
         name: run_workload(
-            cfg, sizes, workload, requests, seed=seed, options=options, progress=progress
-        )
+            cfg,
+            sizes,
+            workload_of(workload, requests, seed),
+            options=options,
+            progress=progress,
+            timer=timer,
+        )  # fmt: skip
         for name, sizes in (("hybrid", hybrid), ("single", single))
     }
     h, s = runs["hybrid"], runs["single"]
@@ -181,9 +227,12 @@ def plot(result: dict, path: str) -> None:
 def run(args) -> int:
     import json
 
+    cfg, budget = args_lib.model_config(args), sizing.gib_to_bytes(args.kv_budget_gib)
+    timer = args_lib.step_timer(args, cfg, budget) if args.accelerator else None
     result = simulate(
-        args_lib.model_config(args),
-        sizing.gib_to_bytes(args.kv_budget_gib),
+        cfg,
+        budget,
+        timer=timer,
         workload=args.workload,
         requests=args.requests,
         ratio=args.ratio,
@@ -219,7 +268,10 @@ def register(sub) -> None:
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=16)
-    p.add_argument("--workload", choices=WORKLOADS, required=True)
+    p.add_argument("--workload", type=args_lib.workload_choice, required=True,
+                   help=f"{', '.join(WORKLOADS)}, or a JSON-lines file of "
+                   "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip
+    args_lib.add_timer_choice(p, required=False)
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")

@@ -206,6 +206,10 @@ class Engine:
             retractions=self.scheduler.retractions,
             compilations=self.runner.compilations(),
             r2t_tokens_written=plan.r2t_tokens_written,
+            spans=tuple(
+                (req.rid, int(pre), int(seq), req.num_tokens == seq + 1)
+                for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens)
+            ),
         )
         self.metrics.append(m)
         return m

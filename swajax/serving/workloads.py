@@ -1,9 +1,12 @@
-"""Generated workloads for `swajax simulate`: what arrives, and what follows a finished request."""
+"""Workloads for `swajax simulate` and `swajax plan`: what arrives (and when, in modeled
+seconds), and what follows a finished request. Generated ones, or a JSON-lines file."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +20,7 @@ class Arrival:
     prompt: list[int]
     params: SamplingParams
     conversation: int | None = None  # multi-turn: the conversation it continues
+    at: float = 0.0  # arrival, modeled seconds from the start
 
 
 @dataclasses.dataclass
@@ -72,3 +76,62 @@ def make_workload(name: str, n: int, seed: int = 0, vocab: int = 1024) -> Worklo
     if name == "mixed":
         initial += long_context(rng, n - chats, vocab)
     return Workload(initial, follow_up, conversations * 4 + (n - chats if name == "mixed" else 0))
+
+
+FILE_KEYS = {"prompt_len", "output_len", "prefix_id", "arrival"}
+
+
+def _length(item: dict, key: str, where: str, low: int) -> int:
+    value = item.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 20:
+        raise ValueError(
+            f"{where}: {key!r} must be an integer in [{low}, {1 << 20}], got {value!r}"
+        )
+    return value
+
+
+def from_file(path: str | Path, vocab: int = 1024, seed: int = 0) -> Workload:
+    """JSON lines of {"prompt_len", "output_len", "prefix_id"?, "arrival"?}. Requests with the
+    same prefix_id take their prompts from one token stream (so two of them share their common
+    length, as the turns of a chat do); `arrival` is in seconds (default 0). Errors name the
+    line."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the workload file {path}: {e}") from e
+    rng = np.random.default_rng(seed)
+    streams: dict[object, list[int]] = {}
+    arrivals = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+        if not isinstance(item, dict) or set(item) - FILE_KEYS:
+            raise ValueError(f"{where}: expected an object with keys from {sorted(FILE_KEYS)}")
+        prompt_len = _length(item, "prompt_len", where, 1)
+        output_len = _length(item, "output_len", where, 1)
+        at = item.get("arrival", 0.0)
+        if isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at < 1e9:
+            raise ValueError(f"{where}: 'arrival' must be seconds >= 0, got {at!r}")
+        group = item.get("prefix_id", ("unique", n))
+        stream = streams.setdefault(group, [])
+        if len(stream) < prompt_len:
+            stream += _tokens(rng, prompt_len - len(stream), vocab)
+        arrivals.append(
+            Arrival(stream[:prompt_len], SamplingParams(max_new_tokens=output_len), at=float(at))
+        )
+    if not arrivals:
+        raise ValueError(f"the workload file {path} holds no request")
+    arrivals.sort(key=lambda a: a.at)
+    return Workload(arrivals, lambda arrival, output: None, len(arrivals))
+
+
+def workload_of(name_or_path: str, n: int, seed: int = 0, vocab: int = 1024) -> Workload:
+    """A built-in workload by name (`n` requests), else a JSON-lines file."""
+    if name_or_path in WORKLOADS:
+        return make_workload(name_or_path, n, seed, vocab)
+    return from_file(name_or_path, vocab, seed)

@@ -1,0 +1,148 @@
+"""A roofline model of one engine step's time on a named accelerator (host code, no JAX).
+
+    time = max(bytes read / HBM bandwidth, FLOPs / peak bf16 FLOP/s) + fixed overhead
+
+Bytes: the weights a step touches (dense weights always; each MoE layer's experts in the
+proportion the step's tokens are expected to touch, 1 - (1 - k/E)^T) plus the KV every
+request's attention reads: full layers its whole context, local layers at most W + 1 keys
+before each of its new tokens (a chunked layer at most its chunk), over the layers that own
+KV. FLOPs: 2 x active parameters per new token, plus attention's 4 x heads x head_dim per
+(query, key) pair. The model is for comparing configurations of the same model side by side
+(hybrid vs one pool, ratio against ratio), not for predicting absolute latency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from swajax.config import HybridConfig, LayerKind
+from swajax.sizing import layer_bytes
+
+GB, TB = 1e9, 1e12
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    name: str
+    hbm_bytes_per_s: float
+    bf16_flops: float  # dense peak
+    memory_bytes: float
+    overhead_s: float = 200e-6  # launch and host cost per step (one exchange per step)
+
+
+# Published per-chip figures (dense bf16, no sparsity).
+ACCELERATORS = {
+    "h100": Accelerator("H100 SXM", 3.35 * TB, 989 * TB, 80 * GB),
+    "h200": Accelerator("H200", 4.8 * TB, 989 * TB, 141 * GB),
+    "b200": Accelerator("B200", 8.0 * TB, 2250 * TB, 180 * GB),
+    "tpu-v5e": Accelerator("TPU v5e", 819 * GB, 197 * TB, 16 * GB),
+    "tpu-v6e": Accelerator("TPU v6e", 1640 * GB, 918 * TB, 32 * GB),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCost:
+    """What a step costs besides attention: parameter counts as published, and the bytes of
+    the weights as shipped (MXFP4 experts for GPT-OSS, FP8 for MiMo-V2-Flash and DeepSeek-V4)."""
+
+    total_params: float
+    active_params: float
+    weight_bytes: float
+    experts: int = 0  # routed experts per MoE layer (0: dense)
+    top_k: int = 0
+
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of all routed experts: from total = dense + X and active = dense + X k / E."""
+        if not self.experts:
+            return 0.0
+        experts_params = (self.total_params - self.active_params) / (1 - self.top_k / self.experts)
+        return self.weight_bytes * experts_params / self.total_params
+
+    def weights_read(self, tokens: int) -> float:
+        """Weight bytes one step of `tokens` new tokens reads (experts as expected touched)."""
+        if not self.experts:
+            return self.weight_bytes
+        touched = 1 - (1 - self.top_k / self.experts) ** max(tokens, 1)
+        return self.weight_bytes - self.expert_bytes * (1 - touched)
+
+
+# Published model sizes (model cards); weight bytes as the checkpoints ship.
+MODEL_COSTS = {
+    "gpt-oss-20b": ModelCost(20.9e9, 3.6e9, 12.8 * GB, 32, 4),
+    "gpt-oss-120b": ModelCost(116.8e9, 5.1e9, 60.8 * GB, 128, 4),
+    "mimo-v2-flash": ModelCost(309e9, 15e9, 309 * GB, 256, 8),
+    "llama-4-scout": ModelCost(109e9, 17e9, 218 * GB, 16, 1),
+    "gemma-3-27b": ModelCost(27e9, 27e9, 54 * GB),
+    "gemma-4-31b": ModelCost(31e9, 31e9, 62 * GB),
+    "gemma-4-26b-a4b": ModelCost(25.2e9, 3.8e9, 50.4 * GB, 128, 8),
+    "step-3.5-flash": ModelCost(196e9, 11e9, 392 * GB, 288, 8),
+    "deepseek-v4-flash": ModelCost(284e9, 13e9, 284 * GB, 256, 6),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One request's part of a step: KV before it and after it."""
+
+    prefix_len: int
+    seq_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimeModel:
+    cfg: HybridConfig
+    cost: ModelCost
+    accelerator: Accelerator
+    devices: int = 1  # the model instance spans this many chips (bandwidth and FLOPs add up)
+    kv_dtype: str = "bf16"
+
+    def __post_init__(self):
+        f, s = layer_bytes(self.cfg, self.kv_dtype)
+        object.__setattr__(self, "_layer_bytes", (f, s))
+
+    def _visible(self, layer, q: int) -> int:
+        """Keys the query at position q reads in one layer."""
+        if layer.kind is LayerKind.FULL:
+            return q + 1
+        if layer.kind is LayerKind.CHUNKED:
+            return q % layer.window + 1
+        return min(q, layer.window) + 1
+
+    def _attention(self, span: Span) -> tuple[float, float]:
+        """(KV bytes read, attention FLOPs) of one request's span, summed over layers. Pairs are
+        counted at the first and last new token and interpolated (exact for full layers, and
+        for local layers once the window is full)."""
+        f_bytes, s_bytes = self._layer_bytes
+        new = span.seq_len - span.prefix_len
+        first, last = span.prefix_len, span.seq_len - 1
+        kv, flops = 0.0, 0.0
+        for layer in self.cfg.layers:
+            shape = self.cfg.swa_attention if layer.kind.is_local else self.cfg.full_attention
+            pairs = new * (self._visible(layer, first) + self._visible(layer, last)) / 2
+            flops += 2 * shape.num_heads * (shape.head_dim + shape.v_head_dim) * pairs
+            if layer.kv_source is not None:
+                continue  # reads the KV its source layer already brought in
+            if layer.kind is LayerKind.FULL:
+                keys = span.seq_len
+            else:  # a window slides over the new tokens: the keys of the union
+                keys = min(span.seq_len, self._visible(layer, first) + new - 1)
+            kv += keys * (s_bytes if layer.kind.is_local else f_bytes)
+        return kv, flops
+
+    def step_seconds(self, spans: Iterable[Span]) -> float:
+        spans = list(spans)
+        if not spans:
+            return 0.0
+        tokens = sum(s.seq_len - s.prefix_len for s in spans)
+        kv, attn = (sum(x) for x in zip(*(self._attention(s) for s in spans)))
+        read = self.cost.weights_read(tokens) + kv
+        flops = 2 * self.cost.active_params * tokens + attn
+        acc, n = self.accelerator, self.devices
+        return max(read / (acc.hbm_bytes_per_s * n), flops / (acc.bf16_flops * n)) + acc.overhead_s
+
+    def devices_needed(self, kv_budget_bytes: float, usable: float = 0.9) -> int:
+        """Chips for the weights plus the KV budget at `usable` of each chip's memory."""
+        need = self.cost.weight_bytes + kv_budget_bytes
+        return max(1, -int(-need // (self.accelerator.memory_bytes * usable)))

@@ -1,0 +1,74 @@
+"""`swajax plan --workload`: the sweep (with injected runs, fast) and, with the null-model engine
+and the step-time model, the planned ratio against one pool on the built-in workloads (slow)."""
+
+import json
+
+import pytest
+
+from swajax import sizing
+from swajax.cli import ratio_planner
+from swajax.cli.ratio_planner import Candidate, corrected_min_ratio, mean_sequence_length
+from swajax.presets import load_preset
+from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.serving.workloads import make_workload
+
+BUDGET = sizing.gib_to_bytes(16)
+
+
+def _timer(preset):
+    return StepTimeModel(load_preset(preset), MODEL_COSTS[preset], ACCELERATORS["h200"])
+
+
+def test_sweep_starts_at_the_corrected_minimum_and_picks_the_fastest():
+    cfg = load_preset("gpt-oss-120b")
+    factory = lambda: make_workload("long-context", 8, 0)  # noqa: E731
+    seen = []
+
+    def fake(ratio, chunk):  # throughput peaks at 0.3; one pool is slowest
+        seen.append((ratio, chunk))
+        speed = 50.0 if ratio is None else 100 - 100 * abs(ratio - 0.3)
+        return Candidate(ratio, chunk, speed, 1.0, 0.01, 4, 100)
+
+    p = ratio_planner.plan(cfg, BUDGET, factory, _timer("gpt-oss-120b"), chunks=(2048, 8192),
+                           run_fn=fake)  # fmt: skip
+    floor = max(
+        corrected_min_ratio(cfg, BUDGET, mean_len=mean_sequence_length(factory()), chunk=c,
+                            page_size=16)
+        for c in (2048, 8192)
+    )  # fmt: skip
+    assert p.min_ratio == floor
+    hybrid = [r for r, _ in seen if r is not None]
+    assert min(hybrid) >= floor and 1.0 in hybrid and 0.3 in hybrid
+    assert (p.best.ratio, p.single.ratio, p.sglang_default.ratio) == (0.3, None, 0.8)
+    assert {c for _, c in seen} == {2048, 8192}
+    text = ratio_planner.format_plan(p)
+    assert "planned ratio 0.3" in text and "2.00x one pool" in text
+
+
+def test_plan_cli_names_what_it_needs(cli):
+    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
+                       "--workload", "multi-turn")  # fmt: skip
+    assert code == 2 and "give --accelerator" in err
+    code, _, err = cli("plan", "--preset", "tiny-hybrid", "--kv-budget-gib", "1",
+                       "--workload", "multi-turn", "--accelerator", "h200")  # fmt: skip
+    assert code == 2 and "published parameter counts" in err
+    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
+                       "--workload", "nowhere.jsonl", "--accelerator", "h200")  # fmt: skip
+    assert code == 2 and "JSON-lines file" in err
+
+
+PRESETS = ["gpt-oss-20b", "gpt-oss-120b", "mimo-v2-flash", "llama-4-scout", "gemma-3-27b"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["long-context", "multi-turn", "mixed"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_planned_ratio_never_loses_to_one_pool(cli, preset, workload):
+    code, out, _ = cli("plan", "--preset", preset, "--kv-budget-gib", "16", "--workload", workload,
+                       "--requests", "12", "--accelerator", "h200", "--ratios", "0.1,0.3,1",
+                       "--json")  # fmt: skip
+    assert code == 0
+    p = json.loads(out)
+    assert p["best"]["tokens_per_s"] >= p["single"]["tokens_per_s"] * (1 - 1e-9)
+    assert p["best"]["ratio"] >= p["min_ratio"]
+    assert all(c["ratio"] >= p["min_ratio"] for c in p["candidates"])
