@@ -1,10 +1,12 @@
-"""Trace record and replay of allocator and prefix-cache operations (JSON lines).
+"""Trace record and replay of allocator and prefix-cache operations (JSON lines, optionally gzip).
 
 A trace lets another backend be driven with exactly the operations swajax saw, and checked
-against swajax's results. Line 1 is `{"op": "init", ...}` (format version, pool sizes, page
-size, mode, window, leaf cap, and the number of operation lines; `trace_check.py` holds the
-schema every line is checked against before replay). Every other line is one operation with
-its arguments and an `expect` object:
+against swajax's results. Line 1 is `{"op": "init", ...}` (format version, model config, pool
+sizes, page size, mode, window, leaf cap, cache policy profile, and the number of operation
+lines), the last `{"op": "end", "ops": n}`; `trace_check.py` holds the schema every line is
+checked against before replay, `trace_codec.py` the delta encoding that keeps a trace's size
+linear in the tokens processed. Every other line is one operation with its arguments and an
+`expect` object:
 
   alloc_extend  prefix_lens, seq_lens, last_loc     -> status, slots
   alloc_decode  seq_lens, last_loc                   -> status, slots
@@ -25,11 +27,13 @@ outermost calls are recorded: what the cache does inside `insert` is replayed by
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 
+from swajax.cli import trace_codec
 from swajax.cli.trace_check import FORMAT_VERSION, TraceError, check
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
@@ -78,6 +82,8 @@ class Tracer:
                 mode=ledger.mode.value,
                 window=cache.window,
                 cap_leaf_to_window=cache.cap_leaf,
+                profile="swajax",
+                config=dict(model_type=engine.cfg.model_type, kinds=engine.cfg.kinds),
             )
         )
         for name in ("free", "free_swa"):
@@ -137,9 +143,12 @@ class Tracer:
         return observe(name, result, self.alloc, self.cache)
 
     def write(self, path: str | Path) -> None:
-        header = dict(self.lines[0], version=FORMAT_VERSION, ops=len(self.lines) - 1)
-        lines = [header, *self.lines[1:]]
-        Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        """Format 3; gzip-compressed when `path` ends in .gz."""
+        ops = len(self.lines) - 1
+        header = dict(self.lines[0], version=FORMAT_VERSION, ops=ops)
+        lines = [header, *trace_codec.encode_lines(self.lines[1:]), dict(op="end", ops=ops)]
+        data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+        Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
 
 
 def encode_args(name, args, kwargs) -> dict:
@@ -206,17 +215,7 @@ def observe(name, result, alloc, cache) -> dict:
 
 def replay(path: str | Path) -> dict:
     """Replay a trace against swajax; {"ok": True, "ops": n} or the first divergence."""
-    lines = []
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(f"cannot read the trace {path}: {e}") from e
-    for number, raw in enumerate(text.splitlines(), 1):
-        if raw.strip():
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}:{number}: not JSON ({e.msg})") from e
+    lines = read_lines(path)
     check(lines, str(path))
     init = lines[0]
     alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
@@ -251,6 +250,35 @@ def replay(path: str | Path) -> dict:
                 actual={k: actual.get(k) for k in keys},
             )
     return dict(ok=True, ops=len(lines) - 1)
+
+
+def read_lines(path: str | Path) -> list[dict]:
+    """The header and operation lines of a trace of any readable version (gzip or not), lists
+    decoded; a version-3 trace without its footer is refused as truncated."""
+    try:
+        data = Path(path).read_bytes()
+        text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read the trace {path}: {e} (truncated?)") from e
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if raw.strip():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{path}:{number}: not JSON ({e.msg})") from e
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("version") != 3:
+        return lines  # version 2 (or garbage, which check() names)
+    end = lines[-1]
+    if len(lines) < 2 or not isinstance(end, dict) or end.get("op") != "end":
+        raise TraceError(
+            f"{path}: truncated: no 'end' line after {len(lines) - 1} of "
+            f"{lines[0].get('ops')!r} operations"
+        )
+    if end.get("ops") != lines[0].get("ops"):
+        raise TraceError(f"{path}: the footer counts {end.get('ops')!r} operations, the header "
+                         f"{lines[0].get('ops')!r}")  # fmt: skip
+    return [lines[0], *trace_codec.decode_lines(lines[1:-1], str(path))]
 
 
 def _apply(line, alloc, cache, handles):

@@ -1,7 +1,11 @@
 """The trace format's schema: every line of a trace is checked before anything is replayed.
 
-Version 2: line 1 is the `init` header with the pool sizes and `ops`, the number of operation
-lines that follow (a trace cut short, even at a line boundary, is detected). Every operation
+Version 3 (written): line 1 is the `init` header (format version, the model's type and layer
+kinds, pool sizes, page size, mode, window, cache policy profile and `ops`, the number of
+operation lines), the last line the footer `{"op": "end", "ops": n}`; long integer lists are
+deltas of earlier ones (`trace_codec.py`) and the file may be gzip-compressed. Version 2 (read):
+the same header without config and profile, plain lists, no footer. A trace cut short, even at a
+line boundary, is detected by the count and (version 3) the missing footer. Every operation
 names a known `op`, carries exactly the fields that op takes with the right types, and stays
 within the sizes of the header, so a malformed or adversarial trace is refused with the line and
 the field named, never half-replayed or left to hang.
@@ -9,7 +13,9 @@ the field named, never half-replayed or left to hang.
 
 from __future__ import annotations
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READS = (2, 3)
+PROFILES = ("swajax",)  # cache policy profiles a trace may name
 MAX_TOKENS = 1 << 26  # pool tokens, and the longest token / slot list on a line
 MAX_PAGE = 1 << 16
 
@@ -77,10 +83,14 @@ def _check_value(kind: str, value, where: str, limit: int) -> None:
 def check_header(init, path: str) -> None:
     if not isinstance(init, dict) or init.get("op") != "init":
         raise TraceError(f"{path}:1: the first line must be the 'init' header")
-    if init.get("version") != FORMAT_VERSION:
+    if init.get("version") not in READS:
         raise TraceError(
             f"{path}:1: trace format version {init.get('version')!r}; this swajax reads "
-            f"version {FORMAT_VERSION}"
+            f"versions {', '.join(map(str, READS))}"
+        )
+    if init["version"] >= 3 and init.get("profile") not in PROFILES:
+        raise TraceError(
+            f"{path}:1: profile must be one of {PROFILES}, got {init.get('profile')!r}"
         )
     ps = init.get("page_size")
     if not _is_int(ps) or not 1 <= ps <= MAX_PAGE:

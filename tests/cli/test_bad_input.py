@@ -144,7 +144,7 @@ CASES = [
     (SIM + ["--requests", "0"], "--requests: must be an integer in [1, 1000000], got 0"),
     (SIM + ["--requests", "-1"], "got -1"),
     (SIM + ["--seed", "-1"], "--seed"),
-    (SIM[:-1] + ["foo"], "invalid choice: 'foo'"),
+    (SIM[:-1] + ["foo"], "or a JSON-lines file, got 'foo'"),
     (SIM + ["--plot", "{png_dir}"], "is a folder"),
     (SIM + ["--plot", "{a_dir}"], "must end in .png"),
     (SIM + ["--plot", "{no_config}/missing/x.png"], "does not exist"),

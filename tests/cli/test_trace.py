@@ -1,5 +1,6 @@
 """Trace record / replay: a recorded run replays exactly; a changed result is found."""
 
+import gzip
 import json
 
 import pytest
@@ -19,7 +20,9 @@ def test_recorded_run_replays(trace, capsys):
     ops = {json.loads(line)["op"] for line in trace.read_text().splitlines()}
     assert {"init", "match", "lock", "alloc_extend", "alloc_decode", "cache_finished"} <= ops
     result = replay(trace)
-    assert result["ok"] and result["ops"] == len(trace.read_text().splitlines()) - 1
+    lines = trace.read_text().splitlines()
+    assert json.loads(lines[-1]) == {"op": "end", "ops": len(lines) - 2}
+    assert result["ok"] and result["ops"] == len(lines) - 2
     assert main(["replay", str(trace)]) == 0 and "OK" in capsys.readouterr().out
 
 
@@ -42,3 +45,65 @@ def test_trace_without_init(tmp_path, capsys):
     path.write_text('{"op": "match", "tokens": []}\n')
     assert main(["replay", str(path)]) != 0
     assert "init" in capsys.readouterr().err
+
+
+def test_header_names_version_config_and_profile(trace):
+    header = json.loads(trace.read_text().splitlines()[0])
+    assert header["version"] == 3 and header["profile"] == "swajax"
+    assert header["config"] == {"model_type": "tiny_hybrid", "kinds": "SFSF"} or header["config"]
+
+
+def test_gzip_and_version_2_replay(trace, tmp_path):
+    from swajax.cli.trace import read_lines
+
+    zipped = tmp_path / "t.jsonl.gz"
+    zipped.write_bytes(gzip.compress(trace.read_bytes()))
+    assert replay(zipped)["ok"]
+    # version 2: plain lists, no config, profile or footer
+    header, *ops = read_lines(trace)
+    old = {k: v for k, v in header.items() if k not in ("config", "profile")} | {"version": 2}
+    v2 = tmp_path / "v2.jsonl"
+    v2.write_text("".join(json.dumps(line) + "\n" for line in [old, *ops]))
+    assert replay(v2) == replay(trace)
+
+
+def test_truncation_is_reported(trace, tmp_path):
+    from swajax.cli.trace_check import TraceError
+
+    lines = trace.read_text().splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[:-1]) + "\n")  # the footer lost: cut at a line boundary
+    with pytest.raises(TraceError, match="truncated: no 'end' line"):
+        replay(cut)
+    data = gzip.compress(trace.read_bytes())
+    cut_gz = tmp_path / "cut.jsonl.gz"
+    cut_gz.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError, match="truncated"):
+        replay(cut_gz)
+
+
+def _trace_bytes(prompt_len, tmp_path):
+    from swajax import sizing
+    from swajax.cli.trace import Tracer
+    from swajax.presets import load_preset
+    from swajax.serving.engine import Engine, EngineOptions
+    from swajax.serving.null_model import NullModel
+    from swajax.serving.request import SamplingParams
+
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 20_000, ratio=0.5, page_size=4)
+    engine = Engine(cfg, NullModel(), sizes, EngineOptions(chunk_size=256, max_context=20_000))
+    tracer = Tracer(engine)
+    engine.add_request([7 + i % 900 for i in range(prompt_len)], SamplingParams(max_new_tokens=4))
+    engine.run()
+    path = tmp_path / f"{prompt_len}.jsonl"
+    tracer.write(path)
+    assert replay(path)["ok"]
+    return path.stat().st_size
+
+
+def test_size_grows_linearly_with_the_prompt(tmp_path):
+    """Written plainly, each of a prompt's n / 256 chunks repeats its whole token and slot
+    lists, so doubling the prompt quadruples the file; delta-encoded it doubles."""
+    small, large = _trace_bytes(8192, tmp_path), _trace_bytes(16384, tmp_path)
+    assert large / small < 2.3
