@@ -64,19 +64,33 @@ def _run_record(args: argparse.Namespace) -> int:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from swajax.cli.trace import replay
+    from swajax.cli.trace import replay, swajax_backend
 
-    result = replay(args.trace)
+    backend = _load_backend(args.backend) if args.backend else swajax_backend
+    result = replay(args.trace, backend=backend)
     if args.json:
         print(json.dumps(result))
     elif result["ok"]:
         print(f"OK: {result['ops']} operations replayed, every result as recorded")
     else:
-        print(
-            f"diverged at operation {result['op_number']} ({result['op']}): "
-            f"expected {result['expected']}, got {result['actual']}"
-        )
+        detail = result.get("reason") or f"expected {result['expected']}, got {result['actual']}"
+        print(f"diverged at operation {result['op_number']} ({result['op']}): {detail}")
     return 0 if result["ok"] else 1
+
+
+def _load_backend(spec: str):
+    """`module:callable`, called with the trace header, returning (allocator, prefix cache)
+    with swajax's method names (see README, "Trace record and replay")."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise UsageError(f"--backend {spec!r}: cannot load it ({e})") from e
+    if not callable(factory):
+        raise UsageError(f"--backend {spec!r} is not callable")
+    return factory
 
 
 def _register_tools(sub) -> None:
@@ -102,6 +116,8 @@ def _register_tools(sub) -> None:
 
     p = sub.add_parser("replay", help="replay a trace against swajax; report the first divergence")
     p.add_argument("trace", metavar="TRACE.jsonl")
+    p.add_argument("--backend", metavar="MODULE:FACTORY",
+                   help="another backend: FACTORY(header) -> (allocator, cache)")  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_replay)
 

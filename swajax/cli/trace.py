@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from swajax.cli import trace_codec
+from swajax.cli.page_map import SLOT_INPUTS, SLOT_OUTPUTS, Divergence, PageMap
 from swajax.cli.trace_check import FORMAT_VERSION, TraceError, check
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
@@ -213,11 +214,8 @@ def observe(name, result, alloc, cache) -> dict:
     return out
 
 
-def replay(path: str | Path) -> dict:
-    """Replay a trace against swajax; {"ok": True, "ops": n} or the first divergence."""
-    lines = read_lines(path)
-    check(lines, str(path))
-    init = lines[0]
+def swajax_backend(init: dict):
+    """swajax's own allocator and prefix cache, sized by a trace header."""
     alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
     cache = RadixCache(
         alloc,
@@ -226,6 +224,17 @@ def replay(path: str | Path) -> dict:
         pool_mode=init["mode"],
         cap_leaf_to_window=init["cap_leaf_to_window"],
     )
+    return alloc, cache
+
+
+def replay(path: str | Path, backend=swajax_backend) -> dict:
+    """Replay a trace against `backend(header) -> (allocator, prefix cache)` (swajax's by
+    default; another backend may number its pages differently: slots are compared through a
+    page bijection, `page_map.py`). {"ok": True, "ops": n} or the first divergence."""
+    lines = read_lines(path)
+    check(lines, str(path))
+    alloc, cache = backend(lines[0])
+    pages = PageMap(lines[0]["page_size"])
     handles: dict[int, object] = {}
     counter = [0]
     inner_lock = cache.lock
@@ -238,15 +247,29 @@ def replay(path: str | Path) -> dict:
 
     cache.lock = lock
     for number, line in enumerate(lines[1:], 1):
-        actual = observe(line["op"], _apply(line, alloc, cache, handles), alloc, cache)
-        if actual != line["expect"]:
-            keys = [k for k in line["expect"] if line["expect"][k] != actual.get(k)]
+        expected = line["expect"]
+        try:
+            op = dict(line)
+            for name in SLOT_INPUTS.get(line["op"], ()):
+                op[name] = pages.to_backend(line[name])
+            actual = observe(line["op"], _apply(op, alloc, cache, handles), alloc, cache)
+            if "slots" in actual and line["op"].startswith("alloc") and actual["status"] == 0:
+                pages.pair(expected.get("slots", []), actual["slots"])
+        except Divergence as e:
+            return dict(ok=False, op_number=number, op=line["op"], fields=["slots"],
+                        expected=None, actual=None, reason=str(e))  # fmt: skip
+        keys = [
+            k for k in expected
+            if not (pages.same(expected[k], actual.get(k)) if k in SLOT_OUTPUTS
+                    else expected[k] == actual.get(k))
+        ]  # fmt: skip
+        if keys:
             return dict(
                 ok=False,
                 op_number=number,
                 op=line["op"],
                 fields=keys,
-                expected={k: line["expect"][k] for k in keys},
+                expected={k: expected[k] for k in keys},
                 actual={k: actual.get(k) for k in keys},
             )
     return dict(ok=True, ops=len(lines) - 1)

@@ -107,3 +107,61 @@ def test_size_grows_linearly_with_the_prompt(tmp_path):
     lists, so doubling the prompt quadruples the file; delta-encoded it doubles."""
     small, large = _trace_bytes(8192, tmp_path), _trace_bytes(16384, tmp_path)
     assert large / small < 2.3
+
+
+def _permuted_backend(init):
+    """swajax with another free-list order: pages come off the full stack highest first."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from swajax.cli.trace import swajax_backend
+
+    alloc, cache = swajax_backend(init)
+    full = alloc.state.full
+    alloc.state = dataclasses.replace(
+        alloc.state, full=dataclasses.replace(full, pages=jnp.flip(full.pages))
+    )
+    return alloc, cache
+
+
+def test_another_page_order_replays_through_the_bijection(trace):
+    assert replay(trace, backend=_permuted_backend)["ok"]
+
+
+def test_a_leaked_page_is_caught_at_its_operation(trace):
+    """A backend that forgets one page of its 5th free (most frees happen inside cache
+    operations): the free counts part at that operation, and replay names it."""
+    from swajax.cli.trace import swajax_backend
+
+    seen = {"ops": 0, "free_calls": 0, "leak_op": None}
+
+    def leaky(init):
+        alloc, cache = swajax_backend(init)
+        free, available = alloc.free, alloc.available
+
+        def leaky_free(slots):
+            seen["free_calls"] += 1
+            if seen["free_calls"] == 5 and len(slots) > 0:
+                seen["leak_op"] = seen["ops"] + 1  # replay observes once after each operation
+                slots = slots[: -init["page_size"]]  # the last page stays allocated
+            free(slots)
+
+        def counted():
+            seen["ops"] += 1
+            return available()
+
+        alloc.free, alloc.available = leaky_free, counted
+        return alloc, cache
+
+    result = replay(trace, backend=leaky)
+    assert seen["leak_op"] is not None
+    assert not result["ok"] and result["op_number"] == seen["leak_op"]
+    assert "available" in result["fields"] or "sizes" in result["fields"]
+
+
+def test_replay_cli_takes_a_backend(trace, capsys):
+    assert main(["replay", str(trace), "--backend", "tests.cli.test_trace:_permuted_backend"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["replay", str(trace), "--backend", "nowhere:factory"]) == 2
+    assert "cannot load it" in capsys.readouterr().err
