@@ -70,13 +70,15 @@ TOP_P = float_in(0.0, 1.0, lo_open=True)
 MAX_REQUESTS = int_at_least(1, 1_000_000)
 
 
-def out_file(suffix: str):
-    """A path to write, ending in `suffix`, whose folder exists and which is not a folder."""
+def out_file(suffix: str, *others: str):
+    """A path to write, ending in `suffix` (or one of `others`), whose folder exists and which
+    is not a folder."""
 
     def parse(text: str) -> Path:
         path = Path(text)
-        if path.suffix != suffix:
-            raise argparse.ArgumentTypeError(f"must end in {suffix}, got {text!r}")
+        if not any(text.endswith(s) for s in (suffix, *others)):
+            ends = " or ".join((suffix, *others))
+            raise argparse.ArgumentTypeError(f"must end in {ends}, got {text!r}")
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a {suffix} file")
         if not path.parent.is_dir():

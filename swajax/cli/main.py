@@ -111,7 +111,12 @@ def _register_tools(sub) -> None:
     p.add_argument("--workload", choices=WORKLOADS, default="multi-turn")
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=12)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
-    p.add_argument("--out", type=args_lib.out_file(".jsonl"), required=True, metavar="T.jsonl")
+    p.add_argument(
+        "--out",
+        type=args_lib.out_file(".jsonl", ".jsonl.gz"),
+        required=True,
+        metavar="T.jsonl[.gz]",
+    )
     p.set_defaults(func=_run_record)
 
     p = sub.add_parser("replay", help="replay a trace against swajax; report the first divergence")
