@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from swajax import compile_cache, sizing
-from swajax.cli import args as args_lib, generate, plan, simulate
+from swajax.cli import args as args_lib, conformance, generate, plan, simulate
 from swajax.cli.args import UsageError
 
 
@@ -66,7 +66,7 @@ def _run_record(args: argparse.Namespace) -> int:
 def _run_replay(args: argparse.Namespace) -> int:
     from swajax.cli.trace import replay, swajax_backend
 
-    backend = _load_backend(args.backend) if args.backend else swajax_backend
+    backend = load_object(args.backend, "--backend") if args.backend else swajax_backend
     result = replay(args.trace, backend=backend)
     if args.json:
         print(json.dumps(result))
@@ -78,19 +78,19 @@ def _run_replay(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
-def _load_backend(spec: str):
-    """`module:callable`, called with the trace header, returning (allocator, prefix cache)
-    with swajax's method names (see README, "Trace record and replay")."""
+def load_object(spec: str, flag: str):
+    """`module:name` (--backend: a factory called with the trace header, returning (allocator,
+    prefix cache) with swajax's method names; --adapter: a class, see swajax.conformance)."""
     import importlib
 
     module, _, name = spec.partition(":")
     try:
-        factory = getattr(importlib.import_module(module), name)
+        obj = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise UsageError(f"--backend {spec!r}: cannot load it ({e})") from e
-    if not callable(factory):
-        raise UsageError(f"--backend {spec!r} is not callable")
-    return factory
+        raise UsageError(f"{flag} {spec!r}: cannot load it ({e})") from e
+    if not callable(obj):
+        raise UsageError(f"{flag} {spec!r} is not callable")
+    return obj
 
 
 def _register_tools(sub) -> None:
@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.register(sub)
     generate.register(sub)
     _register_tools(sub)
+    conformance.register(sub)
     return parser
 
 

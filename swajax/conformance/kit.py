@@ -1,0 +1,139 @@
+"""Export the golden cases to a folder, and run an adapter through them.
+
+DIR/manifest.json            kit version, and every case: name, kind, path, tolerance
+DIR/ops/NAME.jsonl           operation sequences (trace format 3) with expected results
+DIR/attention/NAME.npz       paged attention cases (`attention_cases.py`)
+DIR/logits/NAME/             a checkpoint (config.json, *.safetensors), case.json (prompt,
+                             tolerance) and expected.npy ([len(prompt), vocab], float32)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+KIT_VERSION = 1
+# Operation cases: (preset, workload, page size, requests, KV budget in tokens, ratio).
+OPS = (
+    ("tiny-hybrid", "multi-turn", 4, 8, 3_000, 0.3),
+    ("tiny-mimo", "multi-turn", 1, 8, 4_000, 0.2),
+    ("tiny-all-swa", "multi-turn", 1, 6, 3_000, 1.0),
+)
+DEMO_PROMPT = b'def sliding_window(tokens, size):\n    """Return the last size tokens."""\n    '
+ATTENTION_RTOL = 1e-5
+LOGITS_RTOL = 1e-4
+
+
+def _record(folder: Path, preset: str, workload: str, ps: int, n: int, tokens: int, ratio):
+    from swajax import sizing
+    from swajax.cli.simulate import run_workload
+    from swajax.cli.trace import Tracer
+    from swajax.presets import load_preset
+    from swajax.serving.engine import EngineOptions
+    from swajax.serving.workloads import make_workload
+
+    cfg = load_preset(preset)
+    sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=ratio, page_size=ps)
+    tracers = []
+    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64)
+    run_workload(cfg, sizes, make_workload(workload, n, 0), options=options, progress=False,
+                 on_engine=lambda e: tracers.append(Tracer(e)))  # fmt: skip
+    name = f"{preset}_{workload}_ps{ps}"
+    tracers[0].write(folder / "ops" / f"{name}.jsonl")
+    return dict(name=name, kind="ops", path=f"ops/{name}.jsonl")
+
+
+def export(folder: str | Path, *, models: tuple[str | Path, ...] = ()) -> dict:
+    """Write the kit. `models`: checkpoint folders in the fixtures' form (config.json,
+    safetensors, greedy.json with the prompt, logits.npy from transformers) to include as
+    logits cases besides the demo model (whose expected logits swajax computes here)."""
+    from swajax.conformance.adapter import SwajaxAdapter
+    from swajax.conformance.attention_cases import CASES, make_case
+    from swajax.demo import DEMO_DIR
+
+    folder = Path(folder)
+    for sub in ("ops", "attention", "logits"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    cases = [_record(folder, *spec) for spec in OPS]
+    for seed, spec in enumerate(CASES):
+        np.savez(folder / "attention" / f"{spec[0]}.npz", **make_case(spec, seed))
+        cases.append(dict(name=spec[0], kind="attention", path=f"attention/{spec[0]}.npz",
+                          tolerance=ATTENTION_RTOL))  # fmt: skip
+    logits = [("demo", Path(DEMO_DIR), list(DEMO_PROMPT), None)]
+    for model in map(Path, models):
+        prompt = json.loads((model / "greedy.json").read_text())["prompt"]
+        logits.append((model.name, model, prompt, np.load(model / "logits.npy")))
+    for name, source, prompt, expected in logits:
+        dst = folder / "logits" / name
+        dst.mkdir(exist_ok=True)
+        for f in [source / "config.json", *source.glob("*.safetensors")]:
+            shutil.copy(f, dst / f.name)
+        if expected is None:
+            expected = SwajaxAdapter().logits(str(dst), prompt)
+        np.save(dst / "expected.npy", np.asarray(expected, np.float32))
+        (dst / "case.json").write_text(json.dumps(dict(prompt=prompt, tolerance=LOGITS_RTOL)))
+        cases.append(dict(name=f"logits_{name}", kind="logits", path=f"logits/{name}",
+                          tolerance=LOGITS_RTOL))  # fmt: skip
+    manifest = dict(kit_version=KIT_VERSION, cases=cases)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    name: str
+    kind: str
+    status: str  # ok | fail | skipped
+    detail: str = ""
+
+
+def _run_case(folder: Path, case: dict, adapter) -> CaseResult:
+    from swajax.cli.trace import replay
+    from swajax.oracle import compare
+
+    name, kind, path = case["name"], case["kind"], folder / case["path"]
+    if kind == "ops":
+        result = replay(path, backend=adapter.allocator_and_cache)
+        if result["ok"]:
+            return CaseResult(name, kind, "ok", f"{result['ops']} operations")
+        detail = result.get("reason") or f"expected {result['expected']}, got {result['actual']}"
+        where = f"operation {result['op_number']} ({result['op']})"
+        return CaseResult(name, kind, "fail", f"{where}: {detail}")
+    if kind == "attention":
+        arrays = dict(np.load(path))
+        expected = arrays.pop("expected")
+        report = compare(adapter.attention(arrays), expected, rtol=case["tolerance"])
+        return CaseResult(name, kind, "ok" if report.ok else "fail", str(report))
+    if kind == "logits":
+        spec = json.loads((path / "case.json").read_text())
+        got = np.asarray(adapter.logits(str(path), spec["prompt"]), np.float64)
+        report = compare(got, np.load(path / "expected.npy"), rtol=case["tolerance"])
+        return CaseResult(name, kind, "ok" if report.ok else "fail", str(report))
+    return CaseResult(name, kind, "fail", f"unknown case kind {kind!r}")
+
+
+def run(folder: str | Path, adapter) -> list[CaseResult]:
+    """Every case of the kit through `adapter`; a method that raises NotImplementedError skips
+    its cases, any other exception fails the case with its message."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{folder} is not a conformance kit: {e}") from e
+    if manifest.get("kit_version") != KIT_VERSION:
+        raise ValueError(f"kit version {manifest.get('kit_version')!r}; this swajax runs "
+                         f"version {KIT_VERSION}")  # fmt: skip
+    results = []
+    for case in manifest["cases"]:
+        try:
+            results.append(_run_case(folder, case, adapter))
+        except NotImplementedError as e:
+            results.append(CaseResult(case["name"], case["kind"], "skipped", str(e)))
+        except Exception as e:  # noqa: BLE001 - a backend's crash is that case's failure
+            results.append(CaseResult(case["name"], case["kind"], "fail",
+                                      f"{type(e).__name__}: {e}"))  # fmt: skip
+    return results
