@@ -3,6 +3,7 @@
 from swajax.prefix_cache.checks import check_invariants as check_invariants, stats as stats
 from swajax.prefix_cache.chunk import ChunkCache as ChunkCache
 from swajax.prefix_cache.locks import LockHandle as LockHandle
+from swajax.prefix_cache.policy import SWAJAX, CachePolicy
 from swajax.prefix_cache.protocol import PrefixCache as PrefixCache, Releaser as Releaser
 from swajax.prefix_cache.radix import MatchResult as MatchResult, RadixCache as RadixCache
 from swajax.sizing import PoolMode
@@ -16,6 +17,7 @@ def make_prefix_cache(
     pool_mode: PoolMode,
     enabled: bool = True,
     cap_leaf_to_window: bool = True,
+    policy: CachePolicy = SWAJAX,
 ) -> PrefixCache:
     """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache."""
     if not enabled:
@@ -27,4 +29,5 @@ def make_prefix_cache(
         window=window,
         pool_mode=pool_mode,
         cap_leaf_to_window=cap_leaf_to_window,
+        policy=policy,
     )

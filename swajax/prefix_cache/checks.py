@@ -25,7 +25,8 @@ def check_invariants(cache: PrefixCache) -> None:
         assert (node in cache.swa_lru) == (node.swa_live and cache.swa), f"{node}: SWA LRU"
         if not node.swa_live:
             assert cache.swa and node.swa_lock == 0, f"{node}: a locked tombstone"
-            assert not (node.is_leaf and node.full_lock == 0), f"{node}: unlocked tombstone leaf"
+            if not cache.policy.keep_childless_tombstones:
+                assert not (node.is_leaf and node.full_lock == 0), f"{node}: unlocked leaf"
         sizes["full_protected" if node.full_lock else "full_evictable"] += len(node)
         if node.swa_live and cache.swa:
             sizes["swa_protected" if node.swa_lock else "swa_evictable"] += len(node)

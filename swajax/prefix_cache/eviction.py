@@ -28,7 +28,7 @@ class Evictor:
         full = swa = 0
         first = True
         while node is not t.root and node.is_leaf and node.full_lock == 0:
-            if not first and node.swa_live:
+            if not first and (node.swa_live or t.policy.keep_childless_tombstones):
                 break
             first = False
             t.free_node(node)

@@ -85,6 +85,17 @@ class LRUList:
         self._nodes[node] = None
         self._nodes.move_to_end(node)
 
+    def add_before(self, node: Node, anchor: Node) -> None:
+        """Insert `node` just before `anchor` (just less recent); O(n), used only by the
+        window-recency policy's splits."""
+        if anchor not in self._nodes:
+            self.add(node)
+            return
+        self._nodes.pop(node, None)
+        order = list(self._nodes)
+        at = order.index(anchor)
+        self._nodes = OrderedDict.fromkeys(order[:at] + [node] + order[at:])
+
     def remove(self, node: Node) -> None:
         self._nodes.pop(node, None)
 

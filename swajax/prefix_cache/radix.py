@@ -28,6 +28,7 @@ import numpy as np
 from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
+from swajax.prefix_cache.policy import SWAJAX, CachePolicy
 from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.requests import RequestCaching
 from swajax.sizing import PoolMode
@@ -41,6 +42,11 @@ class MatchResult:
     slots: np.ndarray  # full slots of the accepted prefix (a multiple of the page size)
     node: Node | None  # last accepted node (the root when nothing matched)
     tail_miss: int  # tokens on the key's path that the window rule cut off
+
+    @property
+    def full_length(self) -> int:
+        """How far the key matched with full KV (accepted plus what the window rule cut)."""
+        return len(self.slots) + self.tail_miss
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -72,8 +78,10 @@ class RadixCache:
         window: int | None,
         pool_mode: PoolMode = PoolMode.HYBRID,
         cap_leaf_to_window: bool = True,
+        policy: CachePolicy = SWAJAX,
     ):
         pool_mode = PoolMode(pool_mode)
+        self.policy = policy
         if (window is None) != (pool_mode is PoolMode.SINGLE):
             raise ValueError(
                 f"pool_mode {pool_mode!r} with window {window}: only 'single' has none"
@@ -184,10 +192,13 @@ class RadixCache:
         child.parent.children[upper.key[: self.ps]] = upper
         child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
         upper.children = {child.key[: self.ps]: child}
+        lrus = (self.full_lru, self.swa_lru) if self.swa and child.swa_live else (self.full_lru,)
+        if self.policy.window_recency:  # the upper part takes the place beside its lower part
+            for lru in lrus:
+                lru.add_before(upper, child)
+            return upper
         child.touch()
-        for lru in (
-            (self.full_lru, self.swa_lru) if self.swa and child.swa_live else (self.full_lru,)
-        ):
+        for lru in lrus:
             lru.add(upper)
             lru.add(child)
         return upper
@@ -197,7 +208,20 @@ class RadixCache:
             node.touch()
         self.full_lru.add_path(path)
         if self.swa:
-            self.swa_lru.add_path([node for node in path if node.swa_live])
+            self.swa_lru.add_path([node for node in self._window_part(path) if node.swa_live])
+
+    def _window_part(self, path: list[Node]) -> list[Node]:
+        """The nodes whose SWA recency a refresh of `path` renews: all of them, or under the
+        window-recency rule those holding the last W + page-size tokens."""
+        if not self.policy.window_recency or not self.window:
+            return path
+        keep, tokens = [], 0
+        for node in reversed(path):
+            if tokens >= self.window + self.ps:
+                break
+            keep.append(node)
+            tokens += len(node)
+        return keep[::-1]
 
     # ------------------------------------------------------------------------------------------
     # Match

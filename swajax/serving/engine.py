@@ -15,6 +15,7 @@ import itertools
 
 from swajax.config import HybridConfig
 from swajax.prefix_cache import make_prefix_cache
+from swajax.prefix_cache.policy import CachePolicy, policy_of
 from swajax.serving.batch import PoolMode, Runner, StepMetrics, StepPlan
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.request import Request, RequestError, SamplingParams
@@ -29,8 +30,10 @@ class EngineOptions:
     chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
     prefix_cache: bool = True
     eviction_interval: int = 128
+    cache_policy: str | CachePolicy = "swajax"  # a profile of swajax.prefix_cache.policy
 
     def __post_init__(self):
+        policy_of(self.cache_policy)  # a ValueError naming the profiles
         for name in ("max_running", "max_context", "eviction_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -64,6 +67,7 @@ class Engine:
             window=cfg.sliding_window,
             pool_mode=sizes.mode,
             enabled=options.prefix_cache,
+            policy=policy_of(options.cache_policy),
         )
         sched_cfg = SchedulerConfig(
             page_size=sizes.page_size,
@@ -74,6 +78,7 @@ class Engine:
             chunk_size=options.chunk_size,
             eviction_interval=options.eviction_interval,
             radix=options.prefix_cache,
+            policy=policy_of(options.cache_policy),
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
         if runner is None:

@@ -71,6 +71,9 @@ class Request:
     stale: tuple[int, int] | None = None
     cache_protected_len: int = 0  # leading positions owned (and locked) by the prefix cache
     swa_evicted_seqlen: int = 0  # positions [0, this) have had their SWA KV released
+    # Branch-insert policy: how far the admission match had full KV beyond the SWA-valid hit;
+    # the request's chunk checkpoints insert no further (None: no limit).
+    swa_branching_seqlen: int | None = None
     handle: object = None  # prefix-cache lock
     retractions: int = 0
     suspect: bool = False  # its batch raised: it runs alone until it finishes

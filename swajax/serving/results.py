@@ -34,8 +34,12 @@ def take(sched, plan: StepPlan, result: StepResult) -> None:
             sampled.append(req)
     for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
         _guarded(sched, req, _take_token, sched, req, token, logprob)
+    last_chunk = sched.cfg.policy.checkpoint_last_chunk
     for req in plan.requests:
-        if req.status is Status.RUNNING and not req.decoding and sched.cfg.radix:
+        if req.status is not Status.RUNNING or not sched.cfg.radix:
+            continue
+        # A chunk checkpoint between prefill chunks; SGLang also takes one after the last.
+        if not req.decoding or (last_chunk and req in sampled and len(req.output) == 1):
             _guarded(sched, req, _cache_chunk, sched, req)
 
 
@@ -73,9 +77,16 @@ def _take_token(sched, req: Request, token: int, logprob: float) -> None:
 
 
 def _cache_chunk(sched, req: Request) -> None:
-    """Between chunks of a prefill: insert what is computed so far and use the cache's slots."""
+    """Between chunks of a prefill: insert what is computed so far and use the cache's slots.
+    Policies: free the out-of-window SWA KV first (eager window free), insert no further than
+    the admission's full-KV match reached (branch insert)."""
+    policy, end = sched.cfg.policy, req.kv_len
+    if policy.eager_window_free:
+        sched.evict_request_window(req)
+    if req.swa_branching_seqlen is not None:
+        end = min(end, req.swa_branching_seqlen)
     prefix, req.handle = sched.cache.cache_unfinished(
-        req.tokens[: req.kv_len],
+        req.tokens[:end],
         req.slots,
         cache_protected_len=req.cache_protected_len,
         swa_evicted_seqlen=req.swa_evicted_seqlen,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
+from swajax.prefix_cache.policy import SWAJAX, CachePolicy
 from swajax.serving import progress, results, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
@@ -34,6 +35,7 @@ class SchedulerConfig:
     eviction_interval: int = 128
     decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
     radix: bool = True
+    policy: CachePolicy = SWAJAX
 
 
 class Scheduler:
@@ -169,6 +171,9 @@ class Scheduler:
         req.append_slots(match.slots)
         req.stale = (0, len(match)) if len(match) else None
         req.cache_protected_len = len(match)
+        req.swa_branching_seqlen = None
+        if self.cfg.policy.branch_insert and match.full_length > len(match):
+            req.swa_branching_seqlen = match.full_length
         self._charge(budget, n, max_new if n == extend else 0)
         return n
 
@@ -186,14 +191,7 @@ class Scheduler:
             if req.handle is not None and req.kv_len - self.cfg.window >= req.cache_protected_len:
                 # The next query no longer reads the cached prefix: its window lock can go.
                 self.cache.release_swa(req.handle)
-            start, end = win.eviction_frontier(
-                req.kv_len,
-                window=self.cfg.window,
-                page_size=self.cfg.page_size,
-                cache_protected_len=req.cache_protected_len,
-                swa_evicted_seqlen=req.swa_evicted_seqlen,
-                chunk_cache=not self.cfg.radix,
-            )
+            start, end = self._frontier(req)
             if (
                 batch.kind is StepKind.DECODE
                 and not due
@@ -202,10 +200,30 @@ class Scheduler:
                 continue
             if batch.kind is StepKind.EXTEND and self.cfg.radix:
                 continue  # the tree owns inserted chunks; only decode evicts with a radix cache
-            if end > start:
-                self.ledger.free_swa(req.slots[start : end : self.cfg.page_size])
-                self.swa_freed_tokens += end - start
-            req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, end)
+            self._free_window(req, start, end)
+
+    def evict_request_window(self, req: Request) -> None:
+        """Free one request's out-of-window SWA KV now (the eager-window-free policy, at a
+        chunk checkpoint: the chunk then enters the tree as tombstones plus one window)."""
+        if self.cfg.window and self.cfg.pool_mode is not PoolMode.SINGLE:
+            self._free_window(req, *self._frontier(req))
+
+    def _frontier(self, req: Request) -> tuple[int, int]:
+        return win.eviction_frontier(
+            req.kv_len,
+            window=self.cfg.window,
+            page_size=self.cfg.page_size,
+            cache_protected_len=req.cache_protected_len,
+            swa_evicted_seqlen=req.swa_evicted_seqlen,
+            chunk_cache=not self.cfg.radix,
+            ceil_align=self.cfg.policy.frontier_ceil_align,
+        )
+
+    def _free_window(self, req: Request, start: int, end: int) -> None:
+        if end > start:
+            self.ledger.free_swa(req.slots[start : end : self.cfg.page_size])
+            self.swa_freed_tokens += end - start
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, end)
 
     def _pages_needed(self, batch: Batch) -> int:
         ps = self.cfg.page_size

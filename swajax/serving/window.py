@@ -25,6 +25,7 @@ def eviction_frontier(
     swa_evicted_seqlen: int,
     swa_evict_floor: int = 0,
     chunk_cache: bool = False,
+    ceil_align: bool = False,
 ) -> tuple[int, int]:
     """Where a request's SWA eviction stands after `free_swa_out_of_window_slots` (spec §7.4).
 
@@ -39,7 +40,10 @@ def eviction_frontier(
     if floor > cache_protected_len:
         floor = _ceil_page(floor, ps)
     start = max(swa_evicted_seqlen, floor)  # what the cache or the floor owns is skipped
-    threshold = pre_len - (window if chunk_cache else max(window, ps))
+    keep = window if chunk_cache else max(window, ps)
+    if ceil_align and not chunk_cache:  # SGLang 0.5.23 keeps whole pages of the window
+        keep = _ceil_page(keep, ps)
+    threshold = pre_len - keep
     end = max(start, threshold) // ps * ps
     return start, max(end, start)
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from swajax.prefix_cache import RadixCache, check_invariants
+from swajax.prefix_cache.policy import PROFILES
 
 ALPHABET = st.sampled_from([1, 2, 3])  # few symbols: requests share prefixes and diverge
 
@@ -18,14 +19,16 @@ class CacheMachine(RuleBasedStateMachine):
         window=st.sampled_from([1, 3, 4, 8]),
         cap=st.booleans(),
         mode=st.sampled_from(["hybrid", "hybrid", "all_swa"]),
+        policy=st.sampled_from(sorted(PROFILES)),  # every cache-policy profile
     )
-    def setup(self, ps, window, cap, mode):
+    def setup(self, ps, window, cap, mode, policy):
         self.ps, self.window, self.mode = ps, window, mode
         self.full, self.swa = 40 * ps, (40 if mode == "all_swa" else 24) * ps
         self.alloc = ModelAllocator(self.full, self.swa, ps, mode)
         self.cache = RadixCache(
-            self.alloc, page_size=ps, window=window, pool_mode=mode, cap_leaf_to_window=cap
-        )
+            self.alloc, page_size=ps, window=window, pool_mode=mode, cap_leaf_to_window=cap,
+            policy=PROFILES[policy],
+        )  # fmt: skip
         self.reqs = []
 
     def _pick(self, data):
@@ -152,10 +155,12 @@ def _rule_holds(path, window) -> bool:
         max_size=12,
     ),
     extra=st.lists(ALPHABET, max_size=4),
+    policy=st.sampled_from(sorted(PROFILES)),
 )
-def test_hit_rule_sound_and_maximal(ps, window, ops, extra):
+def test_hit_rule_sound_and_maximal(ps, window, ops, extra, policy):
     alloc = ModelAllocator(512, 512, ps)
-    cache = RadixCache(alloc, page_size=ps, window=window, cap_leaf_to_window=False)
+    cache = RadixCache(alloc, page_size=ps, window=window, cap_leaf_to_window=False,
+                       policy=PROFILES[policy])  # fmt: skip
     for tokens, evicted, swa_evict in ops:
         n = len(tokens)
         evicted = min(evicted, n) // ps * ps

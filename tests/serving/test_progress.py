@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
+from swajax.prefix_cache.policy import PROFILES
 from swajax.presets import load_preset
 from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.null_model import NullModel
@@ -44,15 +45,16 @@ PROPERTY = dict(
 )
 
 
-@settings(max_examples=4)
+@pytest.mark.parametrize("policy", sorted(PROFILES))  # every cache-policy profile
+@settings(max_examples=3)
 @given(**PROPERTY)
-def test_every_request_finishes_or_fails_with_a_reason(**kw):
-    run_random_workload(**kw)
+def test_every_request_finishes_or_fails_with_a_reason(policy, **kw):
+    run_random_workload(policy=policy, **kw)
 
 
 @pytest.mark.slow
 @settings(max_examples=400)
-@given(**PROPERTY)
+@given(**PROPERTY, policy=st.sampled_from(sorted(PROFILES)))
 def test_every_request_finishes_or_fails_with_a_reason_long(**kw):
     run_random_workload(**kw)
 
@@ -60,7 +62,7 @@ def test_every_request_finishes_or_fails_with_a_reason_long(**kw):
 _RUNS = [0]
 
 
-def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed):
+def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed, policy="swajax"):
     _RUNS[0] += 1
     if _RUNS[0] % 25 == 0:  # thousands of small programs in one process abort XLA's CPU compiler
         jax.clear_caches()
@@ -76,6 +78,7 @@ def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed):
         chunk_size=chunk,
         prefix_cache=prefix_cache,
         eviction_interval=interval,
+        cache_policy=policy,
     )
     engine = Engine(CFG, NullModel(), sizes, options)
     rng = np.random.default_rng(seed)

@@ -1,0 +1,52 @@
+"""Cache-policy profiles: the rules on which swajax's prefix cache and SGLang 0.5.23's unified
+radix tree differ (spec §16), one switch each, so the oracle can speak either's language.
+
+Measured by replaying long traces against SGLang's own allocator and tree: every difference
+between the two came from one of these rules, none from a bug (BUILD_NOTES.md has the effect of
+each on hit rate, tail misses and SWA occupancy, and why the default is what it is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CachePolicy:
+    name: str
+    # 1. At a chunk checkpoint, free the request's out-of-window SWA KV first, so the chunk
+    #    enters the tree as tombstones plus about one live window (SGLang frees it inside
+    #    cache_unfinished); swajax keeps the chunk's SWA live until LRU eviction.
+    eager_window_free: bool = False
+    # 2. A match refreshes the SWA recency of the last W + page-size matched tokens only (the
+    #    full recency of the whole path), and a split puts the new upper part just before its
+    #    lower part in recency instead of both at most recent.
+    window_recency: bool = False
+    # 3. When a leaf is evicted, a parent left as a childless, unlocked tombstone stays (a leaf
+    #    holding full KV only) instead of being deleted with it.
+    keep_childless_tombstones: bool = False
+    # 4. The admission match records how far the full KV matched beyond the SWA-valid hit
+    #    (`swa_branching_seqlen`); the request's chunk checkpoints insert no further than that.
+    branch_insert: bool = False
+    # 5. The eviction frontier keeps ceil_align(max(W, ps), ps) tokens before the next query
+    #    (swajax: max(W, ps)), and a checkpoint also follows the last prefill chunk.
+    frontier_ceil_align: bool = False
+    checkpoint_last_chunk: bool = False
+
+    RULES = ("eager_window_free", "window_recency", "keep_childless_tombstones",
+             "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk")  # fmt: skip
+
+
+SWAJAX = CachePolicy("swajax")
+SGLANG_0_5_23 = CachePolicy("sglang-0.5.23", **{rule: True for rule in CachePolicy.RULES})
+PROFILES = {p.name: p for p in (SWAJAX, SGLANG_0_5_23)}
+DEFAULT = "swajax"
+
+
+def policy_of(name: str | CachePolicy) -> CachePolicy:
+    """A profile by name (or a `CachePolicy` itself: tests toggle single rules)."""
+    if isinstance(name, CachePolicy):
+        return name
+    if name not in PROFILES:
+        raise ValueError(f"cache policy must be one of {sorted(PROFILES)}, got {name!r}")
+    return PROFILES[name]

@@ -1,0 +1,149 @@
+"""Cache-policy profiles: each rule switch changes exactly the decision it names (one hand
+scenario per rule, the rule alone against swajax's profile), and the named profiles."""
+
+import numpy as np
+import pytest
+from helpers.allocator_model import ModelAllocator
+
+from swajax import sizing
+from swajax.prefix_cache import RadixCache, check_invariants
+from swajax.prefix_cache.policy import PROFILES, SWAJAX, CachePolicy, policy_of
+from swajax.presets import load_preset
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.null_model import NullModel
+from swajax.serving.request import SamplingParams
+from swajax.serving.window import eviction_frontier
+
+CFG = load_preset("tiny-hybrid")  # W = 7
+
+
+def only(rule: str) -> CachePolicy:
+    return CachePolicy(rule, **{rule: True})
+
+
+def engine(policy, *, full=2048, ps=4, chunk=16):
+    sizes = sizing.solve_pool_sizes(CFG, full, ratio=0.5, page_size=ps)
+    options = EngineOptions(chunk_size=chunk, max_context=1024, cache_policy=policy)
+    return Engine(CFG, NullModel(), sizes, options)
+
+
+def test_profiles():
+    assert policy_of("swajax") == SWAJAX and not any(getattr(SWAJAX, r) for r in SWAJAX.RULES)
+    assert all(getattr(PROFILES["sglang-0.5.23"], r) for r in SWAJAX.RULES)
+    with pytest.raises(ValueError, match="cache policy must be one of"):
+        EngineOptions(cache_policy="vllm")
+
+
+def _prefill(policy, prompt_len=64):
+    """One request through its chunked prefill; stop at its first decode step."""
+    e = engine(policy)
+    rid = e.add_request(list(range(1, prompt_len + 1)), SamplingParams(max_new_tokens=8))
+    while not e.requests[rid].decoding:
+        e.step()
+    return e, e.requests[rid]
+
+
+def test_eager_window_free_tombstones_the_chunk_before_inserting():
+    e, _ = _prefill(SWAJAX)
+    assert e.cache.swa_evictable + e.cache.swa_protected == 48  # chunks 1-3 inserted, all live
+    e, req = _prefill(only("eager_window_free"))
+    # each checkpoint first freed what the next query no longer reads, so each inserted chunk
+    # of 16 is a tombstone of 8 and a live window of 8 (the tree owns the earlier ones)
+    assert e.cache.swa_evictable + e.cache.swa_protected == 3 * 8
+    assert e.cache.full_protected == 48 and req.swa_evicted_seqlen == 40
+    check_invariants(e.cache)
+
+
+def test_checkpoint_after_the_last_chunk():
+    e, _ = _prefill(SWAJAX, prompt_len=60)
+    assert e.cache.full_protected == 48  # checkpoints after chunks 1-3 only
+    e, _ = _prefill(only("checkpoint_last_chunk"), prompt_len=60)
+    assert e.cache.full_protected == 60  # and after the last (60 is page aligned)
+
+
+@pytest.mark.parametrize(
+    "ps, pre, expected", [(4, 19, (8, 12)), (4, 20, (12, 12)), (1, 19, (12, 12))]
+)
+def test_frontier_ceil_align(ps, pre, expected):
+    """W = 7, page size 4: swajax keeps max(W, ps) = 7 tokens before the next query, 0.5.23
+    ceil_align(7, 4) = 8; at page size 1 they agree."""
+    kw = dict(window=7, page_size=ps, cache_protected_len=0, swa_evicted_seqlen=0)
+    swajax_end = eviction_frontier(pre, **kw)[1]
+    sglang_end = eviction_frontier(pre, ceil_align=True, **kw)[1]
+    assert (sglang_end, swajax_end) == expected
+
+
+def _tree(policy, ps=1, window=4, cap=True):
+    alloc = ModelAllocator(256, 256, ps)
+    return alloc, RadixCache(alloc, page_size=ps, window=window, policy=policy,
+                             cap_leaf_to_window=cap)  # fmt: skip
+
+
+def _insert(alloc, cache, tokens, evicted=0):
+    _, slots, _ = alloc.alloc_extend([0], [len(tokens)], [-1])
+    alloc.free_swa(slots[:evicted])
+    cache.insert(tokens, np.asarray(slots, np.int32), swa_evicted_seqlen=evicted)
+
+
+def test_keep_childless_tombstones():
+    """[0, 8) tombstoned, [8, 16) live: evicting the leaf deletes the tombstone above it too,
+    unless the rule keeps it (as a full-KV leaf)."""
+    for policy, freed, left in ((SWAJAX, 16, 0), (only("keep_childless_tombstones"), 8, 1)):
+        alloc, cache = _tree(policy, cap=False)
+        _insert(alloc, cache, list(range(16)), evicted=8)
+        assert cache.evict(1, 0) == (freed, 8)
+        assert len(list(cache.nodes())) == left
+        check_invariants(cache)
+        assert cache.evict(10**6, 0)[0] == 16 - freed and not cache.root.children
+
+
+def test_window_recency():
+    """A path H1 (8) -> H2 (8) -> T (4) and a branch off H1; a match of the whole path renews
+    the SWA recency of every node on it, or under the rule of the last W + page-size tokens
+    only (T and H2): then H1 is the least recent and the first SWA eviction tombstones it."""
+    head_live = {}
+    for policy in (SWAJAX, only("window_recency")):
+        alloc, cache = _tree(policy)
+        path = list(range(100, 120))
+        _insert(alloc, cache, path)  # H (16) + T (4), the leaf capped to one window
+        _insert(alloc, cache, path[:8] + [7] * 6)  # splits H into H1 + H2, adds a branch
+        _insert(alloc, cache, [2] * 6)  # X
+        cache.match(path + [0])
+        cache.evict(0, 1)  # one SWA eviction: the least recent unlocked SWA node
+        h1 = cache.walk(tuple(path))[0]
+        head_live[policy.name] = (len(h1), h1.swa_live)
+        check_invariants(cache)
+    assert head_live == {"swajax": (8, True), "window_recency": (8, False)}
+
+
+def test_window_recency_split_keeps_the_lower_part_in_place():
+    from swajax.prefix_cache.node import LRUList, Node
+
+    lru, nodes = LRUList(), [Node((i,)) for i in range(3)]
+    for n in nodes:
+        lru.add(n)
+    upper = Node((9,))
+    lru.add_before(upper, nodes[1])
+    assert list(lru) == [nodes[0], upper, nodes[1], nodes[2]]
+
+
+def test_branch_insert_stops_checkpoints_at_the_full_match():
+    """B shares A's first 80 tokens, whose SWA KV was evicted: B's hit is cut by the window
+    rule, its full-KV match reaches 80; with the rule its chunk checkpoints stop there."""
+    protected = {}
+    for policy in (SWAJAX, only("branch_insert")):
+        e = engine(policy)
+        a = list(range(1, 97))
+        e.add_request(a, SamplingParams(max_new_tokens=1))
+        e.run()
+        e.cache.evict(0, 80)  # tombstone the path up to 80 (its least recent nodes)
+        b = a[:80] + list(range(500, 560))
+        rid = e.add_request(b, SamplingParams(max_new_tokens=1))
+        while not e.requests[rid].decoding:
+            e.step()
+        req = e.requests[rid]
+        protected[policy.name] = (req.cache_protected_len, req.swa_branching_seqlen)
+    full = protected["branch_insert"][1]
+    assert full is not None and 0 < full <= 80
+    assert protected["branch_insert"][0] <= full < protected["swajax"][0]
+    assert protected["swajax"][1] is None
