@@ -155,3 +155,10 @@ def workload_choice(value: str) -> str:
     raise argparse.ArgumentTypeError(
         f"must be one of {', '.join(WORKLOADS)} or a JSON-lines file, got {value!r}"
     )
+
+
+def add_cache_policy(p: argparse.ArgumentParser) -> None:
+    from swajax.prefix_cache.policy import DEFAULT, PROFILES
+
+    p.add_argument("--cache-policy", choices=sorted(PROFILES), default=DEFAULT,
+                   help="prefix-cache rules (swajax's or SGLang 0.5.23's)")  # fmt: skip

@@ -28,6 +28,7 @@ class Setup:
     page_size: int = 4
     hybrid_memory: bool = True
     prefix_cache: bool = True
+    cache_policy: str = "swajax"
     attention: str = "xla"
     chunk_size: int | None = 64
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
@@ -70,6 +71,7 @@ def make_engine(decoder: Decoder, setup: Setup) -> Engine:
         chunk_size=setup.chunk_size,
         prefix_cache=setup.prefix_cache,
         eviction_interval=setup.eviction_interval,
+        cache_policy=setup.cache_policy,
     )
     return Engine(cfg, model, sizes, options)
 
@@ -160,6 +162,7 @@ def _setup(args) -> Setup:
         page_size=args.page_size,
         hybrid_memory=not args.disable_hybrid_memory,
         prefix_cache=not args.no_prefix_cache,
+        cache_policy=args.cache_policy,
         attention=args.attention,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
@@ -253,6 +256,7 @@ def _add_model_args(p) -> None:
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
     p.add_argument("--disable-hybrid-memory", action="store_true")
     p.add_argument("--no-prefix-cache", action="store_true")
+    args_lib.add_cache_policy(p)
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
 
 

@@ -49,7 +49,8 @@ def _run_record(args: argparse.Namespace) -> int:
         dtype="bf16",
     )
     tracers = []
-    options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size)
+    options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size,
+                            cache_policy=args.cache_policy)  # fmt: skip
     run_workload(
         cfg,
         sizes,
@@ -111,6 +112,7 @@ def _register_tools(sub) -> None:
     p.add_argument("--workload", choices=WORKLOADS, default="multi-turn")
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=12)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
+    args_lib.add_cache_policy(p)
     p.add_argument(
         "--out",
         type=args_lib.out_file(".jsonl", ".jsonl.gz"),

@@ -169,13 +169,15 @@ def simulate(
     dtype: str = "bf16",
     progress: bool = False,
     timer: StepTimeModel | None = None,
+    cache_policy: str = "swajax",
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
     `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
     modeled throughput and latencies."""
     hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
     single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
-    options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size)
+    options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
+                            cache_policy=cache_policy)  # fmt: skip
     runs = {
         name: run_workload(
             cfg,
@@ -233,6 +235,7 @@ def run(args) -> int:
         cfg,
         budget,
         timer=timer,
+        cache_policy=args.cache_policy,
         workload=args.workload,
         requests=args.requests,
         ratio=args.ratio,
@@ -272,6 +275,7 @@ def register(sub) -> None:
                    help=f"{', '.join(WORKLOADS)}, or a JSON-lines file of "
                    "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip
     args_lib.add_timer_choice(p, required=False)
+    args_lib.add_cache_policy(p)
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")

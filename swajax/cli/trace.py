@@ -38,6 +38,7 @@ from swajax.cli.page_map import SLOT_INPUTS, SLOT_OUTPUTS, Divergence, PageMap
 from swajax.cli.trace_check import FORMAT_VERSION, TraceError, check
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
+from swajax.prefix_cache.policy import policy_of
 from swajax.serving.batch import StepKind
 
 CACHE_OPS = (
@@ -83,7 +84,7 @@ class Tracer:
                 mode=ledger.mode.value,
                 window=cache.window,
                 cap_leaf_to_window=cache.cap_leaf,
-                profile="swajax",
+                profile=cache.policy.name,
                 config=dict(model_type=engine.cfg.model_type, kinds=engine.cfg.kinds),
             )
         )
@@ -223,6 +224,7 @@ def swajax_backend(init: dict):
         window=init["window"],
         pool_mode=init["mode"],
         cap_leaf_to_window=init["cap_leaf_to_window"],
+        policy=policy_of(init.get("profile", "swajax")),
     )
     return alloc, cache
 

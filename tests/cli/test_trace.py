@@ -165,3 +165,30 @@ def test_replay_cli_takes_a_backend(trace, capsys):
     assert "OK" in capsys.readouterr().out
     assert main(["replay", str(trace), "--backend", "nowhere:factory"]) == 2
     assert "cannot load it" in capsys.readouterr().err
+
+
+def _presets():
+    from swajax.presets import PRESETS, load_preset
+
+    return [name for name in sorted(PRESETS) if load_preset(name).sliding_window]
+
+
+@pytest.mark.parametrize(
+    "preset, profile",
+    [
+        pytest.param(preset, profile, marks=[] if preset == "tiny-hybrid" else pytest.mark.slow)
+        for preset in _presets()
+        for profile in ("swajax", "sglang-0.5.23")
+    ],
+)
+def test_record_replay_round_trip(preset, profile, tmp_path):
+    """Every preset with sliding layers, under every cache-policy profile (tiny-hybrid by
+    default, the rest with -m slow): the replay rebuilds the recorded profile's cache."""
+    path = tmp_path / "t.jsonl.gz"
+    budget = "0.002" if preset.startswith("tiny") else "2"
+    assert main(["record", "--preset", preset, "--requests", "6", "--cache-policy", profile,
+                 "--kv-budget-gib", budget, "--out", str(path)]) == 0  # fmt: skip
+    from swajax.cli.trace import read_lines
+
+    assert read_lines(path)[0]["profile"] == profile
+    assert replay(path)["ok"]
