@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from swajax.prefix_cache.node import Node
 from swajax.prefix_cache.protocol import Tree
 from swajax.sizing import PoolMode
@@ -19,6 +21,8 @@ class Evictor:
         t.releaser.free_swa(node.value)
         t.swa_lru.remove(node)
         node.swa_live = False
+        if t.mode is PoolMode.ALL_SWA:  # the one pool's slots went back: keep no stale numbers
+            node.value = np.zeros(len(node), np.int32)
         if counted:
             t.sizes.swa_evictable -= len(node)
 

@@ -334,6 +334,8 @@ class RadixCache:
         self.sizes.swa_evictable += len(node)
 
     def _new_node(self, parent, key, value, live) -> Node:
+        if not live and self.mode is PoolMode.ALL_SWA:  # the slots were freed with the SWA KV
+            value = np.zeros(len(key), np.int32)
         node = Node(key, value, parent, live)
         parent.children[key[: self.ps]] = node
         self.full_lru.add(node)

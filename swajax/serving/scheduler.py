@@ -205,7 +205,9 @@ class Scheduler:
     def evict_request_window(self, req: Request) -> None:
         """Free one request's out-of-window SWA KV now (the eager-window-free policy, at a
         chunk checkpoint: the chunk then enters the tree as tombstones plus one window)."""
-        if self.cfg.window and self.cfg.pool_mode is not PoolMode.SINGLE:
+        # Hybrid pools only: SGLang's all-SWA path is a plain tree without tombstones (spec
+        # §16.7), and an all-SWA tombstone would hold slots its pool already handed out again.
+        if self.cfg.window and self.cfg.pool_mode is PoolMode.HYBRID:
             self._free_window(req, *self._frontier(req))
 
     def _frontier(self, req: Request) -> tuple[int, int]:
