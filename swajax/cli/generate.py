@@ -28,7 +28,7 @@ class Setup:
     page_size: int = 4
     hybrid_memory: bool = True
     prefix_cache: bool = True
-    cache_policy: str = "swajax"
+    cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
     attention: str = "xla"
     chunk_size: int | None = 64
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back

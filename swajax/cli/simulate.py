@@ -169,7 +169,7 @@ def simulate(
     dtype: str = "bf16",
     progress: bool = False,
     timer: StepTimeModel | None = None,
-    cache_policy: str = "swajax",
+    cache_policy: str = "lean",
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
     `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds

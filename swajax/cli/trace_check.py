@@ -15,7 +15,7 @@ from __future__ import annotations
 
 FORMAT_VERSION = 3
 READS = (2, 3)
-PROFILES = ("swajax", "sglang-0.5.23")  # cache policy profiles a trace may name
+PROFILES = ("swajax", "sglang-0.5.23", "lean")  # cache policy profiles a trace may name
 MAX_TOKENS = 1 << 26  # pool tokens, and the longest token / slot list on a line
 MAX_PAGE = 1 << 16
 

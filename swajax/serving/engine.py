@@ -15,7 +15,7 @@ import itertools
 
 from swajax.config import HybridConfig
 from swajax.prefix_cache import make_prefix_cache
-from swajax.prefix_cache.policy import CachePolicy, policy_of
+from swajax.prefix_cache.policy import DEFAULT, CachePolicy, policy_of
 from swajax.serving.batch import PoolMode, Runner, StepMetrics, StepPlan
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.request import Request, RequestError, SamplingParams
@@ -30,7 +30,7 @@ class EngineOptions:
     chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
     prefix_cache: bool = True
     eviction_interval: int = 128
-    cache_policy: str | CachePolicy = "swajax"  # a profile of swajax.prefix_cache.policy
+    cache_policy: str | CachePolicy = DEFAULT  # a profile of swajax.prefix_cache.policy
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles

@@ -46,7 +46,7 @@ PROPERTY = dict(
 
 
 @pytest.mark.parametrize("policy", sorted(PROFILES))  # every cache-policy profile
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(**PROPERTY)
 def test_every_request_finishes_or_fails_with_a_reason(policy, **kw):
     run_random_workload(policy=policy, **kw)
