@@ -49,8 +49,8 @@ def test_trace_without_init(tmp_path, capsys):
 
 def test_header_names_version_config_and_profile(trace):
     header = json.loads(trace.read_text().splitlines()[0])
-    assert header["version"] == 3 and header["profile"] == "swajax"
-    assert header["config"] == {"model_type": "tiny_hybrid", "kinds": "SFSF"} or header["config"]
+    assert header["version"] == 3 and header["profile"] == "lean"  # the default profile
+    assert header["config"] == {"model_type": "gpt_oss", "kinds": "SFSF"}  # tiny-hybrid
 
 
 def test_gzip_and_version_2_replay(trace, tmp_path):
