@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flax import nnx
 
-from swajax.config import ConfigError
+from swajax.config import ConfigError, text_config
 from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
 from swajax.models.quantization import quantization
@@ -95,14 +95,22 @@ def load_decoder(
     files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
-    loader = WeightLoader(Checkpoint(files, _ignored(spec)), decoder, quantization(cfg), mesh)
+    ignore = _ignored(spec, text_config(cfg)[1])
+    loader = WeightLoader(Checkpoint(files, ignore), decoder, quantization(cfg), mesh)
     decoder.load(loader)
     loader.check_complete(decoder)
     return decoder
 
 
-def _ignored(spec: ModelSpec) -> tuple[str, ...]:
+def _ignored(spec: ModelSpec, text) -> tuple[str, ...]:
     ignore = IGNORED + IGNORED_BY_FAMILY.get(spec.family, ())
+    # Step 3.x numbers its multi-token-prediction layers after the decoder's (transformers
+    # ignores them; the decoder never runs them).
+    mtp = text.get("num_nextn_predict_layers") or 0
+    if spec.family == "step3" and isinstance(mtp, int) and mtp > 0:
+        n = spec.num_layers
+        layers = "|".join(str(i) for i in range(n, n + mtp))
+        ignore += (rf"^model\.layers\.({layers})\.",)
     if spec.tie_embeddings:
         ignore += (r"^lm_head\.weight$",)
     # Gemma 4 checkpoints may keep K/V projections of KV-shared layers, which read another

@@ -243,3 +243,23 @@ def test_sharded_and_bf16_checkpoints(tmp_path):
     reference = load_decoder(FIXTURES / "gemma3")
     a, b = np.asarray(loaded.embed[...]), np.asarray(reference.embed[...])
     assert not np.array_equal(a, b) and np.allclose(a, b, rtol=1e-2, atol=1e-2)  # bf16-rounded
+
+
+def test_step3_multi_token_prediction_layers_are_ignored(tmp_path):
+    """Step 3.x hub checkpoints carry their MTP layers after the decoder's; loading skips them
+    (as transformers does) and the logits do not change."""
+    from safetensors.numpy import load_file, save_file
+
+    dst = _copy(tmp_path, "step3p7")
+    weights = load_file(str(dst / "model.safetensors"))
+    weights["model.layers.4.self_attn.q_proj.weight"] = weights[
+        "model.layers.0.self_attn.q_proj.weight"
+    ]
+    save_file(weights, str(dst / "model.safetensors"))
+    with pytest.raises(LoadError, match="model.layers.4.self_attn.q_proj.weight"):
+        load_decoder(dst)  # not declared: an unread tensor
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["text_config"]["num_nextn_predict_layers"] = 1
+    (dst / "config.json").write_text(json.dumps(cfg))
+    logits, output, greedy, _ = run_engine(dst)
+    assert rel_err(logits, np.load(FIXTURES / "step3p7" / "logits.npy")) <= 1e-4
