@@ -14,6 +14,7 @@ from swajax import sizing
 from swajax.cli import args as args_lib
 from swajax.cli.tokenizer import Tokenizer
 from swajax.demo import demo_decoder
+from swajax.json_lines import read_json_lines
 from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
@@ -119,19 +120,9 @@ def read_prompts_file(path: str, tokenizer: Tokenizer) -> list[list[int]]:
 
     Blank lines are skipped; anything else (another type, other keys, ids that are not
     non-negative integers, an empty file) is an error naming the line."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the prompts file {path}: {e}") from e
     prompts = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+    for where, item in read_json_lines(path, "prompts file"):
+        line = json.dumps(item)
         if not isinstance(item, dict) or len(item) != 1 or set(item) - PROMPT_KEYS:
             raise ValueError(
                 f"{where}: each line must be an object with one key, 'prompt' or "

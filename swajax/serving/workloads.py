@@ -4,12 +4,12 @@ seconds), and what follows a finished request. Generated ones, or a JSON-lines f
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from swajax.json_lines import read_json_lines
 from swajax.serving.request import SamplingParams
 
 WORKLOADS = ("long-context", "multi-turn", "mixed")
@@ -95,21 +95,10 @@ def from_file(path: str | Path, vocab: int = 1024, seed: int = 0) -> Workload:
     same prefix_id take their prompts from one token stream (so two of them share their common
     length, as the turns of a chat do); `arrival` is in seconds (default 0). Errors name the
     line."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the workload file {path}: {e}") from e
     rng = np.random.default_rng(seed)
     streams: dict[object, list[int]] = {}
     arrivals = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+    for where, item in read_json_lines(path, "workload file"):
         if not isinstance(item, dict) or set(item) - FILE_KEYS:
             raise ValueError(f"{where}: expected an object with keys from {sorted(FILE_KEYS)}")
         prompt_len = _length(item, "prompt_len", where, 1)
@@ -117,7 +106,7 @@ def from_file(path: str | Path, vocab: int = 1024, seed: int = 0) -> Workload:
         at = item.get("arrival", 0.0)
         if isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at < 1e9:
             raise ValueError(f"{where}: 'arrival' must be seconds >= 0, got {at!r}")
-        group = item.get("prefix_id", ("unique", n))
+        group = item.get("prefix_id", ("unique", where))
         stream = streams.setdefault(group, [])
         if len(stream) < prompt_len:
             stream += _tokens(rng, prompt_len - len(stream), vocab)
