@@ -126,7 +126,7 @@ def run(args) -> int:
         cfg,
         sizing.gib_to_bytes(args.kv_budget_gib),
         ratio=args.ratio,
-        page_size=args.page_size,
+        page_size=args.page_size or 1,
         dtype=args.dtype,
         avg_seq_len=args.avg_seq_len,
         eviction_interval=args.eviction_interval,
@@ -154,7 +154,7 @@ def _run_planner(args, cfg) -> int:
         timer,
         chunks=chunks,
         ratios=args.ratios or ratio_planner.RATIOS,
-        page_size=args.page_size if args.page_size != 1 else 16,
+        page_size=args.page_size or 16,  # a serving page size for the simulation
         dtype=args.dtype,
     )
     if args.plot:
@@ -181,7 +181,8 @@ def register(sub) -> None:
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True, help="in GiB")
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=1)
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
+                   help="default 1 for capacity, 16 when planning a --workload")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--avg-seq-len",
