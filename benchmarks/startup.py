@@ -3,7 +3,7 @@ programs a run compiles with their compile times.
 
     python benchmarks/startup.py [--json]
 
-Cold and warm runs are `swajax generate --prompt "Hello, sliding windows" --max-new-tokens 48
+Cold and warm runs are `swajax generate --prompt "def fibonacci(n):" --max-new-tokens 120
 --json` in fresh subprocesses sharing one temporary cache folder (wall time from process start
 to exit, `compilations` / `compile_cache_hits` from the JSON summary). The program list comes
 from one more in-process run with the cache off and `jax_log_compiles` on.
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGV = ["generate", "--prompt", "Hello, sliding windows", "--max-new-tokens", "48"]
+ARGV = ["generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "120"]
 
 
 def timed_run(cache: str) -> dict:
