@@ -101,6 +101,11 @@ def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype
         sizes = sizing.size_hybrid(cfg, budget, ratio=ratio, page_size=page_size, dtype=dtype)
     options = EngineOptions(max_running=MAX_RUNNING, max_context=33_792, chunk_size=chunk)
     run = run_workload(cfg, sizes, workload_factory(), options=options, progress=False, timer=timer)
+    # Each candidate's pool sizes compile their own programs, useless to the next one; hundreds
+    # of them in one process have crashed XLA's CPU compiler (a long sweep, or the tests).
+    import jax
+
+    jax.clear_caches()
     return Candidate(ratio, chunk, run.tokens_per_s, run.ttft_s, run.itl_s,
                      run.peak_concurrency, run.steps)  # fmt: skip
 
