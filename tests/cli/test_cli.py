@@ -120,3 +120,19 @@ def test_console_entry_point_runs():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["mode"] == "hybrid"
+
+
+@pytest.mark.parametrize("preset", ["gemma-4-31b", "gemma-4-26b-a4b", "step-3.5-flash",
+                                    "deepseek-v4-flash"])  # fmt: skip
+def test_plan_reads_the_new_families_published_configs(cli, tmp_path, preset):
+    """`plan --hf-config` on the published configs' attention fields (the presets, written out
+    as config.json) gives what the preset gives."""
+    from swajax.presets import hf_preset
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf_preset(preset)))
+    by_file = cli("plan", "--hf-config", str(path), "--kv-budget-gib", "40", "--json")
+    by_name = cli("plan", "--preset", preset, "--kv-budget-gib", "40", "--json")
+    assert by_file[0] == 0 and by_file[1] == by_name[1]
+    report = json.loads(by_file[1])
+    assert (report["compressed_bytes_per_token"] > 0) == (preset == "deepseek-v4-flash")
