@@ -84,3 +84,23 @@ def test_simulate_bad_arguments(cli, argv, needle):
             args += argv[i : i + 2]
     code, out, err = cli(*args)
     assert code != 0 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_simulate_models_time_on_an_accelerator(cli, tmp_path):
+    """A workload file with timed arrivals, on H200: both runs report modeled throughput and
+    latencies, and the clock waits for the late arrival."""
+    path = tmp_path / "w.jsonl"
+    rows = [{"prompt_len": 600, "output_len": 20, "prefix_id": "sys"}] * 3 + [
+        {"prompt_len": 900, "output_len": 20, "prefix_id": "sys", "arrival": 30.0}
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = cli("simulate", "--preset", "gpt-oss-20b", "--kv-budget-gib", "1",
+                       "--workload", str(path), "--accelerator", "h200", "--json")  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    for name in ("hybrid", "single"):
+        r = report[name]
+        assert r["finished"] == 4 and r["lost"] == 0
+        assert r["modeled_seconds"] > 30 and r["tokens_per_s"] > 0
+        assert 0 < r["ttft_s"] < 5 and 0 < r["itl_s"] < 1
+    assert report["hybrid"]["prefix_hit_rate"] > 0  # the three share the stream's first 600
