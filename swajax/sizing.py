@@ -80,10 +80,18 @@ def layer_bytes(cfg: HybridConfig, dtype: str) -> tuple[int, int]:
     )
 
 
-def token_bytes(cfg: HybridConfig, dtype: str) -> tuple[int, int]:
-    """KV bytes of one token over all full layers and over all SWA layers."""
+def token_bytes(
+    cfg: HybridConfig, dtype: str, draft: HybridConfig | None = None
+) -> tuple[int, int]:
+    """KV bytes of one token over all full layers and over all SWA layers; with a speculative
+    `draft` model, its layers too (its KV lives in the same two pools, token for token: the
+    term the seed's sizing formula omits)."""
     f, s = layer_bytes(cfg, dtype)
-    return f * len(cfg.full_layer_ids), s * len(cfg.swa_layer_ids)
+    full, swa = f * len(cfg.full_layer_ids), s * len(cfg.swa_layer_ids)
+    if draft is not None:
+        df, ds = token_bytes(draft, dtype)
+        full, swa = full + df, swa + ds
+    return full, swa
 
 
 def check_ratio(ratio: float) -> float:
@@ -106,9 +114,11 @@ def _ceil_align(x: int, page_size: int) -> int:
     return -(-x // page_size) * page_size
 
 
-def cell_bytes(cfg: HybridConfig, ratio: float, dtype: str) -> float:
-    """Bytes per unit of max_total_tokens for a hybrid (or all-SWA) model."""
-    full, swa = token_bytes(cfg, dtype)
+def cell_bytes(
+    cfg: HybridConfig, ratio: float, dtype: str, draft: HybridConfig | None = None
+) -> float:
+    """Bytes per unit of max_total_tokens for a hybrid (or all-SWA) model (and its draft)."""
+    full, swa = token_bytes(cfg, dtype, draft)
     if cfg.layer_mix == "all_swa":
         return swa
     return full + check_ratio(ratio) * swa
@@ -147,21 +157,32 @@ def _check_swa_floor(cfg: HybridConfig, swa_tokens: int, page_size: int) -> None
 
 
 def size_hybrid(
-    cfg: HybridConfig, budget_bytes: int, *, ratio: float, page_size: int, dtype: str
+    cfg: HybridConfig,
+    budget_bytes: int,
+    *,
+    ratio: float,
+    page_size: int,
+    dtype: str,
+    draft: HybridConfig | None = None,
 ) -> PoolSizes:
-    """Hybrid (or all-SWA) pools for a KV budget in bytes."""
-    cell = cell_bytes(cfg, ratio, dtype) if cfg.layer_mix != "full_only" else 0
+    """Hybrid (or all-SWA) pools for a KV budget in bytes (shared with a draft model's KV)."""
+    cell = cell_bytes(cfg, ratio, dtype, draft) if cfg.layer_mix != "full_only" else 0
     if cell <= 0:
         return solve_pool_sizes(cfg, 0, ratio=ratio, page_size=page_size)
     return solve_pool_sizes(cfg, int(budget_bytes // cell), ratio=ratio, page_size=page_size)
 
 
 def size_single_pool(
-    cfg: HybridConfig, budget_bytes: int, *, page_size: int, dtype: str
+    cfg: HybridConfig,
+    budget_bytes: int,
+    *,
+    page_size: int,
+    dtype: str,
+    draft: HybridConfig | None = None,
 ) -> PoolSizes:
     """One pool for every layer (hybrid memory disabled): each token costs every layer's KV."""
     ps = _check_page_size(page_size)
-    full, swa = token_bytes(cfg, dtype)
+    full, swa = token_bytes(cfg, dtype, draft)
     tokens = _align(budget_bytes // (full + swa), ps)
     if tokens <= 0:
         raise SizingError(
@@ -171,8 +192,10 @@ def size_single_pool(
     return PoolSizes(PoolMode.SINGLE, tokens, tokens, ps)
 
 
-def bytes_used(cfg: HybridConfig, sizes: PoolSizes, dtype: str) -> int:
-    full, swa = token_bytes(cfg, dtype)
+def bytes_used(
+    cfg: HybridConfig, sizes: PoolSizes, dtype: str, draft: HybridConfig | None = None
+) -> int:
+    full, swa = token_bytes(cfg, dtype, draft)
     return sizes.full_tokens * full + sizes.swa_tokens * swa
 
 

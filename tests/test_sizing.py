@@ -152,3 +152,20 @@ def test_swa_pool_below_window_floor():
 def test_errors_name_values(call, message):
     with pytest.raises(SizingError, match=message):
         call()
+
+
+def test_a_draft_models_layers_join_the_cell():
+    """Speculative decoding keeps the draft's KV in the same two pools, token for token, so its
+    layers join the cell (the term the seed's formula omits). gpt-oss-120b with gpt-oss-20b as
+    draft, bf16, 40 GiB, ratio 0.5, by hand: per token and layer 8 KV heads x (64 + 64) x 2
+    bytes = 2,048; full 18 + 12 layers = 61,440 bytes, SWA the same; cell 61,440 + 0.5 x 61,440
+    = 92,160; N_full = floor(40 GiB / 92,160) = 466,033, N_swa = int(466,033 x 0.5) = 233,016."""
+    target, draft = load_preset("gpt-oss-120b"), load_preset("gpt-oss-20b")
+    assert sizing.token_bytes(target, "bf16", draft) == (61_440, 61_440)
+    sizes = sizing.size_hybrid(target, 40 * 2**30, ratio=0.5, page_size=1, dtype="bf16",
+                               draft=draft)  # fmt: skip
+    assert (sizes.full_tokens, sizes.swa_tokens) == (466_033, 233_016)
+    alone = sizing.size_hybrid(target, 40 * 2**30, ratio=0.5, page_size=1, dtype="bf16")
+    assert alone.full_tokens == 40 * 2**30 // (36_864 + 18_432)  # 776,722 without the draft
+    single = sizing.size_single_pool(target, 40 * 2**30, page_size=1, dtype="bf16", draft=draft)
+    assert single.full_tokens == 40 * 2**30 // 122_880

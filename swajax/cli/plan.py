@@ -23,8 +23,8 @@ class CapacityReport:
     budget_bytes: int
     full_tokens: int
     swa_tokens: int
-    full_bytes_per_token: int  # one token's KV over all full layers
-    swa_bytes_per_token: int  # one token's KV over all SWA layers
+    full_bytes_per_token: int  # one token's KV over all full layers (a draft's included)
+    swa_bytes_per_token: int  # one token's KV over all SWA layers (a draft's included)
     bytes_used: int
     single_pool_tokens: int  # tokens the same budget holds with one pool for every layer
     capacity_ratio: float  # full_tokens / single_pool_tokens
@@ -47,14 +47,17 @@ def capacity_report(
     avg_seq_len: int | None = None,
     eviction_interval: int = sizing.DEFAULT_EVICTION_INTERVAL,
     hybrid_memory: bool = True,
+    draft: HybridConfig | None = None,
 ) -> CapacityReport:
-    """Size the pools for `budget_bytes` and compare with a single pool of the same budget."""
-    single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
+    """Size the pools for `budget_bytes` and compare with a single pool of the same budget;
+    a speculative `draft` model's KV shares both (its layers join the cell)."""
+    kw = dict(page_size=page_size, dtype=dtype, draft=draft)
+    single = sizing.size_single_pool(cfg, budget_bytes, **kw)
     if hybrid_memory and cfg.layer_mix != "full_only":
-        sizes = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
+        sizes = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
     else:
         sizes = single
-    full_b, swa_b = sizing.token_bytes(cfg, dtype)
+    full_b, swa_b = sizing.token_bytes(cfg, dtype, draft)
     estimate = None
     if avg_seq_len is not None:
         estimate = sizing.min_ratio_estimate(
@@ -73,7 +76,7 @@ def capacity_report(
         swa_tokens=sizes.swa_tokens,
         full_bytes_per_token=full_b,
         swa_bytes_per_token=swa_b,
-        bytes_used=sizing.bytes_used(cfg, sizes, dtype),
+        bytes_used=sizing.bytes_used(cfg, sizes, dtype, draft),
         single_pool_tokens=single.full_tokens,
         capacity_ratio=sizes.max_total_tokens / single.full_tokens,
         min_ratio_estimate=estimate,
@@ -131,9 +134,25 @@ def run(args) -> int:
         avg_seq_len=args.avg_seq_len,
         eviction_interval=args.eviction_interval,
         hybrid_memory=not args.disable_hybrid_memory,
+        draft=_draft(args),
     )
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0
+
+
+def _draft(args) -> HybridConfig | None:
+    """A speculative draft model (`--draft-preset NAME` or `--draft-hf-config PATH`)."""
+    from swajax import presets
+    from swajax.config import load_hf_config
+
+    if args.draft_preset is not None and args.draft_hf_config is not None:
+        raise args_lib.UsageError("give one of --draft-preset or --draft-hf-config, not both")
+    if args.draft_preset is not None:
+        try:
+            return presets.load_preset(args.draft_preset)
+        except KeyError as e:
+            raise args_lib.UsageError(e.args[0]) from e
+    return load_hf_config(args.draft_hf_config) if args.draft_hf_config else None
 
 
 def _run_planner(args, cfg) -> int:
@@ -199,6 +218,9 @@ def register(sub) -> None:
         help="one pool for every layer (SWA layers still attend only their window)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--draft-preset", metavar="NAME",
+                   help="a speculative draft model whose KV shares the pools")  # fmt: skip
+    p.add_argument("--draft-hf-config", metavar="PATH", help="the draft's config.json")
     g = p.add_argument_group("planning by modeled step time (--workload)")
     g.add_argument("--workload", type=args_lib.workload_choice,
                    help="built-in workload or JSON-lines file to plan on")  # fmt: skip

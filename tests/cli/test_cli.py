@@ -136,3 +136,12 @@ def test_plan_reads_the_new_families_published_configs(cli, tmp_path, preset):
     assert by_file[0] == 0 and by_file[1] == by_name[1]
     report = json.loads(by_file[1])
     assert (report["compressed_bytes_per_token"] > 0) == (preset == "deepseek-v4-flash")
+
+
+def test_plan_with_a_draft_model(cli):
+    code, out, _ = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40", "--ratio",
+                       "0.5", "--draft-preset", "gpt-oss-20b", "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["full_tokens"] == 466_033  # tests/test_sizing.py
+    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40",
+                       "--draft-preset", "nope")  # fmt: skip
+    assert code == 2 and "unknown preset 'nope'" in err
