@@ -268,5 +268,8 @@ def test_step3_multi_token_prediction_layers_are_ignored(tmp_path):
     cfg = json.loads((dst / "config.json").read_text())
     cfg["text_config"]["num_nextn_predict_layers"] = 1
     (dst / "config.json").write_text(json.dumps(cfg))
-    logits, output, greedy, _ = run_engine(dst)
-    assert rel_err(logits, np.load(FIXTURES / "step3p7" / "logits.npy")) <= 1e-4
+    import jax
+    from flax import nnx
+
+    loaded, original = nnx.state(load_decoder(dst)), nnx.state(load_decoder(FIXTURES / "step3p7"))
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), loaded, original)))
