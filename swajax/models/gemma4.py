@@ -12,19 +12,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from swajax.attention import AttentionMode, as_pages, attention
+from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
 from swajax.models import experts as ex
-from swajax.models.layers import F32, DenseMLP, Linear, RMSNorm, act, param
+from swajax.models.layers import (
+    F32,
+    DenseMLP,
+    Linear,
+    RMSNorm,
+    act,
+    paged_attention,
+    param,
+    unit_rms,
+)
 from swajax.models.rope import apply_rope
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import interleave_halves
-
-
-def _unit_rms(x, eps):
-    """Gemma 4's weightless RMS norm (v_norm, the router's input norm), in float32."""
-    x32 = x.astype(F32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
 class Gemma4Attention(nnx.Module):
@@ -64,7 +67,7 @@ class Gemma4Attention(nnx.Module):
         if not self.shared:
             raw = self.k_proj(x).reshape(t, s.num_kv_heads, s.head_dim)
             v_in = raw if self.v_proj is None else self.v_proj(x).reshape(raw.shape)
-            v = _unit_rms(v_in, spec.eps)
+            v = unit_rms(v_in, spec.eps)
             if s.k_is_v:
                 pools = pool_lib.write_kv(pools, self.layer_id, v, None, meta.write)
             else:
@@ -78,18 +81,15 @@ class Gemma4Attention(nnx.Module):
                 scaled = (rows.astype(F32) * weight).astype(rows.dtype)
                 return apply_rope(scaled, key_positions, rope)
 
-        k_buf, v_buf = pools.layer(self.layer_id)
-        out = attention(
+        out = paged_attention(
             q,
-            as_pages(k_buf, meta.page_size),
-            as_pages(v_buf, meta.page_size),
+            pools,
+            self.layer_id,
             meta,
             self.layer,
+            mode,
             scale=1.0,  # the q / k norms stand in for 1 / sqrt(d)
             key_transform=key_transform,
-            implementation=mode.implementation,
-            interpret=mode.interpret,
-            mesh=mode.mesh,
         )
         return self.o_proj(out.reshape(t, s.num_heads * s.head_dim)), pools
 
@@ -119,7 +119,7 @@ class Gemma4MoE(nnx.Module):
 
     def __call__(self, router_in, x):
         spec = self.spec
-        h = _unit_rms(router_in, spec.eps).astype(F32)
+        h = unit_rms(router_in, spec.eps).astype(F32)
         h = h * self.scale[...] * spec.hidden**-0.5
         probs = jax.nn.softmax(self.proj(h).astype(F32), axis=-1)
         top, idx = jax.lax.top_k(probs, spec.top_k)

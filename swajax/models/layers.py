@@ -124,25 +124,22 @@ class Attention(nnx.Module):
         if rope is not None:
             q, k = apply_rope(q, positions, rope), apply_rope(k, positions, rope)
             if spec.qk_norm == "l2":  # Llama 4: weightless RMS norm after RoPE
-                q, k = _l2(q, spec.eps), _l2(k, spec.eps)
+                q, k = unit_rms(q, spec.eps), unit_rms(k, spec.eps)
         elif spec.attn_temperature is not None:  # Llama 4 NoPE layers
             scale, floor = spec.attn_temperature
             tune = jnp.log1p(jnp.floor((positions.astype(jnp.float32) + 1) / floor)) * scale + 1
             q = (q.astype(F32) * tune[:, None, None]).astype(q.dtype)
         pools = pool_lib.write_kv(pools, self.layer_id, k, v, meta.write)
-        k_buf, v_buf = pools.layer(self.layer_id)
-        out = attention(
+        out = paged_attention(
             q,
-            as_pages(k_buf, meta.page_size),
-            as_pages(v_buf, meta.page_size),
+            pools,
+            self.layer_id,
             meta,
             self.layer,
+            mode,
             scale=spec.scales[self.layer_id],
             sinks=None if self.sinks is None else self.sinks[...],
             soft_cap=spec.attn_soft_cap,
-            implementation=mode.implementation,
-            interpret=mode.interpret,
-            mesh=mode.mesh,
         )
         if self.g_proj is not None:  # Step 3.x: each head's output times sigmoid(g_h(x))
             gate = jax.nn.sigmoid(self.g_proj(x).astype(F32))[:, :, None]
@@ -150,9 +147,27 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(t, s.num_heads * s.v_head_dim)), pools
 
 
-def _l2(x, eps):
+def unit_rms(x, eps):
+    """A weightless RMS norm in float32 (Llama 4's q/k after RoPE, Gemma 4's v norm)."""
     x32 = x.astype(jnp.float32)
     return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def paged_attention(q, pools, layer_id: int, meta, layer, mode: AttentionMode, **kwargs):
+    """`attention` over one global layer's pool buffers (a KV-shared layer reads its
+    source's), run as `mode` says."""
+    k_buf, v_buf = pools.layer(layer_id)
+    return attention(
+        q,
+        as_pages(k_buf, meta.page_size),
+        as_pages(v_buf, meta.page_size),
+        meta,
+        layer,
+        implementation=mode.implementation,
+        interpret=mode.interpret,
+        mesh=mode.mesh,
+        **kwargs,
+    )
 
 
 class DenseMLP(nnx.Module):

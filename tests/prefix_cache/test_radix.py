@@ -257,3 +257,22 @@ def test_pure_swa_chunk_cache_frees_around_evicted(protected, expected):
         swa_evict_floor=3,
     )
     assert rec.freed == [expected]
+
+
+def test_all_swa_tombstones_hold_no_slot_numbers():
+    """All-SWA: a tombstone's KV went back to the one pool, which hands the pages out again;
+    its node keeps the dummy slot, never a number another request now owns."""
+    from helpers.allocator_model import ModelAllocator
+
+    alloc = ModelAllocator(64, 64, 1, "all_swa")
+    cache = RadixCache(alloc, page_size=1, window=4, pool_mode="all_swa", cap_leaf_to_window=True)
+    _, slots, _ = alloc.alloc_extend([0], [16], [-1])
+    alloc.free_swa(slots[:8])  # evicted before the insert: [0, 8) go in as a tombstone
+    cache.insert(list(range(16)), np.asarray(slots, np.int32), swa_evicted_seqlen=8)
+    cache.evict(0, 4)  # tombstones the least recent live node, [8, 12)
+    dead = [n for n in cache.nodes() if not n.swa_live]
+    assert sorted(len(n) for n in dead) == [4, 8]
+    assert all((n.value == 0).all() for n in dead)
+    _, fresh, _ = alloc.alloc_extend([0], [12], [-1])  # the pool reuses the freed pages
+    live = {int(s) for n in cache.nodes() if n.swa_live for s in n.value}
+    assert not live & set(fresh)
