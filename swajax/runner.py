@@ -193,6 +193,8 @@ class DeviceRunner:
         arrays = self._inputs(plan, last)
         if self.model.needs_kv:  # the model's inputs ride in the same buffer
             arrays.update(fwd._asdict())
+            if plan.full_src is not None:
+                arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
         return jax.device_put(packed), commit

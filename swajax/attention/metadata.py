@@ -116,8 +116,11 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
     )
 
 
-def metadata_core(r2t, alloc, req_rows, prefix_lens, seq_lens, shape: MetadataShape):
-    """The metadata of a padded batch, traced inside a jitted caller (`commit_step`)."""
+def metadata_core(
+    r2t, alloc, req_rows, prefix_lens, seq_lens, shape: MetadataShape, *, full_src=None
+):
+    """The metadata of a padded batch, traced inside a jitted caller (`commit_step`).
+    `full_src` (i32[T], optional) goes into the write locations unchanged."""
     ps, window, block_q = alloc.page_size, shape.window, shape.block_q
     req, pos, valid = token_positions(prefix_lens, seq_lens, shape.num_tokens)
     full_loc = jnp.where(valid, r2t.table[req_rows[req], pos], 0)
@@ -148,7 +151,7 @@ def metadata_core(r2t, alloc, req_rows, prefix_lens, seq_lens, shape: MetadataSh
         full_page_table=full_pt,
         swa_page_table=swa_pt,
         swa_first_page=first,
-        write=KVWriteLoc(full=full_loc, swa=swa_loc),
+        write=KVWriteLoc(full=full_loc, swa=swa_loc, full_src=full_src),
         block_req=b_req,
         block_pos=jnp.where(b_valid, prefix_lens[b_req] + b_idx * block_q, 0),
         block_tokens=jnp.where(real, tokens, shape.num_tokens),

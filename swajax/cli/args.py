@@ -162,3 +162,6 @@ def add_cache_policy(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--cache-policy", choices=sorted(PROFILES), default=DEFAULT,
                    help="prefix-cache rules (swajax's or SGLang 0.5.23's)")  # fmt: skip
+    p.add_argument("--no-tail-rebuild", dest="tail_rebuild", action="store_false",
+                   help="resume a prefix hit whose SWA tail was evicted at the fallback point "
+                   "(recompute everything after it) instead of rebuilding the tail")  # fmt: skip

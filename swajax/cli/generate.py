@@ -30,6 +30,7 @@ class Setup:
     hybrid_memory: bool = True
     prefix_cache: bool = True
     cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
+    tail_rebuild: bool = True
     attention: str = "xla"
     chunk_size: int | None = 64
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
@@ -73,6 +74,7 @@ def make_engine(decoder: Decoder, setup: Setup) -> Engine:
         prefix_cache=setup.prefix_cache,
         eviction_interval=setup.eviction_interval,
         cache_policy=setup.cache_policy,
+        tail_rebuild=setup.tail_rebuild,
     )
     return Engine(cfg, model, sizes, options)
 
@@ -154,6 +156,7 @@ def _setup(args) -> Setup:
         hybrid_memory=not args.disable_hybrid_memory,
         prefix_cache=not args.no_prefix_cache,
         cache_policy=args.cache_policy,
+        tail_rebuild=args.tail_rebuild,
         attention=args.attention,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,

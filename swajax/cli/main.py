@@ -50,7 +50,8 @@ def _run_record(args: argparse.Namespace) -> int:
     )
     tracers = []
     options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size,
-                            cache_policy=args.cache_policy)  # fmt: skip
+                            cache_policy=args.cache_policy,
+                            tail_rebuild=args.tail_rebuild)  # fmt: skip
     run_workload(
         cfg,
         sizes,

@@ -34,6 +34,9 @@ class RunSummary:
     tokens_per_step: float
     prefix_hit_rate: float
     swa_tail_miss_tokens: int
+    prefill_tokens: int  # computed by extend steps (prompts, recomputed prefixes, rebuilds)
+    rebuilt_tokens: int  # recomputed by exact SWA-tail rebuilds
+    rebuild_saved_tokens: int  # what the fallback would have recomputed on top of those
     retractions: int
     compilations: int
     full_occupancy: list[float]  # per step
@@ -148,6 +151,9 @@ def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
         tokens_per_step=sum(m.new_tokens for m in steps) / max(len(steps), 1),
         prefix_hit_rate=engine.scheduler.hit_tokens / max(engine.scheduler.admitted_tokens, 1),
         swa_tail_miss_tokens=last.swa_tail_miss_tokens if last else 0,
+        prefill_tokens=sum(m.new_tokens for m in steps if m.kind == "extend"),
+        rebuilt_tokens=last.rebuilt_tokens if last else 0,
+        rebuild_saved_tokens=last.rebuild_saved_tokens if last else 0,
         retractions=last.retractions if last else 0,
         compilations=last.compilations if last else 0,
         full_occupancy=[m.full_used / full_total for m in steps],
@@ -170,6 +176,7 @@ def simulate(
     progress: bool = False,
     timer: StepTimeModel | None = None,
     cache_policy: str = "lean",
+    tail_rebuild: bool = True,
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
     `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
@@ -177,7 +184,7 @@ def simulate(
     hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
     single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
     options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
-                            cache_policy=cache_policy)  # fmt: skip
+                            cache_policy=cache_policy, tail_rebuild=tail_rebuild)  # fmt: skip
     runs = {
         name: run_workload(
             cfg,
@@ -236,6 +243,7 @@ def run(args) -> int:
         budget,
         timer=timer,
         cache_policy=args.cache_policy,
+        tail_rebuild=args.tail_rebuild,
         workload=args.workload,
         requests=args.requests,
         ratio=args.ratio,

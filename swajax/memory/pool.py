@@ -29,6 +29,9 @@ class KVWriteLoc(NamedTuple):
 
     full: jax.Array  # i32[T]
     swa: jax.Array | None = None  # i32[T]; the pool never translates on the write path
+    # i32[T] or None: full layers store the KV already at this full slot instead of the new
+    # one (0: the new one). A tail rebuild gets the prefix cache's exact full KV this way.
+    full_src: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -109,14 +112,11 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
     if pools.k_is_v[1 if is_swa else 0] != (v is None):
         raise ValueError(f"layer {layer_id}: pass v=None exactly where the pool's keys are values")
     if not is_swa:
-        full_k = pools.full_k.at[index, loc.full].set(k.astype(pools.full_k.dtype))
+        full_k = pools.full_k.at[index, loc.full].set(_sourced(pools.full_k[index], k, loc))
         if v is None:
             return dataclasses.replace(pools, full_k=full_k)
-        return dataclasses.replace(
-            pools,
-            full_k=full_k,
-            full_v=pools.full_v.at[index, loc.full].set(v.astype(pools.full_v.dtype)),
-        )
+        full_v = pools.full_v.at[index, loc.full].set(_sourced(pools.full_v[index], v, loc))
+        return dataclasses.replace(pools, full_k=full_k, full_v=full_v)
     if loc.swa is None:
         raise ValueError(
             f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
@@ -128,6 +128,14 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
     return dataclasses.replace(
         pools, swa_k=swa_k, swa_v=pools.swa_v.at[index, loc.swa].set(v.astype(pools.swa_v.dtype))
     )
+
+
+def _sourced(buffer: jax.Array, new: jax.Array, loc: KVWriteLoc) -> jax.Array:
+    """The rows a full layer stores: `new`, or where `loc.full_src` names a slot, its KV."""
+    new = new.astype(buffer.dtype)
+    if loc.full_src is None:
+        return new
+    return jnp.where((loc.full_src > 0)[:, None, None], buffer[loc.full_src], new)
 
 
 write_kv_jit = jax.jit(write_kv, static_argnames="layer_id", donate_argnums=0)

@@ -88,6 +88,7 @@ def commit_step(
     """
     arrays = unpack(packed, layout)
     x = StepInputs(**{name: arrays.pop(name) for name in StepInputs._fields})
+    full_src = arrays.pop("full_src", None)  # only in a step that rebuilds an SWA tail
     kind = x.edit_kind
     full = jnp.where(kind == FREE_FULL, x.edit_slot, 0)
     alloc = A.release_core(alloc, jnp.where(kind == FREE_SWA, x.edit_slot, 0), full)
@@ -104,7 +105,9 @@ def commit_step(
         table = r2t.table.at[row, x.edit_pos].set(x.edit_slot, mode="drop")
         r2t = ReqToToken(write_tail(table, x, result.full_slots, ok, decode=decode))
         if meta_shape is not None:
-            meta = metadata_core(r2t, alloc, x.rows, x.prefix_lens, x.seq_lens, meta_shape)
+            meta = metadata_core(
+                r2t, alloc, x.rows, x.prefix_lens, x.seq_lens, meta_shape, full_src=full_src
+            )
     avail = A.available(alloc)
     head = jnp.stack([result.status, avail.full, avail.swa]).astype(jnp.int32)
     return alloc, r2t, jnp.concatenate([head, result.full_slots]), meta, arrays

@@ -33,7 +33,7 @@ class ChunkCache:
         return iter(())
 
     def match(self, tokens) -> MatchResult:
-        return MatchResult(_EMPTY, None, 0)
+        return MatchResult(_EMPTY, None)
 
     def lock(self, node):
         return None

@@ -32,9 +32,14 @@ class CachePolicy:
     #    (swajax: max(W, ps)), and a checkpoint also follows the last prefill chunk.
     frontier_ceil_align: bool = False
     checkpoint_last_chunk: bool = False
+    # 6. A match whose last W tokens hold a tombstone resumes at the fallback point (the last
+    #    position with W live tokens before it) and recomputes everything after it; swajax
+    #    recomputes only the n W tokens the exact SWA-tail rebuild needs (serving/tail_rebuild.py).
+    fallback_only: bool = False
 
     RULES = ("eager_window_free", "window_recency", "keep_childless_tombstones",
-             "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk")  # fmt: skip
+             "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk",
+             "fallback_only")  # fmt: skip
 
 
 SWAJAX = CachePolicy("swajax")

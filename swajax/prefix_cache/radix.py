@@ -34,6 +34,7 @@ from swajax.prefix_cache.requests import RequestCaching
 from swajax.sizing import PoolMode
 
 INF = float("inf")
+_EMPTY = np.zeros(0, np.int32)
 __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
 
 
@@ -41,18 +42,23 @@ __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
 class MatchResult:
     slots: np.ndarray  # full slots of the accepted prefix (a multiple of the page size)
     node: Node | None  # last accepted node (the root when nothing matched)
-    tail_miss: int  # tokens on the key's path that the window rule cut off
+    # Full slots of the path the window rule cut off after the accepted prefix, and the node
+    # where that path ends (None if nothing was cut): what an exact SWA-tail rebuild reads.
+    tail: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY)
+    tail_node: Node | None = None
+
+    @property
+    def tail_miss(self) -> int:
+        """Tokens on the key's path that the window rule cut off."""
+        return len(self.tail)
 
     @property
     def full_length(self) -> int:
         """How far the key matched with full KV (accepted plus what the window rule cut)."""
-        return len(self.slots) + self.tail_miss
+        return len(self.slots) + len(self.tail)
 
     def __len__(self) -> int:
         return len(self.slots)
-
-
-_EMPTY = np.zeros(0, np.int32)
 
 
 @dataclasses.dataclass
@@ -242,10 +248,12 @@ class RadixCache:
         accepted = path[:best]
         self.refresh(accepted)
         slots = np.concatenate([n.value for n in accepted]) if accepted else _EMPTY
-        miss = sum(len(n) for n in path[best:])
+        cut = path[best:]
+        tail = np.concatenate([n.value for n in cut]) if cut else _EMPTY
         self.hit_tokens += len(slots)
-        self.tail_miss_tokens += miss
-        return MatchResult(slots, accepted[-1] if accepted else self.root, miss)
+        self.tail_miss_tokens += len(tail)
+        node = accepted[-1] if accepted else self.root
+        return MatchResult(slots, node, tail, cut[-1] if cut else None)
 
     # ------------------------------------------------------------------------------------------
     # Releasing KV the cache or a request held

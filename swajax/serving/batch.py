@@ -100,6 +100,9 @@ class StepPlan:
     repoint: Repoint
     forward: ForwardBatch
     return_logits: bool = False  # full logits of the logit rows come back (teacher forcing)
+    # i32[T] or None: per new token, the full slot whose KV full layers store instead of
+    # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
+    full_src: np.ndarray | None = None
 
     @property
     def num_new_tokens(self) -> int:
@@ -140,6 +143,8 @@ class StepMetrics:
     swa_protected: int
     hit_tokens: int
     swa_tail_miss_tokens: int
+    rebuilt_tokens: int  # recomputed by tail rebuilds (cumulative, like the hit tokens)
+    rebuild_saved_tokens: int  # the fallback's recomputation the rebuilds avoided
     retractions: int
     compilations: int
     r2t_tokens_written: int

@@ -16,6 +16,7 @@ import itertools
 from swajax.config import HybridConfig
 from swajax.prefix_cache import make_prefix_cache
 from swajax.prefix_cache.policy import DEFAULT, CachePolicy, policy_of
+from swajax.serving import tail_rebuild
 from swajax.serving.batch import PoolMode, Runner, StepMetrics, StepPlan
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.request import Request, RequestError, SamplingParams
@@ -31,6 +32,9 @@ class EngineOptions:
     prefix_cache: bool = True
     eviction_interval: int = 128
     cache_policy: str | CachePolicy = DEFAULT  # a profile of swajax.prefix_cache.policy
+    # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
+    # a profile with `fallback_only` (SGLang's) turns it off too.
+    tail_rebuild: bool = True
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
@@ -79,6 +83,7 @@ class Engine:
             eviction_interval=options.eviction_interval,
             radix=options.prefix_cache,
             policy=policy_of(options.cache_policy),
+            rebuild_reach=self._rebuild_reach(),
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
         if runner is None:
@@ -97,6 +102,18 @@ class Engine:
         self.errors: list[Exception] = []  # every step that raised, for logs and tests
         self._ids = itertools.count()
         self._steps = 0
+
+    def _rebuild_reach(self) -> int | None:
+        """The scheduler's tail-rebuild setting: only hybrid pools have tombstones that still
+        hold full KV, only a radix cache has prefix hits to rebuild."""
+        on = (
+            self.options.tail_rebuild
+            and self.options.prefix_cache
+            and not policy_of(self.options.cache_policy).fallback_only
+            and self.sizes.mode is PoolMode.HYBRID
+            and self.window > 0
+        )
+        return tail_rebuild.lower_reach(self.cfg) if on else None
 
     # ------------------------------------------------------------------------------------------
     # Requests
@@ -208,6 +225,8 @@ class Engine:
             swa_protected=c.swa_protected,
             hit_tokens=self.scheduler.hit_tokens,
             swa_tail_miss_tokens=self.scheduler.tail_miss_tokens,
+            rebuilt_tokens=self.scheduler.rebuilt_tokens,
+            rebuild_saved_tokens=self.scheduler.rebuild_saved_tokens,
             retractions=self.scheduler.retractions,
             compilations=self.runner.compilations(),
             r2t_tokens_written=plan.r2t_tokens_written,

@@ -43,7 +43,21 @@ def build_plan(batch, releases: tuple[Releases, ...]) -> StepPlan:
         ),
         forward=forward_batch(reqs, lens),
         return_logits=any(r.keep_logits for r in reqs),
+        full_src=full_sources(reqs, lens),
     )
+
+
+def full_sources(reqs: list[Request], lens: list[int]) -> np.ndarray | None:
+    """Where full layers copy KV from instead of computing it (tail rebuilds), or None."""
+    if not any(r.rebuild is not None and r.kv_len < r.rebuild.end for r in reqs):
+        return None
+    parts = [
+        r.rebuild.sources(r.kv_len, r.kv_len + n)
+        if r.rebuild is not None
+        else np.zeros(n, np.int32)
+        for r, n in zip(reqs, lens)
+    ]
+    return np.concatenate(parts)
 
 
 def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:

@@ -75,6 +75,7 @@ class Request:
     # the request's chunk checkpoints insert no further (None: no limit).
     swa_branching_seqlen: int | None = None
     handle: object = None  # prefix-cache lock
+    rebuild: object = None  # a `tail_rebuild.TailRebuild` until the request has passed its end
     retractions: int = 0
     suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
@@ -140,7 +141,7 @@ class Request:
 
     def reset_kv(self) -> None:
         """Forget every slot (after they were given back): the request starts over."""
-        self.row, self.handle, self.stale = None, None, None
+        self.row, self.handle, self.stale, self.rebuild = None, None, None, None
         self.logits = []
         self.kv_len = 0
         self.cache_protected_len = self.swa_evicted_seqlen = 0

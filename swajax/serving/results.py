@@ -5,6 +5,7 @@ caching; and what happens to a step that raised. Functions of the `Scheduler`, w
 
 from __future__ import annotations
 
+from swajax.serving import tail_rebuild
 from swajax.serving.batch import StepPlan, StepResult
 from swajax.serving.request import Request, Status
 
@@ -27,7 +28,10 @@ def take(sched, plan: StepPlan, result: StepResult) -> None:
         req.append_slots(result.slots[start : start + n])
         start += n
         if req.keep_logits:
-            req.logits += list(result.logits[row : row + n])
+            # A tail rebuild's positions before its end are inexact by design: they count as
+            # cached, so their logits are not kept.
+            skip = 0 if req.rebuild is None else min(n, max(0, req.rebuild.end - int(pre)))
+            req.logits += list(result.logits[row + skip : row + n])
             row += n
         if req.kv_len == req.num_tokens:
             row += not req.keep_logits
@@ -81,6 +85,8 @@ def _cache_chunk(sched, req: Request) -> None:
     Policies: free the out-of-window SWA KV first (eager window free), insert no further than
     the admission's full-KV match reached (branch insert)."""
     policy, end = sched.cfg.policy, req.kv_len
+    if not tail_rebuild.before_checkpoint(sched, req):
+        return
     if policy.eager_window_free:
         sched.evict_request_window(req)
     if req.swa_branching_seqlen is not None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
+import numpy as np
+
 from swajax.prefix_cache.policy import SWAJAX, CachePolicy
-from swajax.serving import progress, results, window as win
+from swajax.serving import progress, results, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
 from swajax.serving.ledger import PoolLedger
@@ -36,6 +38,9 @@ class SchedulerConfig:
     decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
     radix: bool = True
     policy: CachePolicy = SWAJAX
+    # Exact SWA-tail rebuild (serving/tail_rebuild.py): the windows of every local layer but the
+    # top one (`tail_rebuild.lower_reach`); None: off (always fall back as SGLang does).
+    rebuild_reach: int | None = None
 
 
 class Scheduler:
@@ -48,6 +53,9 @@ class Scheduler:
         self.swa_freed_tokens = 0  # out-of-window SWA KV given back by runtime eviction
         # Per admission (a refused attempt's match does not count): cached / all tokens.
         self.hit_tokens = self.admitted_tokens = self.tail_miss_tokens = 0
+        # Tail rebuilds: tokens recomputed to rebuild SWA KV the tree lacked, and tokens the
+        # fallback would have recomputed on top of those.
+        self.rebuilt_tokens = self.rebuild_saved_tokens = 0
 
     @property
     def separate_swa(self) -> bool:
@@ -132,6 +140,8 @@ class Scheduler:
                 rem_swa=budget.rem_swa,
                 page_size=self.cfg.page_size,
             )
+        if req.rebuild is not None:
+            n = tail_rebuild.cut(n, req.rebuild, req.kv_len)
         if n:
             last = n == req.pending
             self._charge(budget, n, self._max_new(req) if last else 0)
@@ -144,7 +154,15 @@ class Scheduler:
         """Match, check both budgets, lock; the first chunk's length, or 0 to stop admitting."""
         ps, tokens = self.cfg.page_size, req.tokens
         match = self.cache.match(tokens[: len(tokens) - 1])  # compute at least one token
-        extend, max_new = len(tokens) - len(match), self._max_new(req)
+        hit, slots, node, rebuild = len(match), match.slots, match.node, None
+        if self.cfg.rebuild_reach is not None and match.tail_node is not None:
+            rebuild = tail_rebuild.plan(
+                match, reach=self.cfg.rebuild_reach, window=self.cfg.window, page_size=ps
+            )
+            if rebuild is not None:  # resume at s0, holding the full KV up to L
+                hit, node = rebuild.start, match.tail_node
+                slots = np.concatenate([slots, match.tail[: hit - len(slots)]])
+        extend, max_new = len(tokens) - hit, self._max_new(req)
         if ceil_page(extend, ps) + max_new + ps >= budget.rem_total and self.running:
             return 0
         limit = budget.rem_chunk
@@ -157,22 +175,23 @@ class Scheduler:
                 if limit is None or cap <= 0:
                     return 0
                 limit = min(limit, cap)
-        n = (
-            extend
-            if limit is None or extend <= limit
-            else (len(match) + limit) // ps * ps - len(match)
-        )
+        n = extend if limit is None or extend <= limit else (hit + limit) // ps * ps - hit
+        if rebuild is not None:
+            n = tail_rebuild.cut(n, rebuild, hit)
         if n <= 0:
             return 0
-        req.handle = self.cache.lock(match.node)
-        self.hit_tokens += len(match)
+        req.handle = self.cache.lock(node)
+        self.hit_tokens += hit
         self.tail_miss_tokens += match.tail_miss
         self.admitted_tokens += len(tokens)
-        req.append_slots(match.slots)
-        req.stale = (0, len(match)) if len(match) else None
-        req.cache_protected_len = len(match)
-        req.swa_branching_seqlen = None
-        if self.cfg.policy.branch_insert and match.full_length > len(match):
+        req.append_slots(slots)
+        req.stale = (0, hit) if hit else None
+        req.cache_protected_len = hit
+        req.swa_branching_seqlen, req.rebuild = None, rebuild
+        if rebuild is not None:
+            self.rebuilt_tokens += rebuild.end - rebuild.start
+            self.rebuild_saved_tokens += rebuild.saved
+        elif self.cfg.policy.branch_insert and match.full_length > hit:
             req.swa_branching_seqlen = match.full_length
         self._charge(budget, n, max_new if n == extend else 0)
         return n
@@ -200,7 +219,7 @@ class Scheduler:
                 continue
             if batch.kind is StepKind.EXTEND and self.cfg.radix:
                 continue  # the tree owns inserted chunks; only decode evicts with a radix cache
-            self._free_window(req, start, end)
+            self.free_window(req, start, end)
 
     def evict_request_window(self, req: Request) -> None:
         """Free one request's out-of-window SWA KV now (the eager-window-free policy, at a
@@ -208,7 +227,7 @@ class Scheduler:
         # Hybrid pools only: SGLang's all-SWA path is a plain tree without tombstones (spec
         # §16.7), and an all-SWA tombstone would hold slots its pool already handed out again.
         if self.cfg.window and self.cfg.pool_mode is PoolMode.HYBRID:
-            self._free_window(req, *self._frontier(req))
+            self.free_window(req, *self._frontier(req))
 
     def _frontier(self, req: Request) -> tuple[int, int]:
         return win.eviction_frontier(
@@ -221,7 +240,7 @@ class Scheduler:
             ceil_align=self.cfg.policy.frontier_ceil_align,
         )
 
-    def _free_window(self, req: Request, start: int, end: int) -> None:
+    def free_window(self, req: Request, start: int, end: int) -> None:
         if end > start:
             self.ledger.free_swa(req.slots[start : end : self.cfg.page_size])
             self.swa_freed_tokens += end - start
@@ -319,6 +338,8 @@ class Scheduler:
 
     def _hand_over(self, req: Request, insert: bool) -> None:
         """Give the request's KV to the prefix cache (insert) or back to the pools, and unlock."""
+        if insert:
+            tail_rebuild.settle(self, req)
         self.cache.cache_finished(
             req.tokens[: req.kv_len],
             req.slots,

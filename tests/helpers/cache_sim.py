@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from swajax.serving import tail_rebuild
 from swajax.serving.window import eviction_frontier
 
 
@@ -43,6 +44,29 @@ def start(cache, allocator, tokens) -> SimRequest | None:
         cache.unlock(handle)
         return None
     return SimRequest(list(tokens), np.concatenate([match.slots, new]).astype(np.int32), n, handle)
+
+
+def start_rebuild(cache, allocator, tokens, *, reach, window) -> SimRequest | None:
+    """Start as a tail rebuild would (serving/tail_rebuild.py), already past the match's end L:
+    the tree's slots up to s0, the node at L locked, fresh slots from s0, and the SWA KV below
+    `exact_from` freed (what the scheduler's `settle` does). None if no rebuild applies."""
+    match = cache.match(tokens)
+    if match.tail_node is None:
+        return None
+    rebuild = tail_rebuild.plan(match, reach=reach, window=window, page_size=cache.ps)
+    if rebuild is None:
+        return None
+    handle = cache.lock(match.tail_node)
+    s0, prefix = rebuild.start, np.concatenate([match.slots, match.tail])[: rebuild.start]
+    status, new = alloc(allocator, prefix, s0, len(tokens) - s0)
+    if not ok(status):
+        cache.unlock(handle)
+        return None
+    req = SimRequest(list(tokens), np.concatenate([prefix, new]).astype(np.int32), s0, handle)
+    if rebuild.exact_from > s0:
+        allocator.free_swa(req.slots[s0 : rebuild.exact_from])
+    req.evicted = rebuild.exact_from
+    return req
 
 
 def grow(allocator, req: SimRequest, new_tokens) -> bool:

@@ -129,9 +129,11 @@ def test_window_recency_split_keeps_the_lower_part_in_place():
 
 def test_branch_insert_stops_checkpoints_at_the_full_match():
     """B shares A's first 80 tokens, whose SWA KV was evicted: B's hit is cut by the window
-    rule, its full-KV match reaches 80; with the rule its chunk checkpoints stop there."""
+    rule, its full-KV match reaches 80; with the rule its chunk checkpoints stop there. (Both
+    fall back at the cut: the rule is about the fallback, a tail rebuild has no branch.)"""
     protected = {}
-    for policy in (SWAJAX, only("branch_insert")):
+    fallback = CachePolicy("swajax", fallback_only=True)
+    for policy in (fallback, CachePolicy("branch_insert", branch_insert=True, fallback_only=True)):
         e = engine(policy)
         a = list(range(1, 97))
         e.add_request(a, SamplingParams(max_new_tokens=1))

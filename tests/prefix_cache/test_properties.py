@@ -3,7 +3,7 @@
 import hypothesis.strategies as st
 import pytest
 from helpers.allocator_model import ModelAllocator
-from helpers.cache_sim import evict_window, finish, grow, start, unfinished
+from helpers.cache_sim import evict_window, finish, grow, start, start_rebuild, unfinished
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -41,6 +41,23 @@ class CacheMachine(RuleBasedStateMachine):
         if req is None:
             self.cache.evict(len(tokens), len(tokens))
             req = start(self.cache, self.alloc, tokens)
+        if req is not None:
+            self.reqs.append(req)
+
+    @precondition(lambda self: self.mode == "hybrid")
+    @rule(data=st.data(), reach=st.integers(0, 4))
+    def start_tail_rebuild(self, data, reach):
+        """A request that resumes a tombstoned match by a tail rebuild: a long prompt is cached,
+        part of its SWA KV evicted, and a request sharing some of it starts (if one applies)."""
+        first = data.draw(st.lists(ALPHABET, min_size=8 * self.ps, max_size=16 * self.ps))
+        req = start(self.cache, self.alloc, first)
+        if req is None:
+            return
+        finish(self.cache, req)
+        self.cache.evict(0, data.draw(st.integers(1, 12 * self.ps)))
+        cut = data.draw(st.integers(1, len(first)))
+        tokens = first[:cut] + data.draw(st.lists(ALPHABET, min_size=1, max_size=8))
+        req = start_rebuild(self.cache, self.alloc, tokens, reach=reach, window=self.window)
         if req is not None:
             self.reqs.append(req)
 

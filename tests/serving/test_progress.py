@@ -4,6 +4,7 @@ the pools, and a step that raises loses nothing and stops no other request."""
 import jax
 import numpy as np
 import pytest
+from helpers.engine_checks import check_clean
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
@@ -14,24 +15,6 @@ from swajax.serving.null_model import NullModel
 from swajax.serving.request import RequestError, SamplingParams, Status
 
 CFG = load_preset("tiny-hybrid")  # W = 7
-
-
-def check_clean(engine):
-    """Nothing in flight, every request ended, both pools entirely free (host and device)."""
-    assert engine.idle
-    for req in engine.requests.values():
-        assert req.status in (Status.FINISHED, Status.ABORTED), (req.rid, req.status)
-        assert req.finish_reason
-    engine.cache.evict(10**9, 10**9)
-    engine.flush()
-    full = (engine.ledger.primary_pages * engine.sizes.page_size,) * 2
-    if engine.sizes.mode.value == "hybrid":
-        full = (full[0], engine.ledger.swa_pages * engine.sizes.page_size)
-    assert engine.ledger.available() == full
-    from swajax.memory import allocator as A
-
-    avail = A.available(engine.runner.alloc)
-    assert (int(avail.full), int(avail.swa)) == full
 
 
 PROPERTY = dict(

@@ -1,0 +1,109 @@
+"""Exact SWA-tail rebuild vs SGLang's fallback, measured with the null-model engine (`swajax
+simulate`'s run) on a chat workload whose shared prefixes outlive their SWA KV.
+
+    python benchmarks/tail_rebuild.py [--preset gpt-oss-120b] [--gib 16] [--ratio 0.02]
+
+The workload: `--documents` long documents (`--doc` tokens each); every document has
+`--conversations` chats about it, `--turns` turns each (user turns of 32-256 tokens, replies of
+64-512), the chats of all documents interleaved. A small SWA pool tombstones a document's SWA KV
+between its chats while the full pool keeps its full KV, so a new chat's match is cut by the
+window rule: the fallback recomputes from the last W live tokens (often the start), the rebuild
+from n W tokens before the match's end.
+
+Printed side by side, same workload and pools: prefill tokens computed, tokens the window rule
+cut from matches, tokens rebuilt, tokens the rebuild saved, steps, and (with --accelerator) the
+modeled seconds and output tokens per second (`serving/step_time.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from swajax import sizing
+from swajax.cli.simulate import run_workload
+from swajax.presets import load_preset
+from swajax.serving.engine import EngineOptions
+from swajax.serving.request import SamplingParams
+from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.serving.workloads import Arrival, Workload
+
+
+def document_chats(documents: int, conversations: int, turns: int, doc: int, seed=0, vocab=1024):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, vocab, doc).tolist() for _ in range(documents)]
+    left = {}
+
+    def turn(history, chat):
+        prompt = history + rng.integers(0, vocab, int(rng.integers(32, 257))).tolist()
+        params = SamplingParams(max_new_tokens=int(rng.integers(64, 513)))
+        return Arrival(prompt, params, chat)
+
+    initial = []
+    for c in range(conversations):  # chat c of every document, then chat c + 1
+        for d in range(documents):
+            chat = c * documents + d
+            left[chat] = turns - 1
+            initial.append(turn(list(docs[d]), chat))
+
+    def follow_up(arrival, output):
+        if left[arrival.conversation] == 0:
+            return None
+        left[arrival.conversation] -= 1
+        return turn(arrival.prompt + output, arrival.conversation)
+
+    return Workload(initial, follow_up, documents * conversations * turns)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="gpt-oss-120b")
+    ap.add_argument("--gib", type=float, default=16.0)
+    ap.add_argument("--ratio", type=float, default=0.02)
+    ap.add_argument("--documents", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--doc", type=int, default=8192)
+    ap.add_argument("--chunk", type=int, default=2048)
+    ap.add_argument("--max-running", type=int, default=8)
+    ap.add_argument("--accelerator", default=None, help="e.g. h200: add modeled time")
+    ap.add_argument("--cache-policy", default="lean")
+    args = ap.parse_args()
+    cfg = load_preset(args.preset)
+    budget = sizing.gib_to_bytes(args.gib)
+    sizes = sizing.size_hybrid(cfg, budget, ratio=args.ratio, page_size=16, dtype="bf16")
+    timer = None
+    if args.accelerator:
+        timer = StepTimeModel(cfg, MODEL_COSTS[args.preset], ACCELERATORS[args.accelerator])
+        timer = dataclasses.replace(timer, devices=timer.devices_needed(budget))
+    print(
+        f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / SWA "
+        f"{sizes.swa_tokens:,} tokens; {args.documents} documents of {args.doc} tokens x "
+        f"{args.conversations} chats x {args.turns} turns"
+    )
+    rows = {}
+    for name, on in (("rebuild", True), ("fallback", False)):
+        options = EngineOptions(
+            max_running=args.max_running, max_context=65_536, chunk_size=args.chunk,
+            tail_rebuild=on, cache_policy=args.cache_policy,
+        )  # fmt: skip
+        workload = document_chats(args.documents, args.conversations, args.turns, args.doc)
+        rows[name] = run_workload(cfg, sizes, workload, options=options, progress=False,
+                                  timer=timer)  # fmt: skip
+    keys = ["prefill_tokens", "swa_tail_miss_tokens", "rebuilt_tokens", "rebuild_saved_tokens",
+            "prefix_hit_rate", "retractions", "steps", "finished", "lost"]  # fmt: skip
+    if timer is not None:
+        keys += ["modeled_seconds", "tokens_per_s"]
+    print(f"{'':24}{'rebuild':>14}{'fallback':>14}")
+    for k in keys:
+        a, b = getattr(rows["rebuild"], k), getattr(rows["fallback"], k)
+        fmt = "{:>14.3f}" if isinstance(a, float) else "{:>14,}"
+        print(f"{k:24}" + fmt.format(a) + fmt.format(b))
+    a, b = rows["rebuild"].prefill_tokens, rows["fallback"].prefill_tokens
+    print(f"prefill tokens computed: {a / b:.3f}x the fallback's ({1 - a / b:.1%} fewer)")
+
+
+if __name__ == "__main__":
+    main()

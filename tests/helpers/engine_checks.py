@@ -1,0 +1,21 @@
+"""Checks on a whole engine after a run."""
+
+from swajax.memory import allocator as A
+from swajax.serving.request import Status
+
+
+def check_clean(engine):
+    """Nothing in flight, every request ended, both pools entirely free (host and device) once
+    the prefix cache is flushed: nothing leaked."""
+    assert engine.idle
+    for req in engine.requests.values():
+        assert req.status in (Status.FINISHED, Status.ABORTED), (req.rid, req.status)
+        assert req.finish_reason
+    engine.cache.evict(10**9, 10**9)
+    engine.flush()
+    full = (engine.ledger.primary_pages * engine.sizes.page_size,) * 2
+    if engine.sizes.mode.value == "hybrid":
+        full = (full[0], engine.ledger.swa_pages * engine.sizes.page_size)
+    assert engine.ledger.available() == full
+    avail = A.available(engine.runner.alloc)
+    assert (int(avail.full), int(avail.swa)) == full
