@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--doc", type=int, default=8192)
-    ap.add_argument("--chunk", type=int, default=2048)
+    ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--max-running", type=int, default=8)
     ap.add_argument("--accelerator", default=None, help="e.g. h200: add modeled time")
     ap.add_argument("--cache-policy", default="lean")
