@@ -33,22 +33,48 @@ from swajax.memory.step import (
     apply_releases,
     commit_step,
 )
+from swajax.models.speculative import verify_round
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
 MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
 
 
+_COMMIT = ("layout", "decode", "num_tokens", "meta_shape")
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("forward", "layout", "decode", "num_tokens", "meta_shape", "return_logits"),
-    donate_argnums=(0, 1, 2),
+    static_argnames=("forward", "draft", "return_logits", *_COMMIT),
+    donate_argnums=(0, 1, 2, 3),
 )
-def _fused_step(alloc, r2t, pools, packed, weights, *, forward, return_logits, **commit):
-    """commit_step then the model's forward (a static `Forward`), traced into one program."""
+def _fused_step(alloc, r2t, pools, d_pools, packed, weights, d_weights, *, forward, draft,
+                return_logits, **commit):  # fmt: skip
+    """commit_step then the model's forward (a static `Forward`), traced into one program; a
+    speculative draft (`draft`, or None) writes its KV of the same tokens."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    pools, sampled = forward(weights, pools, ForwardBatch(**extra), meta, return_logits)
-    return alloc, r2t, pools, out, sampled
+    extra.pop("verify_rows", None)
+    batch = ForwardBatch(**extra)
+    pools, sampled = forward(weights, pools, batch, meta, return_logits)
+    if draft is not None:
+        _, d_pools = draft.logits(d_weights, d_pools, batch.tokens, meta, batch.logit_index[:1])
+    return alloc, r2t, pools, d_pools, out, sampled
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("forward", "draft", "k", "draft_shapes", *_COMMIT),
+    donate_argnums=(0, 1, 2, 3),
+)
+def _fused_verify(alloc, r2t, pools, d_pools, packed, weights, d_weights, *, forward, draft, k,
+                  draft_shapes, **commit):  # fmt: skip
+    """commit_step (k + 1 positions per decoding request) then a speculative round."""
+    alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
+    pools, d_pools, verified = verify_round(
+        forward, draft, weights, d_weights, pools, d_pools, r2t, alloc, meta,
+        extra["tokens"], extra["verify_rows"], k=k, draft_shapes=draft_shapes,
+    )  # fmt: skip
+    return alloc, r2t, pools, d_pools, out, verified
 
 
 def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
@@ -72,8 +98,11 @@ def pad_forward(fwd: ForwardBatch, num_tokens: int) -> ForwardBatch:
 
 
 class DeviceRunner:
-    def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int):
+    def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int,
+                 draft=None, lookahead: int = 0):  # fmt: skip
+        """`draft` (a `HybridLM` or None) proposes `lookahead` tokens per decode step."""
         self.model, self.window = model, window
+        self.draft, self.lookahead = draft, lookahead
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
         self.alloc = A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
         self.r2t = ReqToToken.init(max_running, max_context) if model.needs_kv else None
@@ -81,6 +110,8 @@ class DeviceRunner:
         # run at once: a single-stream engine decodes one row, not eight.
         self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
         self.pools = model.init_pools(sizes) if model.needs_kv else None
+        # The draft's KV sits at the same slots, in buffers of its own layers.
+        self.draft_pools = draft.init_pools(sizes) if draft is not None else None
         self._compiles0 = compilation_count()
 
     def compilations(self) -> int:
@@ -137,22 +168,36 @@ class DeviceRunner:
         if fused is not None:
             try:
                 packed, commit = self._prepare(plan, last)
-                self.alloc, self.r2t, self.pools, out, sampled = _fused_step(
-                    self.alloc, self.r2t, self.pools, packed, self.model.state,
-                    forward=fused, return_logits=plan.return_logits, **commit,
-                )  # fmt: skip
+                draft = self.draft.fused_forward if self.draft is not None else None
+                d_state = self.draft.state if self.draft is not None else None
+                state = (self.alloc, self.r2t, self.pools, self.draft_pools)
+                if plan.lookahead:
+                    step = functools.partial(
+                        _fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
+                    )
+                else:
+                    step = functools.partial(_fused_step, return_logits=plan.return_logits)
+                *state, out, sampled = step(
+                    *state, packed, self.model.state, d_state, forward=fused, draft=draft, **commit
+                )
+                self.alloc, self.r2t, self.pools, self.draft_pools = state
                 out, sampled = jax.device_get((out, sampled))  # the step's one read
             except Exception:  # raised before the program ran: the device state is untouched
                 self.apply_releases((last,))
                 raise
             return self._result(plan, out, sampled)
+        if self.draft is not None:
+            raise ValueError("a speculative draft needs the fused step (no mesh)")
         try:
             out, meta, fwd = self._commit(plan, last)
         except Exception:
             self.apply_releases((last,))
             raise
         try:
-            if self.model.needs_kv:
+            if plan.lookahead:  # a model without KV (the null model) emulates the round
+                out = jax.device_get(out)
+                sampled = self.model.verify(plan, plan.lookahead)
+            elif self.model.needs_kv:
                 self.pools, sampled = self.model.forward_and_sample(
                     self.pools, fwd, meta, return_logits=plan.return_logits
                 )
@@ -165,10 +210,28 @@ class DeviceRunner:
             raise
         return self._result(plan, out, sampled)
 
+    def _draft_shapes(self, plan: StepPlan):
+        """The metadata shapes of a round's k + 1 single-token draft forwards."""
+        ps = self.alloc.page_size
+        return tuple(
+            metadata_shape(
+                plan.prefix_lens + j, plan.prefix_lens + j + 1, page_size=ps, window=self.window
+            )  # fmt: skip
+            for j in range(plan.lookahead + 1)
+        )
+
     def _result(self, plan: StepPlan, out, sampled) -> StepResult:
+        new = plan.num_new_tokens
+        if plan.lookahead:  # a verify round: every row of every request, and the accepted counts
+            n = len(plan.requests)
+            tokens, logprobs, accepted = (np.asarray(x)[:n] for x in sampled)
+            return StepResult(
+                status=int(out[OUT_STATUS]), slots=out[OUT_SLOTS : OUT_SLOTS + new],
+                free_full=int(out[OUT_FREE_FULL]), free_swa=int(out[OUT_FREE_SWA]),
+                tokens=tokens, logprobs=logprobs, accepted=accepted,
+            )  # fmt: skip
         tokens, logprobs, logits = sampled
         s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
-        new = plan.num_new_tokens
         return StepResult(
             status=int(out[OUT_STATUS]),
             slots=out[OUT_SLOTS : OUT_SLOTS + new],
@@ -182,7 +245,7 @@ class DeviceRunner:
     def _prepare(self, plan: StepPlan, last: Releases):
         """The step's one upload (every input packed in one int32 buffer) and the static
         arguments of `commit_step`."""
-        decode = plan.kind is StepKind.DECODE
+        decode = plan.kind is StepKind.DECODE and not plan.lookahead  # a round extends
         num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
         shape = None
         if self.model.needs_kv:
@@ -195,6 +258,8 @@ class DeviceRunner:
             arrays.update(fwd._asdict())
             if plan.full_src is not None:
                 arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
+            if plan.lookahead:
+                arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
         return jax.device_put(packed), commit

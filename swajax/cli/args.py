@@ -68,6 +68,7 @@ BUDGET_GIB = float_in(0.0, 1 << 20, lo_open=True)
 TEMPERATURE = float_in(0.0, 1e4)
 TOP_P = float_in(0.0, 1.0, lo_open=True)
 MAX_REQUESTS = int_at_least(1, 1_000_000)
+PROBABILITY = float_in(0.0, 1.0)
 
 
 def out_file(suffix: str, *others: str):
@@ -165,3 +166,25 @@ def add_cache_policy(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-tail-rebuild", dest="tail_rebuild", action="store_false",
                    help="resume a prefix hit whose SWA tail was evicted at the fallback point "
                    "(recompute everything after it) instead of rebuilding the tail")  # fmt: skip
+
+
+def add_draft_choice(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-preset", metavar="NAME",
+                   help="a speculative draft model whose KV shares the pools")  # fmt: skip
+    p.add_argument("--draft-hf-config", metavar="PATH", help="the draft's config.json")
+
+
+def draft_config(args: argparse.Namespace):
+    """A speculative draft model's config (`--draft-preset NAME` or `--draft-hf-config PATH`),
+    or None."""
+    from swajax import presets
+    from swajax.config import load_hf_config
+
+    if args.draft_preset is not None and args.draft_hf_config is not None:
+        raise UsageError("give one of --draft-preset or --draft-hf-config, not both")
+    if args.draft_preset is not None:
+        try:
+            return presets.load_preset(args.draft_preset)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from e
+    return load_hf_config(args.draft_hf_config) if args.draft_hf_config else None

@@ -31,6 +31,7 @@ class Setup:
     prefix_cache: bool = True
     cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
     tail_rebuild: bool = True
+    num_speculative_tokens: int = 0  # with a draft model (make_engine's `draft`)
     attention: str = "xla"
     chunk_size: int | None = 64
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
@@ -55,18 +56,26 @@ def load(model: str, dtype: str = "float32", chat: bool = False) -> tuple[Decode
     return load_decoder(path, dtype=dtype), Tokenizer(path, chat=chat)
 
 
-def make_engine(decoder: Decoder, setup: Setup) -> Engine:
+def make_engine(decoder: Decoder, setup: Setup, draft: Decoder | None = None) -> Engine:
+    """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
+    (the sizing counts its layers)."""
     cfg = decoder.spec.hybrid
+    draft_cfg = draft.spec.hybrid if draft is not None else None
     budget = sizing.gib_to_bytes(setup.kv_budget_gib)
     kv = setup.kv_dtype or KV_DTYPE[decoder.spec.dtype]
     if setup.hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.size_hybrid(
-            cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype=kv
+            cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype=kv, draft=draft_cfg
         )
     else:
-        sizes = sizing.size_single_pool(cfg, budget, page_size=setup.page_size, dtype=kv)
+        sizes = sizing.size_single_pool(
+            cfg, budget, page_size=setup.page_size, dtype=kv, draft=draft_cfg
+        )
     pallas = setup.attention == "pallas"
     model = HybridLM(decoder, dtype=kv, implementation=setup.attention, interpret=pallas)
+    draft_lm = None
+    if draft is not None:
+        draft_lm = HybridLM(draft, dtype=kv, implementation=setup.attention, interpret=pallas)
     options = EngineOptions(
         max_running=setup.max_running,
         max_context=setup.max_context,
@@ -75,8 +84,9 @@ def make_engine(decoder: Decoder, setup: Setup) -> Engine:
         eviction_interval=setup.eviction_interval,
         cache_policy=setup.cache_policy,
         tail_rebuild=setup.tail_rebuild,
+        num_speculative_tokens=setup.num_speculative_tokens,
     )
-    return Engine(cfg, model, sizes, options)
+    return Engine(cfg, model, sizes, options, draft=draft_lm)
 
 
 def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
@@ -93,6 +103,7 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
         prefix_hit_tokens=engine.scheduler.hit_tokens,
         swa_freed_tokens=engine.scheduler.swa_freed_tokens,
         retractions=engine.scheduler.retractions,
+        draft_tokens_accepted=engine.scheduler.accepted_tokens,
         compilations=compilation_count(),  # this process, persistent-cache hits excluded
         compile_cache_hits=cache_hits(),
     )
@@ -157,10 +168,23 @@ def _setup(args) -> Setup:
         prefix_cache=not args.no_prefix_cache,
         cache_policy=args.cache_policy,
         tail_rebuild=args.tail_rebuild,
+        num_speculative_tokens=_speculative_tokens(args),
         attention=args.attention,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
     )
+
+
+def _speculative_tokens(args) -> int:
+    if args.draft_model is None:
+        if args.num_speculative_tokens is not None:
+            raise args_lib.UsageError("--num-speculative-tokens needs --draft-model")
+        return 0
+    return 4 if args.num_speculative_tokens is None else args.num_speculative_tokens
+
+
+def _draft(args) -> Decoder | None:
+    return None if args.draft_model is None else load(args.draft_model, args.dtype)[0]
 
 
 def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
@@ -193,7 +217,7 @@ def run_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    reqs, summary = generate(make_engine(decoder, _setup(args)), prompts, params)
+    reqs, summary = generate(make_engine(decoder, _setup(args), _draft(args)), prompts, params)
     for prompt, req in zip(prompts, reqs):
         text = tokenizer.decode(req.output)
         if args.json:
@@ -216,6 +240,8 @@ def run_generate(args) -> int:
             f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
             f"{summary['prefix_hit_tokens']}, SWA KV freed {summary['swa_freed_tokens']} tokens"
         )
+        if args.draft_model is not None:
+            print(f"speculative: {summary['draft_tokens_accepted']} draft tokens accepted")
     return 0 if all(r.finish_reason in ("length", "stop") for r in reqs) else 1
 
 
@@ -258,6 +284,10 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
     _add_model_args(p)
     p.add_argument("--max-new-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
+    p.add_argument("--draft-model", help="speculative decoding: 'tiny' or a checkpoint folder "
+                   "with the target's vocabulary (greedy verification)")  # fmt: skip
+    p.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(1, 64),
+                   help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
     p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0)
     p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
     p.add_argument("--seed", type=args_lib.SEED, default=0)

@@ -134,25 +134,10 @@ def run(args) -> int:
         avg_seq_len=args.avg_seq_len,
         eviction_interval=args.eviction_interval,
         hybrid_memory=not args.disable_hybrid_memory,
-        draft=_draft(args),
+        draft=args_lib.draft_config(args),
     )
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0
-
-
-def _draft(args) -> HybridConfig | None:
-    """A speculative draft model (`--draft-preset NAME` or `--draft-hf-config PATH`)."""
-    from swajax import presets
-    from swajax.config import load_hf_config
-
-    if args.draft_preset is not None and args.draft_hf_config is not None:
-        raise args_lib.UsageError("give one of --draft-preset or --draft-hf-config, not both")
-    if args.draft_preset is not None:
-        try:
-            return presets.load_preset(args.draft_preset)
-        except KeyError as e:
-            raise args_lib.UsageError(e.args[0]) from e
-    return load_hf_config(args.draft_hf_config) if args.draft_hf_config else None
 
 
 def _run_planner(args, cfg) -> int:
@@ -218,9 +203,7 @@ def register(sub) -> None:
         help="one pool for every layer (SWA layers still attend only their window)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--draft-preset", metavar="NAME",
-                   help="a speculative draft model whose KV shares the pools")  # fmt: skip
-    p.add_argument("--draft-hf-config", metavar="PATH", help="the draft's config.json")
+    args_lib.add_draft_choice(p)
     g = p.add_argument_group("planning by modeled step time (--workload)")
     g.add_argument("--workload", type=args_lib.workload_choice,
                    help="built-in workload or JSON-lines file to plan on")  # fmt: skip

@@ -66,11 +66,12 @@ def run_workload(
     progress: bool,
     on_engine=None,
     timer: StepTimeModel | None = None,
+    acceptance: float = 1.0,
 ) -> RunSummary:
     """Run `workload` on the null model. With a `timer`, a modeled clock advances by each
     step's modeled time: arrivals are submitted when the clock reaches them, follow-ups (the
     next chat turn) as soon as their predecessor finishes."""
-    model = NullModel()
+    model = NullModel(acceptance=acceptance)  # its emulated draft's acceptance rate
     engine = Engine(cfg, model, sizes, options)
     if on_engine is not None:
         on_engine(engine)  # e.g. attach a trace recorder
@@ -177,14 +178,19 @@ def simulate(
     timer: StepTimeModel | None = None,
     cache_policy: str = "lean",
     tail_rebuild: bool = True,
+    draft: HybridConfig | None = None,
+    speculative_tokens: int = 0,
+    acceptance: float = 1.0,
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
     `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
     modeled throughput and latencies."""
-    hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, page_size=page_size, dtype=dtype)
-    single = sizing.size_single_pool(cfg, budget_bytes, page_size=page_size, dtype=dtype)
+    kw = dict(page_size=page_size, dtype=dtype, draft=draft)
+    hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
+    single = sizing.size_single_pool(cfg, budget_bytes, **kw)
     options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
-                            cache_policy=cache_policy, tail_rebuild=tail_rebuild)  # fmt: skip
+                            cache_policy=cache_policy, tail_rebuild=tail_rebuild,
+                            num_speculative_tokens=speculative_tokens)  # fmt: skip
     runs = {
         name: run_workload(
             cfg,
@@ -193,6 +199,7 @@ def simulate(
             options=options,
             progress=progress,
             timer=timer,
+            acceptance=acceptance,
         )  # fmt: skip
         for name, sizes in (("hybrid", hybrid), ("single", single))
     }
@@ -244,6 +251,9 @@ def run(args) -> int:
         timer=timer,
         cache_policy=args.cache_policy,
         tail_rebuild=args.tail_rebuild,
+        draft=args_lib.draft_config(args),
+        speculative_tokens=args.num_speculative_tokens,
+        acceptance=args.acceptance,
         workload=args.workload,
         requests=args.requests,
         ratio=args.ratio,
@@ -284,6 +294,12 @@ def register(sub) -> None:
                    "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip
     args_lib.add_timer_choice(p, required=False)
     args_lib.add_cache_policy(p)
+    g = p.add_argument_group("speculative decoding (an emulated draft)")
+    args_lib.add_draft_choice(g)
+    g.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(0, 64), default=0,
+                   help="draft tokens verified per decode step")  # fmt: skip
+    g.add_argument("--acceptance", type=args_lib.PROBABILITY, default=0.7,
+                   help="chance that each draft token is accepted")  # fmt: skip
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")

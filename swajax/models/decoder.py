@@ -143,6 +143,12 @@ class Forward:
     def __init__(self, graphdef, mode: AttentionMode):
         self.graphdef, self.mode = graphdef, mode
 
+    def logits(self, state, pools, tokens, meta, rows):
+        """Logits of the flat rows `rows` of a forward of `tokens` (a draft's proposals, a
+        verify step's rows), and the pools with the batch's KV written."""
+        model = nnx.merge(self.graphdef, state)
+        return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
+
     def __call__(self, state, pools, batch, meta, return_logits: bool):
         model = nnx.merge(self.graphdef, state)
         logits, pools = model(

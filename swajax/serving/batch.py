@@ -103,6 +103,9 @@ class StepPlan:
     # i32[T] or None: per new token, the full slot whose KV full layers store instead of
     # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
     full_src: np.ndarray | None = None
+    # Speculative decoding: a decode step that verifies `lookahead` draft tokens per request
+    # (k + 1 positions each, allocated as an extend); 0: a plain step.
+    lookahead: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -125,6 +128,9 @@ class StepResult:
     tokens: np.ndarray  # i32[S]: sampled tokens
     logprobs: np.ndarray  # f32[S]
     logits: np.ndarray | None = None  # f32[K, V] if the plan asked for them
+    # A verify round: tokens / logprobs are [R, k + 1] (the target's greedy choice at each
+    # position) and `accepted` [R] counts the leading draft tokens that matched.
+    accepted: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

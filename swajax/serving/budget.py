@@ -41,8 +41,10 @@ class Budget:
 def make_budget(cfg, ledger, cache, running, separate_swa: bool) -> Budget:
     """This step's budgets (`cfg`: the scheduler's config; `running`: its running requests)."""
     full, swa = ledger.available()
+    # Speculative decoding: a decode step holds k lookahead positions beyond what it keeps.
     reserve = sum(
-        min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS) for r in running
+        min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS) + cfg.lookahead
+        for r in running
     )
     if cfg.pool_mode is PoolMode.ALL_SWA:
         full_budget = swa + cache.swa_evictable
@@ -58,7 +60,9 @@ def make_budget(cfg, ledger, cache, running, separate_swa: bool) -> Budget:
         # parked every chunk, and the engine stalled).
         grow = cfg.eviction_interval + cfg.page_size
         swa_reserve = sum(
-            min(r.params.max_new_tokens - len(r.output), grow) for r in running if r.decoding
+            min(r.params.max_new_tokens - len(r.output), grow) + cfg.lookahead
+            for r in running
+            if r.decoding
         )
         rem_swa = swa + cache.swa_evictable - int(swa_reserve * cfg.decode_reserve_ratio)
     return Budget(rem_total, rem_swa, cfg.chunk_size)

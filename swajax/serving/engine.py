@@ -35,9 +35,16 @@ class EngineOptions:
     # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
     # a profile with `fallback_only` (SGLang's) turns it off too.
     tail_rebuild: bool = True
+    # Speculative decoding: draft tokens per decode step, verified greedily (0: off). Needs a
+    # draft model (`Engine(draft=...)`), except on the null model, which emulates one.
+    num_speculative_tokens: int = 0
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
         for name in ("max_running", "max_context", "eviction_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -54,21 +61,28 @@ class Engine:
         options: EngineOptions = EngineOptions(),
         *,
         runner: Runner | None = None,
+        draft=None,
     ):
+        """`draft`: the speculative draft model (a `HybridLM` with the target's vocabulary),
+        whose KV shares the target's slots; size the pools with it (`sizing`'s `draft=`)."""
         if options.chunk_size is not None and options.chunk_size < sizes.page_size:
             raise ValueError(
                 f"chunk_size {options.chunk_size} is smaller than the page size "
                 f"{sizes.page_size}: a chunk must hold at least one page"
             )
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
+        self.draft = draft
+        _check_draft(model, draft, options.num_speculative_tokens, sizes)
         # Host code keeps W as an int (0: no local layers) for its arithmetic; the cache takes
-        # the config's None, which means "no SWA component".
-        self.window = cfg.sliding_window or 0
+        # the config's None, which means "no SWA component". With a draft, W covers its
+        # windows too (its SWA KV lives at the same slots).
+        windows = [cfg.sliding_window, draft.spec.hybrid.sliding_window if draft else None]
+        self.window = max(w or 0 for w in windows)
         self.ledger = PoolLedger(sizes)
         self.cache = make_prefix_cache(
             self.ledger,
             page_size=sizes.page_size,
-            window=cfg.sliding_window,
+            window=self.window or None,
             pool_mode=sizes.mode,
             enabled=options.prefix_cache,
             policy=policy_of(options.cache_policy),
@@ -84,6 +98,7 @@ class Engine:
             radix=options.prefix_cache,
             policy=policy_of(options.cache_policy),
             rebuild_reach=self._rebuild_reach(),
+            lookahead=options.num_speculative_tokens,
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
         if runner is None:
@@ -95,6 +110,8 @@ class Engine:
                 max_running=options.max_running,
                 max_context=options.max_context,
                 window=self.window,
+                draft=draft,
+                lookahead=options.num_speculative_tokens,
             )
         self.runner = runner
         self.requests: dict[int, Request] = {}
@@ -112,6 +129,7 @@ class Engine:
             and not policy_of(self.options.cache_policy).fallback_only
             and self.sizes.mode is PoolMode.HYBRID
             and self.window > 0
+            and self.draft is None  # the cone is the target's; a draft's layers would need theirs
         )
         return tail_rebuild.lower_reach(self.cfg) if on else None
 
@@ -151,6 +169,11 @@ class Engine:
                 f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens})"
                 f" = {total} tokens cannot fit in the KV pools ({self.capacity()} "
                 "tokens per request)"
+            )
+        if self.options.num_speculative_tokens and (params.temperature > 0 or keep_logits):
+            raise RequestError(
+                f"speculative decoding verifies greedily: temperature must be 0 (got "
+                f"{params.temperature}) and logits are not kept (keep_logits={keep_logits})"
             )
         rid = next(self._ids)
         req = Request(rid, prompt, params, keep_logits=keep_logits)
@@ -237,3 +260,20 @@ class Engine:
         )
         self.metrics.append(m)
         return m
+
+
+def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:
+    """A draft that can share the target's slots, or a clear error."""
+    if draft is None:
+        if k and model.needs_kv:
+            raise ValueError(f"num_speculative_tokens={k} needs a draft model (Engine(draft=...))")
+        return
+    if not k:
+        raise ValueError("a draft model needs num_speculative_tokens >= 1")
+    if draft.vocab_size != model.vocab_size:
+        raise ValueError(
+            f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
+            f"({model.vocab_size}): its tokens could not be verified"
+        )
+    if sizes.mode is PoolMode.ALL_SWA and draft.spec.hybrid.full_layer_ids:
+        raise ValueError("the target's pools are all-SWA: a draft with full layers has no room")

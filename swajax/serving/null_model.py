@@ -11,8 +11,12 @@ from swajax.serving.batch import ForwardBatch
 class NullModel:
     needs_kv = False
 
-    def __init__(self, vocab_size: int = 1024, seed: int = 0):
+    def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0):
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         self.vocab_size, self.seed = vocab_size, seed
+        # Speculative decoding: the chance that an emulated draft's token is accepted.
+        self.acceptance = acceptance
 
     def init_pools(self, sizes):
         return None
@@ -25,6 +29,20 @@ class NullModel:
             + self.seed
         )
         return (mixed >> 4) % self.vocab_size
+
+    def verify(self, plan, k: int):
+        """An emulated verify round: the target's tokens are the `next_token` chain from each
+        pending token (so outputs equal plain decoding's), and each draft token is accepted
+        with probability `acceptance` (a fixed hash of the position decides)."""
+        t = plan.forward.tokens[:: k + 1]
+        pos = plan.prefix_lens.astype(np.int64)
+        greedy = np.zeros((len(t), k + 1), np.int32)
+        for j in range(k + 1):
+            t = self.next_token(t, pos + j)
+            greedy[:, j] = t
+        draws = (self.next_token(pos[:, None] + np.arange(k), 7) % 1000) / 1000.0
+        accepted = np.cumprod(draws < self.acceptance, axis=1).sum(axis=1).astype(np.int32)
+        return greedy, np.zeros(greedy.shape, np.float32), accepted
 
     def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False):
         """`next_token` of each sampled row, with logprob 0 (all the mass on it); host only."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.serving.batch import ForwardBatch, Releases, Repoint, StepPlan
+from swajax.serving.batch import ForwardBatch, Releases, Repoint, StepKind, StepPlan
 from swajax.serving.request import Request
 
 
-def build_plan(batch, releases: tuple[Releases, ...]) -> StepPlan:
-    """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it."""
+def build_plan(batch, releases: tuple[Releases, ...], lookahead: int = 0) -> StepPlan:
+    """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it; a
+    decode batch with `lookahead` k is a speculative verify round."""
+    spec = lookahead if batch.kind is StepKind.DECODE else 0
     reqs, lens = batch.reqs, batch.lens
     pre = np.asarray([r.kv_len for r in reqs], np.int32)
     seq = pre + np.asarray(lens, np.int32)
@@ -41,10 +43,20 @@ def build_plan(batch, releases: tuple[Releases, ...]) -> StepPlan:
             np.asarray(ends, np.int32),
             np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
         ),
-        forward=forward_batch(reqs, lens),
+        forward=verify_batch(reqs, spec) if spec else forward_batch(reqs, lens),
         return_logits=any(r.keep_logits for r in reqs),
         full_src=full_sources(reqs, lens),
+        lookahead=spec,
     )
+
+
+def verify_batch(reqs: list[Request], k: int) -> ForwardBatch:
+    """A verify round's tokens: each request's pending token, then k places the draft fills."""
+    tokens = np.zeros(len(reqs) * (k + 1), np.int32)
+    tokens[:: k + 1] = [r.output[-1] for r in reqs]
+    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    return ForwardBatch(tokens, empty_i, empty_i, empty_f, empty_f, np.zeros(0, np.uint32),
+                        empty_i)  # fmt: skip
 
 
 def full_sources(reqs: list[Request], lens: list[int]) -> np.ndarray | None:

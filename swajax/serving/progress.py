@@ -16,7 +16,7 @@ def suspect_batch(sched) -> Batch | None:
     if running:
         req = min(running, key=lambda r: r.rid)
         if req.decoding:
-            return Batch(StepKind.DECODE, [req], [1])
+            return Batch(StepKind.DECODE, [req], [1 + sched.cfg.lookahead])
         return Batch(StepKind.EXTEND, [req], [chunk_len(sched, req)])
     if sched.waiting and sched.waiting[0].suspect and len(sched.running) < sched.cfg.max_running:
         return force_admit(sched)

@@ -5,7 +5,7 @@ caching; and what happens to a step that raised. Functions of the `Scheduler`, w
 
 from __future__ import annotations
 
-from swajax.serving import tail_rebuild
+from swajax.serving import speculation, tail_rebuild
 from swajax.serving.batch import StepPlan, StepResult
 from swajax.serving.request import Request, Status
 
@@ -22,6 +22,9 @@ def take(sched, plan: StepPlan, result: StepResult) -> None:
         )
     sched.ledger.allocated(result.slots)
     sched.ledger.check(result.free_full, result.free_swa)
+    if plan.lookahead:
+        speculation.take_round(sched, plan, result, _guarded_token)
+        return
     start, row, sampled = 0, 0, []
     for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens):
         n = int(seq - pre)
@@ -69,6 +72,11 @@ def failed(sched, plan: StepPlan, error: Exception) -> None:
         else:
             sched.retract(req)
             req.suspect = True
+
+
+def _guarded_token(sched, req: Request, token: int, logprob: float) -> None:
+    if req.status is Status.RUNNING:  # a round's later tokens after a finish are dropped
+        _guarded(sched, req, _take_token, sched, req, token, logprob)
 
 
 def _take_token(sched, req: Request, token: int, logprob: float) -> None:

@@ -41,6 +41,9 @@ class SchedulerConfig:
     # Exact SWA-tail rebuild (serving/tail_rebuild.py): the windows of every local layer but the
     # top one (`tail_rebuild.lower_reach`); None: off (always fall back as SGLang does).
     rebuild_reach: int | None = None
+    # Speculative decoding: draft tokens verified per decode step (0: off). A decode step then
+    # takes k + 1 positions per request in both pools; the rejected ones go back after it.
+    lookahead: int = 0
 
 
 class Scheduler:
@@ -56,6 +59,7 @@ class Scheduler:
         # Tail rebuilds: tokens recomputed to rebuild SWA KV the tree lacked, and tokens the
         # fallback would have recomputed on top of those.
         self.rebuilt_tokens = self.rebuild_saved_tokens = 0
+        self.accepted_tokens = 0  # draft tokens kept by speculative rounds
 
     @property
     def separate_swa(self) -> bool:
@@ -105,7 +109,7 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        return Batch(StepKind.DECODE, decoding, [1] * len(decoding))
+        return Batch(StepKind.DECODE, decoding, [1 + self.cfg.lookahead] * len(decoding))
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -124,7 +128,7 @@ class Scheduler:
                 batch = self.fit(decode)
             else:
                 batch = progress.force(self)
-        plan = build_plan(batch, self.ledger.take_releases())
+        plan = build_plan(batch, self.ledger.take_releases(), lookahead=self.cfg.lookahead)
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
         return plan
