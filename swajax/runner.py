@@ -11,8 +11,10 @@ free counts, sampled tokens and logprobs) with one `device_get`.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from swajax.attention.metadata import metadata_shape
@@ -41,6 +43,24 @@ MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
 
 
 _COMMIT = ("layout", "decode", "num_tokens", "meta_shape")
+
+
+class Dispatched(NamedTuple):
+    """A launched step whose result has not been read: device arrays (JAX runs ahead)."""
+
+    plan: StepPlan
+    out: jax.Array
+    sampled: tuple
+
+
+@functools.partial(jax.jit, static_argnames=("start", "size"))
+def _fill_placeholders(packed, prev_tokens, *, start: int, size: int):
+    """A step planned while the previous one ran names each not-yet-sampled input token as
+    -(1 + its row in the previous step's sampled tokens); fill them in on device, in a program
+    of its own, so the step's program (and its numerics) is the one a plain step runs."""
+    tokens = packed[start : start + size]
+    row = jnp.clip(-tokens - 1, 0, prev_tokens.shape[0] - 1)
+    return packed.at[start : start + size].set(jnp.where(tokens < 0, prev_tokens[row], tokens))
 
 
 @functools.partial(
@@ -83,9 +103,10 @@ def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
     return out
 
 
-def pad_forward(fwd: ForwardBatch, num_tokens: int) -> ForwardBatch:
+def pad_forward(fwd: ForwardBatch, num_tokens: int, min_rows: int = 1) -> ForwardBatch:
     """The forward inputs padded to bucket shapes (padding rows sample row 0, and are dropped)."""
-    k, s = bucket(len(fwd.logit_index), 1), bucket(len(fwd.sample_index), 1)
+    k = bucket(len(fwd.logit_index), min_rows)
+    s = bucket(len(fwd.sample_index), min_rows)
     return ForwardBatch(
         tokens=_pad_to(fwd.tokens, num_tokens, np.int32),
         logit_index=_pad_to(fwd.logit_index, k, np.int32),
@@ -95,6 +116,17 @@ def pad_forward(fwd: ForwardBatch, num_tokens: int) -> ForwardBatch:
         seeds=_pad_to(fwd.seeds, s, np.uint32),
         sample_positions=_pad_to(fwd.sample_positions, s, np.int32),
     )
+
+
+def _offset(layout, name: str) -> tuple[int, int]:
+    """(start, size) of one array in a packed buffer."""
+    start = 0
+    for key, shape, _ in layout:
+        size = int(np.prod(shape))
+        if key == name:
+            return start, size
+        start += size
+    raise KeyError(name)
 
 
 class DeviceRunner:
@@ -158,34 +190,61 @@ class DeviceRunner:
         )
         return inputs._asdict()
 
+    @property
+    def supports_overlap(self) -> bool:
+        """Whether a step can be launched before the previous one's result is read."""
+        return self.model.needs_kv and getattr(self.model, "fused_forward", None) is not None
+
     def run(self, plan: StepPlan) -> StepResult:
         """One step. If it raises, the device state is as if the step had only applied its
         releases (the host counted those): the new pages are given back."""
+        if getattr(self.model, "fused_forward", None) is not None:
+            return self.collect(self.dispatch(plan))
+        return self._run_unfused(plan)
+
+    def collect(self, step: Dispatched) -> StepResult:
+        """Read a launched step's result: the step's one read."""
+        out, sampled = jax.device_get((step.out, step.sampled))
+        return self._result(step.plan, out, sampled)
+
+    def _split_releases(self, plan: StepPlan) -> Releases:
         releases = list(plan.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
-        fused = getattr(self.model, "fused_forward", None)
-        if fused is not None:
-            try:
-                packed, commit = self._prepare(plan, last)
-                draft = self.draft.fused_forward if self.draft is not None else None
-                d_state = self.draft.state if self.draft is not None else None
-                state = (self.alloc, self.r2t, self.pools, self.draft_pools)
-                if plan.lookahead:
-                    step = functools.partial(
-                        _fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
-                    )
-                else:
-                    step = functools.partial(_fused_step, return_logits=plan.return_logits)
-                *state, out, sampled = step(
-                    *state, packed, self.model.state, d_state, forward=fused, draft=draft, **commit
+        return last
+
+    def dispatch(self, plan: StepPlan, after: Dispatched | None = None) -> Dispatched:
+        """Upload and launch one step of a fused model without waiting for it; `after`: the
+        step launched before, whose sampled tokens this plan's placeholders name. If it raises,
+        the step never ran: its releases are applied on their own."""
+        last = self._split_releases(plan)
+        fused = self.model.fused_forward
+        try:
+            packed, commit = self._prepare(plan, last)
+            draft = self.draft.fused_forward if self.draft is not None else None
+            d_state = self.draft.state if self.draft is not None else None
+            state = (self.alloc, self.r2t, self.pools, self.draft_pools)
+            if plan.lookahead:
+                step = functools.partial(
+                    _fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
                 )
-                self.alloc, self.r2t, self.pools, self.draft_pools = state
-                out, sampled = jax.device_get((out, sampled))  # the step's one read
-            except Exception:  # raised before the program ran: the device state is untouched
-                self.apply_releases((last,))
-                raise
-            return self._result(plan, out, sampled)
+            else:
+                step = functools.partial(_fused_step, return_logits=plan.return_logits)
+            if after is not None:
+                start, size = _offset(commit["layout"], "tokens")
+                packed = _fill_placeholders(packed, after.sampled[0], start=start, size=size)
+            *state, out, sampled = step(
+                *state, packed, self.model.state, d_state, forward=fused, draft=draft, **commit
+            )
+            self.alloc, self.r2t, self.pools, self.draft_pools = state
+        except Exception:  # raised before the program ran: the device state is untouched
+            self.apply_releases((last,))
+            raise
+        return Dispatched(plan, out, sampled)
+
+    def _run_unfused(self, plan: StepPlan) -> StepResult:
+        """A model outside the fused program (under a mesh, or without KV: the null model)."""
+        last = self._split_releases(plan)
         if self.draft is not None:
             raise ValueError("a speculative draft needs the fused step (no mesh)")
         try:
@@ -249,10 +308,18 @@ class DeviceRunner:
         num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
         shape = None
         if self.model.needs_kv:
+            # A decode step's rows pad like its requests: a batch one request larger or smaller
+            # (a request that ended while an overlapped step ran) keeps the program, and so
+            # every other row's numerics.
             shape = metadata_shape(
-                plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size, window=self.window
-            )
-        fwd = pad_forward(plan.forward, shape.num_tokens if shape else len(plan.forward.tokens))
+                plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size,
+                window=self.window, min_tokens=self.min_reqs if decode else 1,
+            )  # fmt: skip
+        fwd = pad_forward(
+            plan.forward,
+            shape.num_tokens if shape else len(plan.forward.tokens),
+            self.min_reqs if decode else 1,
+        )
         arrays = self._inputs(plan, last)
         if self.model.needs_kv:  # the model's inputs ride in the same buffer
             arrays.update(fwd._asdict())

@@ -91,8 +91,11 @@ class MetadataShape:
 MIN_CONTEXT = 256
 
 
-def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_q=None):
-    """Bucketed static sizes for a batch (host arrays of per-request lengths)."""
+def metadata_shape(
+    prefix_lens, seq_lens, *, page_size: int, window: int, block_q=None, min_tokens: int = 1
+):
+    """Bucketed static sizes for a batch (host arrays of per-request lengths); at least
+    `min_tokens` token rows and query blocks."""
     pre, seq = np.asarray(prefix_lens, np.int32), np.asarray(seq_lens, np.int32)
     if len(pre) == 0 or np.any(seq <= pre) or np.any(pre < 0):
         raise ValueError(
@@ -104,7 +107,7 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
     return MetadataShape(
         window=window,
         block_q=block_q,
-        num_tokens=bucket(int(extend.sum()), 1),
+        num_tokens=bucket(int(extend.sum()), min_tokens),
         # At least 256 tokens' worth: a short generation keeps one decode program throughout
         # instead of recompiling each time its longest request crosses a power of two.
         full_pages=bucket(int(-(-seq.max() // ps)), max(4, -(-MIN_CONTEXT // ps))),
@@ -112,7 +115,7 @@ def metadata_shape(prefix_lens, seq_lens, *, page_size: int, window: int, block_
         swa_pages=bucket(
             int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)
         ),
-        num_blocks=bucket(int((-(-extend // block_q)).sum()), 1),
+        num_blocks=bucket(int((-(-extend // block_q)).sum()), min_tokens),
     )
 
 

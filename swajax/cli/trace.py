@@ -71,6 +71,9 @@ class Tracer:
     """
 
     def __init__(self, engine):
+        # A trace lists each allocation with its `last_loc`; a step planned ahead reads it on
+        # device, so a recorded engine runs its steps one at a time.
+        engine.overlap = False
         ledger, cache = engine.ledger, engine.cache
         self.alloc, self.cache, self.lines, self.depth = ledger, cache, [], 0
         self.handles: dict[int, object] = {}  # trace id -> LockHandle

@@ -25,8 +25,7 @@ from swajax.memory import allocator as A
 from swajax.memory.packing import Layout, unpack
 from swajax.memory.padding import token_positions
 from swajax.memory.req_to_token import ReqToToken
-
-FREE_SWA, FREE_FULL, REPOINT = 1, 2, 3  # edit kinds (0: padding)
+from swajax.memory.step_codes import FREE_FULL, FREE_SWA, LAST_LOC_ON_DEVICE, REPOINT
 
 
 class StepInputs(NamedTuple):
@@ -39,7 +38,7 @@ class StepInputs(NamedTuple):
     rows: jax.Array  # i32[R]: req_to_token row of each request
     prefix_lens: jax.Array  # i32[R]: tokens the request held before this step
     seq_lens: jax.Array  # i32[R]: after it (= prefix for padding)
-    last_loc: jax.Array  # i32[R]: full slot of token prefix - 1, or -1
+    last_loc: jax.Array  # i32[R]: full slot of token prefix - 1, -1, or LAST_LOC_ON_DEVICE
     num_reqs: jax.Array  # i32[]: real requests
     edit_kind: jax.Array  # i32[E]: FREE_SWA, FREE_FULL, REPOINT or 0
     edit_slot: jax.Array  # i32[E]: the full slot released, or written
@@ -92,17 +91,19 @@ def commit_step(
     kind = x.edit_kind
     full = jnp.where(kind == FREE_FULL, x.edit_slot, 0)
     alloc = A.release_core(alloc, jnp.where(kind == FREE_SWA, x.edit_slot, 0), full)
-    if decode:
-        alloc, result = A.alloc_decode_core(alloc, x.seq_lens, x.last_loc, x.num_reqs)
-    else:
-        alloc, result = A.alloc_extend_core(
-            alloc, x.prefix_lens, x.seq_lens, x.last_loc, num_tokens
-        )
-    ok = result.status == A.OK
-    meta = None
+    last_loc, table = x.last_loc, None
     if r2t is not None:
         row = jnp.where(kind == REPOINT, x.edit_row, r2t.table.shape[0])
         table = r2t.table.at[row, x.edit_pos].set(x.edit_slot, mode="drop")
+        on_device = table[x.rows, jnp.maximum(x.prefix_lens - 1, 0)]
+        last_loc = jnp.where(last_loc == LAST_LOC_ON_DEVICE, on_device, last_loc)
+    if decode:
+        alloc, result = A.alloc_decode_core(alloc, x.seq_lens, last_loc, x.num_reqs)
+    else:
+        alloc, result = A.alloc_extend_core(alloc, x.prefix_lens, x.seq_lens, last_loc, num_tokens)
+    ok = result.status == A.OK
+    meta = None
+    if r2t is not None:
         r2t = ReqToToken(write_tail(table, x, result.full_slots, ok, decode=decode))
         if meta_shape is not None:
             meta = metadata_core(

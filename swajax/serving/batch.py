@@ -106,6 +106,9 @@ class StepPlan:
     # Speculative decoding: a decode step that verifies `lookahead` draft tokens per request
     # (k + 1 positions each, allocated as an extend); 0: a plain step.
     lookahead: int = 0
+    # (full, SWA) tokens its releases give back: counted on the host when it was planned, on
+    # the device only when it runs (overlap scheduling checks the previous step against it).
+    released: tuple[int, int] = (0, 0)
 
     @property
     def num_new_tokens(self) -> int:

@@ -38,6 +38,9 @@ class EngineOptions:
     # Speculative decoding: draft tokens per decode step, verified greedily (0: off). Needs a
     # draft model (`Engine(draft=...)`), except on the null model, which emulates one.
     num_speculative_tokens: int = 0
+    # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
+    # where the runner can launch a step without reading the previous one (a fused model).
+    overlap: bool = True
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
@@ -114,6 +117,9 @@ class Engine:
                 lookahead=options.num_speculative_tokens,
             )
         self.runner = runner
+        self.overlap = options.overlap and getattr(runner, "supports_overlap", False)
+        self._launched = None  # a step launched but not read yet (overlap scheduling)
+        self.launched_ahead = 0  # steps planned while the one before still ran
         self.requests: dict[int, Request] = {}
         self.metrics: list[StepMetrics] = []
         self.errors: list[Exception] = []  # every step that raised, for logs and tests
@@ -186,7 +192,7 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self.scheduler.waiting and not self.scheduler.running
+        return not self.scheduler.waiting and not self.scheduler.running and not self._launched
 
     # ------------------------------------------------------------------------------------------
     # The step
@@ -195,10 +201,22 @@ class Engine:
         """One step; None only when nothing is in flight. A step that raises (the model, the
         sampler) is rolled back and its requests retried alone, then failed with the error;
         the engine keeps serving the others."""
+        if self._launched is not None:
+            return self._overlapped_step()
         plan = self.scheduler.schedule()
         if plan is None:
             return None
-        if plan.requests:
+        if not plan.requests:  # the step only retracted or aborted: its releases still go
+            self.runner.apply_releases(plan.releases)
+        elif self.overlap:
+            try:
+                self._launched = self.runner.dispatch(plan)
+            except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
+                self.errors.append(error)
+                self.scheduler.step_failed(plan, error)
+            else:
+                return self._overlapped_step()
+        else:
             try:
                 result = self.runner.run(plan)
             except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
@@ -206,8 +224,28 @@ class Engine:
                 self.scheduler.step_failed(plan, error)
             else:
                 self.scheduler.postprocess(plan, result)
-        else:  # the step only retracted or aborted: what it released still reaches the device
-            self.runner.apply_releases(plan.releases)
+        return self._record(plan)
+
+    def _overlapped_step(self, *, plan_ahead: bool = True) -> StepMetrics:
+        """Read the launched step n, after launching n + 1 when it can be planned without n's
+        result (a steady decode): the host plans while the device computes."""
+        launched, after = self._launched, None
+        plan = launched.plan
+        ahead = self.scheduler.plan_ahead(plan) if plan_ahead else None
+        if ahead is not None:
+            try:
+                after = self.runner.dispatch(ahead, after=launched)
+                self.launched_ahead += 1
+            except Exception as error:  # noqa: BLE001 - its requests are retried alone
+                self.errors.append(error)
+                ahead_error = error
+            else:
+                ahead_error = None
+        self._launched = after
+        result = self.runner.collect(launched)
+        self.scheduler.postprocess(plan, result, ahead if after is not None else None)
+        if ahead is not None and after is None:
+            self.scheduler.step_failed(ahead, ahead_error)
         return self._record(plan)
 
     def run(self, max_steps: int | None = None) -> None:
@@ -218,7 +256,10 @@ class Engine:
 
     def flush(self) -> None:
         """Apply releases still queued on the host (e.g. of requests that just finished), so the
-        device pools match the ledger even when no further step runs."""
+        device pools match the ledger even when no further step runs. A step still launched is
+        read first (its releases were counted with it)."""
+        while self._launched is not None:
+            self._overlapped_step(plan_ahead=False)
         if self.ledger.has_pending:
             self.runner.apply_releases(self.ledger.take_releases())
 

@@ -39,6 +39,11 @@ class PoolLedger:
         self.free_primary = self.primary_pages
         self.free_swa_pages = self.swa_pages
         self._segments: list[dict[str, list[np.ndarray]]] = []
+        # Pages the releases queued since the last take gave back (primary, SWA), and what the
+        # last take's releases gave back, in tokens as `available` counts them: a step planned
+        # while the previous one runs carries releases the device has not applied yet.
+        self._freed_pages = [0, 0]
+        self.taken = (0, 0)
 
     # ------------------------------------------------------------------------------------------
     # Reading
@@ -65,11 +70,13 @@ class PoolLedger:
         live = pages[self.paired[pages]]
         self.paired[live] = False
         self.free_swa_pages += len(live)
+        self._freed_pages[1] += len(live)
 
     def _unuse(self, pages: np.ndarray) -> None:
         live = pages[self.used[pages]]
         self.used[live] = False
         self.free_primary += len(live)
+        self._freed_pages[0] += len(live)
 
     def free(self, slots) -> None:
         """Release full slots (their whole pages) and, through the mapping, their SWA pages."""
@@ -120,6 +127,9 @@ class PoolLedger:
                 )
             )
         self._segments = []
+        full, swa = (n * self.page_size for n in self._freed_pages)
+        self.taken = (full, swa if self.mode is PoolMode.HYBRID else full)
+        self._freed_pages = [0, 0]
         return tuple(out)
 
     # ------------------------------------------------------------------------------------------
@@ -136,9 +146,10 @@ class PoolLedger:
             self.paired[fresh] = True
             self.free_swa_pages -= len(fresh)
 
-    def check(self, free_full: int, free_swa: int) -> None:
-        """Compare the device's free counts after a step with the mirror."""
-        mine = self.available()
+    def check(self, free_full: int, free_swa: int, in_flight=(0, 0)) -> None:
+        """Compare the device's free counts after a step with the mirror; `in_flight`: what the
+        releases of a step launched since (counted here, not yet applied there) give back."""
+        mine = tuple(a - b for a, b in zip(self.available(), in_flight))
         if mine != (free_full, free_swa):
             raise LedgerMismatch(
                 f"device pools have (full, SWA) = ({free_full}, {free_swa}) free tokens, "

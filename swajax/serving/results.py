@@ -5,8 +5,12 @@ caching; and what happens to a step that raised. Functions of the `Scheduler`, w
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from swajax.serving import speculation, tail_rebuild
-from swajax.serving.batch import StepPlan, StepResult
+from swajax.serving.batch import StepKind, StepPlan, StepResult
 from swajax.serving.request import Request, Status
 
 
@@ -14,14 +18,20 @@ class StepFailed(RuntimeError):
     """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
 
 
-def take(sched, plan: StepPlan, result: StepResult) -> None:
-    """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching."""
+def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = None) -> None:
+    """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
+    `launched`: a step launched since (overlap scheduling), whose releases the host counted
+    but the device has not applied yet."""
     if result.status != 0:
         raise StepFailed(
             f"allocation failed with status {result.status} after the pools were checked"
         )
+    plan, result, extra = _without_ended(sched, plan, result)
     sched.ledger.allocated(result.slots)
-    sched.ledger.check(result.free_full, result.free_swa)
+    sched.ledger.allocated(extra)
+    in_flight = launched.released if launched is not None else (0, 0)
+    sched.ledger.check(result.free_full, result.free_swa, in_flight)
+    sched.ledger.free(extra)
     if plan.lookahead:
         speculation.take_round(sched, plan, result, _guarded_token)
         return
@@ -48,6 +58,30 @@ def take(sched, plan: StepPlan, result: StepResult) -> None:
         # A chunk checkpoint between prefill chunks; SGLang also takes one after the last.
         if not req.decoding or (last_chunk and req in sampled and len(req.output) == 1):
             _guarded(sched, req, _cache_chunk, sched, req)
+
+
+def _without_ended(sched, plan: StepPlan, result: StepResult):
+    """A decode step launched ahead may carry requests that ended while it ran (a stop token
+    in the step before, an abort): their token is dropped, and the new page it took, if any,
+    is returned as `extra` (a slot inside a page the request held went back with the page)."""
+    ended = np.asarray([r.status is not Status.RUNNING for r in plan.requests], bool)
+    if not ended.any():
+        return plan, result, result.slots[:0]
+    if plan.kind is not StepKind.DECODE or plan.lookahead:
+        raise StepFailed("only a plain decode step can outlive one of its requests")
+    keep = ~ended
+    extra = result.slots[ended & (plan.prefix_lens % sched.cfg.page_size == 0)]
+    plan = dataclasses.replace(
+        plan,
+        requests=tuple(r for r, k in zip(plan.requests, keep) if k),
+        prefix_lens=plan.prefix_lens[keep],
+        seq_lens=plan.seq_lens[keep],
+    )
+    result = dataclasses.replace(
+        result, slots=result.slots[keep], tokens=result.tokens[keep],
+        logprobs=result.logprobs[keep],
+    )  # fmt: skip
+    return plan, result, extra
 
 
 def _guarded(sched, req: Request, fn, *args) -> None:

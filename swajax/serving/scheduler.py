@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 
 from swajax.prefix_cache.policy import SWAJAX, CachePolicy
-from swajax.serving import progress, results, tail_rebuild, window as win
+from swajax.serving import overlap, progress, results, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
 from swajax.serving.ledger import PoolLedger
@@ -317,9 +317,14 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # The plan and the device's answer
 
-    def postprocess(self, plan: StepPlan, result: StepResult) -> None:
-        """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching."""
-        results.take(self, plan, result)
+    def postprocess(self, plan: StepPlan, result: StepResult, launched=None) -> None:
+        """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
+        `launched`: the step already launched after it (overlap scheduling), if any."""
+        results.take(self, plan, result, launched)
+
+    def plan_ahead(self, prev: StepPlan) -> StepPlan | None:
+        """Plan the decode step after `prev` while `prev` runs; None: take the plain path."""
+        return overlap.plan_ahead(self, prev)
 
     def step_failed(self, plan: StepPlan, error: Exception) -> None:
         """The step raised before its result was taken; see `results.failed`."""

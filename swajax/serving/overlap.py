@@ -1,0 +1,91 @@
+"""Overlap scheduling (host code): plan decode step n + 1 while step n still runs on the device.
+
+JAX dispatches asynchronously, so the engine launches step n, plans n + 1 against what the host
+already knows, launches it, and only then reads step n's result. What step n will change is
+predicted, never read: every decoding request gains one position and one token (a placeholder
+the device fills from step n's sampled tokens); its previous slot is read on device
+(`LAST_LOC_ON_DEVICE`); both pools must hold step n's and step n + 1's new pages at once.
+
+Why nothing the device may still read is freed early (BUILD_NOTES.md, "Overlap scheduling"):
+releases never reach the device before the next program launched after them, and programs run
+in launch order, so a slot freed while step n runs is given back by step n + 2's program, after
+n + 1 (planned with n in flight) has finished reading it. On the host:
+- window eviction for n + 1 uses the confirmed length (one step behind), so it frees nothing
+  step n + 1 reads, and only slots the host already knows;
+- a request that finishes in step n by its length is left out of n + 1; one that stops on a
+  stop token (or is aborted) in between has its extra token discarded when n + 1's result is
+  read: the page it took, if new, goes back, and no token, slot or cache insert is kept.
+Only a steady decode overlaps: a waiting request, a prefill chunk, a suspect, a step that must
+evict to fit, speculative rounds and kept logits all take the plain (synchronous) path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
+from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan
+from swajax.serving.request import Request, Status
+
+
+def _new_pages(lengths, ps: int) -> int:
+    """Tokens of the new pages that positions [pre, pre + 1) take, over requests."""
+    return sum(ps for pre in lengths if pre % ps == 0)
+
+
+def plan_ahead(sched, prev: StepPlan) -> StepPlan | None:
+    """The decode step after `prev` (still running), or None to take the plain path."""
+    if prev.kind is not StepKind.DECODE or prev.lookahead or prev.return_logits:
+        return None
+    running = sched.running
+    ahead = set(map(id, prev.requests))
+    if sched.waiting or any(
+        id(r) not in ahead or r.suspect or not r.decoding or r.stale is not None for r in running
+    ):
+        return None
+    # After step n each request has one more position and one more token (not known yet).
+    reqs = [r for r in prev.requests if r.status is Status.RUNNING and not _last(r)]
+    if not reqs:
+        return None
+    ps = sched.cfg.page_size
+    need = _new_pages((r.kv_len for r in prev.requests), ps)  # step n's pages, not yet counted
+    need += _new_pages((r.kv_len + 1 for r in reqs), ps)
+    if need > min(sched.ledger.available()):
+        return None  # evicting or retracting to fit: the plain path decides that
+    batch = Batch(StepKind.DECODE, reqs, [1] * len(reqs))
+    sched.evict_windows(batch)  # from the confirmed lengths: one step behind, never too far
+    releases = sched.ledger.take_releases()
+    return build(reqs, prev, releases, sched.ledger.taken)
+
+
+def _last(req: Request) -> bool:
+    """Whether the token step n samples is the request's last (its length limit)."""
+    return len(req.output) + 1 >= req.params.max_new_tokens
+
+
+def build(reqs: list[Request], prev: StepPlan, releases, released) -> StepPlan:
+    """The plan of a decode step launched before `prev`'s result is read."""
+    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}  # decode: one sample each
+    pre = np.asarray([r.kv_len + 1 for r in reqs], np.int32)
+    n = len(reqs)
+    params = [r.params for r in reqs]
+    return StepPlan(
+        kind=StepKind.DECODE,
+        requests=tuple(reqs),
+        rows=np.asarray([r.row for r in reqs], np.int32),
+        prefix_lens=pre,
+        seq_lens=pre + 1,
+        last_loc=np.full(n, LAST_LOC_ON_DEVICE, np.int32),
+        releases=releases,
+        repoint=Repoint(),
+        forward=ForwardBatch(
+            tokens=np.asarray([-1 - row_in_prev[id(r)] for r in reqs], np.int32),
+            logit_index=np.arange(n, dtype=np.int32),
+            sample_index=np.arange(n, dtype=np.int32),
+            temperature=np.asarray([p.temperature for p in params], np.float32),
+            top_p=np.asarray([p.top_p for p in params], np.float32),
+            seeds=np.asarray([p.seed for p in params], np.uint32),
+            sample_positions=pre + 1,
+        ),
+        released=released,
+    )
