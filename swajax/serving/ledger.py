@@ -147,9 +147,12 @@ class PoolLedger:
             self.free_swa_pages -= len(fresh)
 
     def check(self, free_full: int, free_swa: int, in_flight=(0, 0)) -> None:
-        """Compare the device's free counts after a step with the mirror; `in_flight`: what the
-        releases of a step launched since (counted here, not yet applied there) give back."""
-        mine = tuple(a - b for a, b in zip(self.available(), in_flight))
+        """Compare the device's free counts after a step with the mirror, less what releases
+        counted here but not applied there give back: those of a step launched since
+        (`in_flight`, overlap scheduling) and those still queued (an abort between steps)."""
+        full, swa = (n * self.page_size for n in self._freed_pages)
+        queued = (full, swa if self.mode is PoolMode.HYBRID else full)
+        mine = tuple(a - b - c for a, b, c in zip(self.available(), in_flight, queued))
         if mine != (free_full, free_swa):
             raise LedgerMismatch(
                 f"device pools have (full, SWA) = ({free_full}, {free_swa}) free tokens, "

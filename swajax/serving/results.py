@@ -70,6 +70,7 @@ def _without_ended(sched, plan: StepPlan, result: StepResult):
     if plan.kind is not StepKind.DECODE or plan.lookahead:
         raise StepFailed("only a plain decode step can outlive one of its requests")
     keep = ~ended
+    sched.dropped_tokens += int(ended.sum())
     extra = result.slots[ended & (plan.prefix_lens % sched.cfg.page_size == 0)]
     plan = dataclasses.replace(
         plan,

@@ -60,6 +60,7 @@ class Scheduler:
         # fallback would have recomputed on top of those.
         self.rebuilt_tokens = self.rebuild_saved_tokens = 0
         self.accepted_tokens = 0  # draft tokens kept by speculative rounds
+        self.dropped_tokens = 0  # overlap: tokens of requests that ended while a step ran
 
     @property
     def separate_swa(self) -> bool:
