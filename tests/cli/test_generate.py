@@ -27,6 +27,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--no-prefix-cache"],
         ["--page-size", "1"],
         ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
+        ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
@@ -85,6 +86,7 @@ def test_logits_match_the_fixture(cli, tmp_path):
         (["--model", "no/such/dir"], "checkpoint directory"),
         (["--max-new-tokens", "0"], "--max-new-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
+        (["--num-speculative-tokens", "2"], "--num-speculative-tokens needs --draft-model"),
     ],
 )
 def test_bad_input(cli, argv, needle):

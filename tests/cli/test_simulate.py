@@ -104,3 +104,20 @@ def test_simulate_models_time_on_an_accelerator(cli, tmp_path):
         assert r["modeled_seconds"] > 30 and r["tokens_per_s"] > 0
         assert 0 < r["ttft_s"] < 5 and 0 < r["itl_s"] < 1
     assert report["hybrid"]["prefix_hit_rate"] > 0  # the three share the stream's first 600
+
+
+def test_simulate_with_an_emulated_draft_and_no_tail_rebuild(cli):
+    """A draft in the cell shrinks the pools; its emulated rounds lose nothing."""
+    base = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002", "--ratio", "0.3",
+            "--page-size", "4", "--workload", "multi-turn", "--requests", "8", "--json"]  # fmt: skip
+    reports = []
+    for extra in ([], ["--draft-preset", "tiny-hybrid", "--num-speculative-tokens", "3",
+                       "--acceptance", "0.5", "--no-tail-rebuild"]):  # fmt: skip
+        code, out, _ = cli(*base, *extra)
+        assert code == 0
+        reports.append(json.loads(out))
+    plain, spec = reports
+    for name in ("hybrid", "single"):
+        assert spec[name]["lost"] == 0 and spec[name]["rebuilt_tokens"] == 0
+        assert spec[name]["full_tokens"] < plain[name]["full_tokens"]  # the draft's layers
+        assert spec[name]["steps"] < plain[name]["steps"]  # several tokens per decode step
