@@ -176,11 +176,13 @@ def _setup(args) -> Setup:
 
 
 def _speculative_tokens(args) -> int:
-    if args.draft_model is None:
-        if args.num_speculative_tokens is not None:
+    """K from --num-speculative-tokens (4 by default with --draft-model; `logits` has neither)."""
+    draft, k = getattr(args, "draft_model", None), getattr(args, "num_speculative_tokens", None)
+    if draft is None:
+        if k is not None:
             raise args_lib.UsageError("--num-speculative-tokens needs --draft-model")
         return 0
-    return 4 if args.num_speculative_tokens is None else args.num_speculative_tokens
+    return 4 if k is None else k
 
 
 def _draft(args) -> Decoder | None:

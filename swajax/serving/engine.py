@@ -165,15 +165,18 @@ class Engine:
             bad = next(t for t in prompt if not 0 <= t < vocab)
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(prompt) + params.max_new_tokens
-        if total > self.options.max_context:
+        # A speculative round holds k positions past the last kept one, in the row and pools.
+        k = self.options.num_speculative_tokens
+        lookahead = f" + {k} speculative positions" if k else ""
+        if total + k > self.options.max_context:
             raise RequestError(
-                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) "
-                f"= {total} exceeds the context limit {self.options.max_context}"
+                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
+                f" = {total + k} exceeds the context limit {self.options.max_context}"
             )
-        if total + self.sizes.page_size > self.capacity():
+        if total + k + self.sizes.page_size > self.capacity():
             raise RequestError(
-                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens})"
-                f" = {total} tokens cannot fit in the KV pools ({self.capacity()} "
+                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
+                f" = {total + k} tokens cannot fit in the KV pools ({self.capacity()} "
                 "tokens per request)"
             )
         if self.options.num_speculative_tokens and (params.temperature > 0 or keep_logits):

@@ -28,10 +28,12 @@ def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = 
         )
     plan, result, extra = _without_ended(sched, plan, result)
     sched.ledger.allocated(result.slots)
-    sched.ledger.allocated(extra)
+    if len(extra):
+        sched.ledger.allocated(extra)
     in_flight = launched.released if launched is not None else (0, 0)
     sched.ledger.check(result.free_full, result.free_swa, in_flight)
-    sched.ledger.free(extra)
+    if len(extra):
+        sched.ledger.free(extra)
     if plan.lookahead:
         speculation.take_round(sched, plan, result, _guarded_token)
         return

@@ -94,6 +94,8 @@ def test_bad_speculative_setups_are_refused(target):
     engine = Engine(cfg, model, sizes, EngineOptions(num_speculative_tokens=2), draft=model)
     with pytest.raises(RequestError, match="verifies greedily: temperature must be 0"):
         engine.add_request([1, 2, 3], SamplingParams(temperature=0.7))
+    with pytest.raises(RequestError, match=r"\+ 2 speculative positions = 4097 exceeds"):
+        engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4092))
     engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=3))  # the others still run
     engine.run()
     assert all(r.status is Status.FINISHED for r in engine.requests.values())
