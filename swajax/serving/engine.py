@@ -314,6 +314,8 @@ def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:
         return
     if not k:
         raise ValueError("a draft model needs num_speculative_tokens >= 1")
+    if getattr(model, "fused_forward", None) is None or draft.fused_forward is None:
+        raise ValueError("speculative decoding runs in the fused step program: no mesh")
     if draft.vocab_size != model.vocab_size:
         raise ValueError(
             f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "

@@ -53,10 +53,10 @@ def with_tombstoned_prefix(decoder, **changes):
     return engine, _second(engine)
 
 
-# Default run: sinks + MoE, S first (gpt_oss); K=V full layers + KV-shared layers (gemma4);
-# every other hybrid fixture (F first, chunked, ...) with -m slow.
-DEFAULT = ("gpt_oss", "gemma4")
-HYBRID = ("cohere2", "exaone4", "gemma3", "gemma3_legacy", "gemma4_e", "gpt_oss_legacy",
+# Default run: sinks + MoE, S first (gpt_oss); every other hybrid fixture (F first, chunked,
+# K=V full layers and KV-shared layers in gemma4, ...) with -m slow.
+DEFAULT = ("gpt_oss",)
+HYBRID = ("cohere2", "exaone4", "gemma3", "gemma3_legacy", "gemma4", "gemma4_e", "gpt_oss_legacy",
           "gpt_oss_mxfp4", "llama4", "mimo_v2_flash", "mimo_v2_flash_fp8", "olmo3", "qwen2",
           "qwen3", "step3p7")  # fmt: skip
 FAMILIES = [*DEFAULT, *(pytest.param(f, marks=pytest.mark.slow) for f in HYBRID)]
@@ -154,7 +154,7 @@ def test_an_interrupted_rebuild_leaks_nothing(how):
     check_clean(engine)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(
     ps=st.sampled_from([1, 4, 8]),
     chunk=st.sampled_from([None, 8, 32]),
