@@ -109,7 +109,7 @@ def test_simulate_models_time_on_an_accelerator(cli, tmp_path):
 def test_simulate_with_an_emulated_draft_and_no_tail_rebuild(cli):
     """A draft in the cell shrinks the pools; its emulated rounds lose nothing."""
     base = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002", "--ratio",
-            "0.3", "--page-size", "4", "--workload", "multi-turn", "--requests", "8",
+            "0.3", "--page-size", "4", "--workload", "multi-turn", "--requests", "4",
             "--json"]  # fmt: skip
     reports = []
     for extra in ([], ["--draft-preset", "tiny-hybrid", "--num-speculative-tokens", "3",

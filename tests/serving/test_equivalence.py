@@ -83,8 +83,8 @@ def family(request):
 # In the default run: the settings that change how attention reads the pools, for GPT-OSS
 # (sinks, MoE) and Gemma 3 (soft caps, sandwich norms); the rest of the matrix with `-m slow`.
 DEFAULT = {
-    "gpt_oss": ("hybrid off", "page size 1", "page size 16", "chunk 64", "pallas"),
-    "gemma3": ("hybrid off", "page size 1", "pallas"),
+    "gpt_oss": ("hybrid off", "page size 16", "chunk 64", "pallas"),
+    "gemma3": ("hybrid off", "pallas"),
 }
 CASES = [
     (f, v) if v in DEFAULT[f] else pytest.param(f, v, marks=pytest.mark.slow)

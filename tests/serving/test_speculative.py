@@ -63,7 +63,8 @@ def rotated(decoder):
     return decoder
 
 
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3,
+                               pytest.param(5, marks=pytest.mark.slow)])  # fmt: skip
 def test_the_target_as_its_own_draft_accepts_everything(target, plain, k):
     outputs, engine = run(target, k, target)
     assert outputs == plain
@@ -72,7 +73,7 @@ def test_the_target_as_its_own_draft_accepts_everything(target, plain, k):
 
 
 def test_an_always_wrong_draft_changes_nothing(target, plain):
-    outputs, engine = run(target, 5, rotated(target))
+    outputs, engine = run(target, 3, rotated(target))  # W = 5 < k + page size = 7
     assert outputs == plain and engine.scheduler.accepted_tokens == 0
 
 
