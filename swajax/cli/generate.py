@@ -32,6 +32,7 @@ class Setup:
     cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
     tail_rebuild: bool = True
     num_speculative_tokens: int = 0  # with a draft model (make_engine's `draft`)
+    overlap: bool = True  # plan a decode step while the one before runs
     attention: str = "xla"
     chunk_size: int | None = 64
     eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
@@ -85,6 +86,7 @@ def make_engine(decoder: Decoder, setup: Setup, draft: Decoder | None = None) ->
         cache_policy=setup.cache_policy,
         tail_rebuild=setup.tail_rebuild,
         num_speculative_tokens=setup.num_speculative_tokens,
+        overlap=setup.overlap,
     )
     return Engine(cfg, model, sizes, options, draft=draft_lm)
 
@@ -169,6 +171,7 @@ def _setup(args) -> Setup:
         cache_policy=args.cache_policy,
         tail_rebuild=args.tail_rebuild,
         num_speculative_tokens=_speculative_tokens(args),
+        overlap=not getattr(args, "no_overlap", False),
         attention=args.attention,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
@@ -290,6 +293,8 @@ def register(sub) -> None:
                    "with the target's vocabulary (greedy verification)")  # fmt: skip
     p.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(1, 64),
                    help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
+    p.add_argument("--no-overlap", action="store_true",
+                   help="read each step's result before planning the next")  # fmt: skip
     p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0)
     p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
     p.add_argument("--seed", type=args_lib.SEED, default=0)

@@ -28,6 +28,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--page-size", "1"],
         ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
+        ["--no-overlap"],
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
