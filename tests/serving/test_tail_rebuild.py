@@ -8,6 +8,7 @@ family of the transformers fixtures (layer orders S/F, F/S, chunked, KV-shared, 
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 from helpers import FIXTURES
@@ -64,6 +65,7 @@ FAMILIES = [*DEFAULT, *(pytest.param(f, marks=pytest.mark.slow) for f in HYBRID)
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rebuild_equals_a_cold_run(family):
+    jax.clear_caches()  # each family compiles its own programs; hundreds abort XLA's CPU compiler
     decoder = load_decoder(FIXTURES / family)
     engine, (tokens, logits) = with_tombstoned_prefix(decoder)
     sched = engine.scheduler
