@@ -131,10 +131,9 @@ def _offset(layout, name: str) -> tuple[int, int]:
 
 class DeviceRunner:
     def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int,
-                 draft=None, lookahead: int = 0):  # fmt: skip
-        """`draft` (a `HybridLM` or None) proposes `lookahead` tokens per decode step."""
-        self.model, self.window = model, window
-        self.draft, self.lookahead = draft, lookahead
+                 draft=None):  # fmt: skip
+        """`draft` (a `HybridLM` or None) proposes the tokens of each plan's `lookahead`."""
+        self.model, self.window, self.draft = model, window, draft
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
         self.alloc = A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
         self.r2t = ReqToToken.init(max_running, max_context) if model.needs_kv else None

@@ -114,7 +114,6 @@ class Engine:
                 max_context=options.max_context,
                 window=self.window,
                 draft=draft,
-                lookahead=options.num_speculative_tokens,
             )
         self.runner = runner
         self.overlap = options.overlap and getattr(runner, "supports_overlap", False)
