@@ -52,11 +52,11 @@ def prompts(n: int, length: int):
 
 
 def run_swajax(batch, a):
-    from swajax.cli.generate import Setup, generate, make_engine
+    from swajax.api import EngineSpec, generate, make_engine
     from swajax.models import load_decoder
     from swajax.serving.request import SamplingParams
 
-    setup = Setup(
+    setup = EngineSpec(
         kv_budget_gib=0.05,
         page_size=16,
         chunk_size=None,

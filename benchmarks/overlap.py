@@ -17,9 +17,10 @@ import time
 import numpy as np
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.demo import demo_decoder
 from swajax.models.decoder import HybridLM
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
 
 
@@ -50,7 +51,7 @@ def run(decoder, prompts, new: int, overlap: bool):
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16,
                                dtype="fp32")  # fmt: skip
     options = EngineOptions(max_running=len(prompts), max_context=2048, overlap=overlap)
-    engine = Engine(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
+    engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
     clock = Clock(engine)
     for p in prompts:
         engine.add_request(p, SamplingParams(max_new_tokens=new))

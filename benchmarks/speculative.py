@@ -18,9 +18,10 @@ import time
 import numpy as np
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.demo import demo_decoder
 from swajax.models.decoder import HybridLM
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
 
 
@@ -30,7 +31,7 @@ def run(decoder, prompts, new: int, k: int):
                                dtype="fp32", draft=cfg if k else None)  # fmt: skip
     model = HybridLM(decoder, dtype="fp32")
     options = EngineOptions(max_running=len(prompts), max_context=2048, num_speculative_tokens=k)
-    engine = Engine(cfg, model, sizes, options, draft=model if k else None)
+    engine = engine_for(cfg, model, sizes, options, draft=model if k else None)
     rids = [engine.add_request(p, SamplingParams(max_new_tokens=new)) for p in prompts]
     t0 = time.perf_counter()
     engine.run()

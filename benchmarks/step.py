@@ -22,11 +22,12 @@ import jax
 import numpy as np
 
 try:  # this layout
-    from swajax.serving.engine import Engine, EngineOptions
+    from swajax.api import engine_for
+    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
     from swajax.serving.request import SamplingParams
-except ImportError:  # the flat layout before the layered one
-    from swajax.engine import Engine, EngineOptions
+except ImportError:  # the flat layout before the layered one (engines built their own runner)
+    from swajax.engine import Engine as engine_for, EngineOptions
     from swajax.null_model import NullModel
     from swajax.request import SamplingParams
 from swajax import sizing
@@ -38,7 +39,7 @@ def measure(running: int, steps: int) -> dict:
     prompt, new = 32, 64 + steps
     sizes = sizing.solve_pool_sizes(cfg, running * (prompt + new + 32), ratio=0.5, page_size=16)
     options = EngineOptions(max_running=running, max_context=prompt + new + 16)
-    engine = Engine(cfg, NullModel(), sizes, options)
+    engine = engine_for(cfg, NullModel(), sizes, options)
     for i in range(running):
         engine.add_request([(i + j) % 1000 for j in range(prompt)], SamplingParams(new))
     for _ in range(40):  # prefill and the first decode steps compile every program

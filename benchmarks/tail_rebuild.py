@@ -12,7 +12,7 @@ from n W tokens before the match's end.
 
 Printed side by side, same workload and pools: prefill tokens computed, tokens the window rule
 cut from matches, tokens rebuilt, tokens the rebuild saved, steps, and (with --accelerator) the
-modeled seconds and output tokens per second (`serving/step_time.py`).
+modeled seconds and output tokens per second (`simulator/step_time.py`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import dataclasses
 import numpy as np
 
 from swajax import sizing
-from swajax.cli.simulate import run_workload
 from swajax.presets import load_preset
 from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
-from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
-from swajax.serving.workloads import Arrival, Workload
+from swajax.simulator.run import run_workload
+from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.simulator.workloads import Arrival, Workload
 
 
 def document_chats(documents: int, conversations: int, turns: int, doc: int, seed=0, vocab=1024):

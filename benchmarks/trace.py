@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 
 from swajax import sizing
-from swajax.cli.simulate import run_workload
-from swajax.cli.trace import Tracer, read_lines, replay
 from swajax.presets import load_preset
 from swajax.serving.engine import EngineOptions
-from swajax.serving.workloads import make_workload
+from swajax.simulator.run import run_workload
+from swajax.simulator.workloads import make_workload
+from swajax.trace.recorder import Tracer
+from swajax.trace.replay import read_lines, replay
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ import numpy as np
 
 from swajax.attention import as_pages, attention, build_metadata
 from swajax.config import LayerKind, LayerSpec
+from swajax.conformance.oracle import compare, reference_attention
 from swajax.memory import allocator as A, req_to_token as R
-from swajax.oracle import compare, reference_attention
 
 PS, W, HQ, HKV, D = 4, 8, 4, 2, 16
 

@@ -42,8 +42,9 @@ def tiny_engine():
     """A factory of engines on the tiny-hybrid preset (W = 7) with the null model, or with a
     given model: tiny_engine(full=512, ratio=0.5, ps=4, chunk=32, **EngineOptions fields)."""
     from swajax import sizing
+    from swajax.api import engine_for
     from swajax.presets import load_preset
-    from swajax.serving.engine import Engine, EngineOptions
+    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
 
     def make(full=512, ratio=0.5, ps=4, chunk=32, model=None, cfg=None, **options):
@@ -51,7 +52,9 @@ def tiny_engine():
         sizes = sizing.solve_pool_sizes(cfg, full, ratio=ratio, page_size=ps)
         options.setdefault("max_running", 8)
         options.setdefault("max_context", 512)
-        return Engine(cfg, model or NullModel(), sizes, EngineOptions(chunk_size=chunk, **options))
+        return engine_for(
+            cfg, model or NullModel(), sizes, EngineOptions(chunk_size=chunk, **options)
+        )
 
     return make
 

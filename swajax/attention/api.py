@@ -104,7 +104,7 @@ def attention(
 def _sharded(q, k_pages, v_pages, meta, layer, mesh, *, sinks, **kwargs):
     from jax.sharding import PartitionSpec as P
 
-    from swajax.models.sharding import AXIS
+    from swajax.memory.mesh_axis import AXIS
 
     heads, pages = P(None, AXIS, None), P(None, None, AXIS, None)
     if sinks is None:

@@ -126,7 +126,7 @@ def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
     """The step-time model of `--accelerator NAME [--devices N]` for the `--preset` model (whose
     published parameter counts it needs); devices default to what the weights plus the KV
     budget need."""
-    from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+    from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
 
     if args.preset not in MODEL_COSTS:
         raise UsageError(
@@ -139,7 +139,7 @@ def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
 
 
 def add_timer_choice(p: argparse.ArgumentParser, required: bool) -> None:
-    from swajax.serving.step_time import ACCELERATORS
+    from swajax.simulator.step_time import ACCELERATORS
 
     p.add_argument("--accelerator", choices=sorted(ACCELERATORS), required=required,
                    help="model step time on this chip (roofline: bandwidth, FLOPs)")  # fmt: skip
@@ -149,7 +149,7 @@ def add_timer_choice(p: argparse.ArgumentParser, required: bool) -> None:
 
 def workload_choice(value: str) -> str:
     """A built-in workload name or an existing JSON-lines file."""
-    from swajax.serving.workloads import WORKLOADS
+    from swajax.simulator.workloads import WORKLOADS
 
     if value in WORKLOADS or Path(value).is_file():
         return value
@@ -188,3 +188,18 @@ def draft_config(args: argparse.Namespace):
         except KeyError as e:
             raise UsageError(e.args[0]) from e
     return load_hf_config(args.draft_hf_config) if args.draft_hf_config else None
+
+
+def load_object(spec: str, flag: str):
+    """`module:name` (--backend: a factory called with the trace header, returning (allocator,
+    prefix cache) with swajax's method names; --adapter: a class, see swajax.conformance)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise UsageError(f"{flag} {spec!r}: cannot load it ({e})") from e
+    if not callable(obj):
+        raise UsageError(f"{flag} {spec!r} is not callable")
+    return obj

@@ -27,7 +27,7 @@ def _run_export(args) -> int:
 
 
 def _run_kit(args) -> int:
-    from swajax.cli.main import load_object
+    from swajax.cli.args import load_object
     from swajax.conformance.kit import run
 
     adapter = load_object(args.adapter, "--adapter")()

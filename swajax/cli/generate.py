@@ -1,122 +1,20 @@
-"""Generation through the engine: the library side of `swajax generate` and `swajax logits`."""
+"""`swajax generate` and `swajax logits`: parse, build through `swajax.api`, print."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from swajax import sizing
+from swajax.api import EngineSpec, generate, load_model, make_engine, teacher_forced_logits
+from swajax.api.engine_spec import KV_DTYPE
 from swajax.cli import args as args_lib
-from swajax.cli.tokenizer import Tokenizer
-from swajax.demo import demo_decoder
 from swajax.json_lines import read_json_lines
-from swajax.memory.compilations import cache_hits, compilation_count
-from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
-from swajax.serving.engine import Engine, EngineOptions
 from swajax.serving.request import SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    kv_budget_gib: float = 0.004
-    ratio: float = 0.5
-    page_size: int = 4
-    hybrid_memory: bool = True
-    prefix_cache: bool = True
-    cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
-    tail_rebuild: bool = True
-    num_speculative_tokens: int = 0  # with a draft model (make_engine's `draft`)
-    overlap: bool = True  # plan a decode step while the one before runs
-    attention: str = "xla"
-    chunk_size: int | None = 64
-    eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
-    max_running: int = 16
-    max_context: int = 2048
-    dtype: str = "float32"  # parameters and activations
-    kv_dtype: str | None = None  # KV pools; None: the same as dtype
-
-
-KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def load(model: str, dtype: str = "float32", chat: bool = False) -> tuple[Decoder, Tokenizer]:
-    """`tiny` (the embedded byte-level demo model, swajax.demo), or a checkpoint directory."""
-    if model == "tiny":
-        if chat:
-            raise args_lib.UsageError("--chat needs a checkpoint folder with a chat template")
-        return demo_decoder(dtype=dtype), Tokenizer(None)
-    path = Path(model)
-    if not path.is_dir():
-        raise ValueError(f"--model must be 'tiny' or a checkpoint directory, got {model!r}")
-    return load_decoder(path, dtype=dtype), Tokenizer(path, chat=chat)
-
-
-def make_engine(decoder: Decoder, setup: Setup, draft: Decoder | None = None) -> Engine:
-    """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
-    (the sizing counts its layers)."""
-    cfg = decoder.spec.hybrid
-    draft_cfg = draft.spec.hybrid if draft is not None else None
-    budget = sizing.gib_to_bytes(setup.kv_budget_gib)
-    kv = setup.kv_dtype or KV_DTYPE[decoder.spec.dtype]
-    if setup.hybrid_memory and cfg.layer_mix != "full_only":
-        sizes = sizing.size_hybrid(
-            cfg, budget, ratio=setup.ratio, page_size=setup.page_size, dtype=kv, draft=draft_cfg
-        )
-    else:
-        sizes = sizing.size_single_pool(
-            cfg, budget, page_size=setup.page_size, dtype=kv, draft=draft_cfg
-        )
-    pallas = setup.attention == "pallas"
-    model = HybridLM(decoder, dtype=kv, implementation=setup.attention, interpret=pallas)
-    draft_lm = None
-    if draft is not None:
-        draft_lm = HybridLM(draft, dtype=kv, implementation=setup.attention, interpret=pallas)
-    options = EngineOptions(
-        max_running=setup.max_running,
-        max_context=setup.max_context,
-        chunk_size=setup.chunk_size,
-        prefix_cache=setup.prefix_cache,
-        eviction_interval=setup.eviction_interval,
-        cache_policy=setup.cache_policy,
-        tail_rebuild=setup.tail_rebuild,
-        num_speculative_tokens=setup.num_speculative_tokens,
-        overlap=setup.overlap,
-    )
-    return Engine(cfg, model, sizes, options, draft=draft_lm)
-
-
-def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
-    """Run all prompts together; returns the finished requests (in order) and a summary."""
-    rids = [engine.add_request(p, params) for p in prompts]
-    engine.run()
-    m = engine.metrics
-    summary = dict(
-        steps=len(m),
-        peak_full_used=max((x.full_used for x in m), default=0),
-        peak_swa_used=max((x.swa_used for x in m), default=0),
-        full_tokens=engine.sizes.full_tokens,
-        swa_tokens=engine.sizes.swa_tokens,
-        prefix_hit_tokens=engine.scheduler.hit_tokens,
-        swa_freed_tokens=engine.scheduler.swa_freed_tokens,
-        retractions=engine.scheduler.retractions,
-        draft_tokens_accepted=engine.scheduler.accepted_tokens,
-        compilations=compilation_count(),  # this process, persistent-cache hits excluded
-        compile_cache_hits=cache_hits(),
-    )
-    return [engine.requests[r] for r in rids], summary
-
-
-def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
-    """Logits [len(prompt), vocab]: position i predicts token i + 1 (paged, hybrid memory on)."""
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True)
-    engine.run()
-    return np.stack(engine.requests[rid].logits[: len(prompt)])
+from swajax.tokenizer import Tokenizer
 
 
 def _prompt_ids(value, where: str) -> list[int]:
@@ -161,8 +59,8 @@ PROMPT_KEYS = {"prompt", "prompt_ids"}
 # The commands
 
 
-def _setup(args) -> Setup:
-    return Setup(
+def _spec(args) -> EngineSpec:
+    return EngineSpec(
         kv_budget_gib=args.kv_budget_gib,
         ratio=args.ratio,
         page_size=args.page_size,
@@ -189,7 +87,7 @@ def _speculative_tokens(args) -> int:
 
 
 def _draft(args) -> Decoder | None:
-    return None if args.draft_model is None else load(args.draft_model, args.dtype)[0]
+    return None if args.draft_model is None else load_model(args.draft_model, args.dtype)[0]
 
 
 def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
@@ -214,7 +112,7 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    decoder, tokenizer = load(args.model, args.dtype, args.chat)
+    decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
     prompts = _prompts(args, tokenizer)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -222,7 +120,7 @@ def run_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    reqs, summary = generate(make_engine(decoder, _setup(args), _draft(args)), prompts, params)
+    reqs, summary = generate(make_engine(decoder, _spec(args), _draft(args)), prompts, params)
     for prompt, req in zip(prompts, reqs):
         text = tokenizer.decode(req.output)
         if args.json:
@@ -251,9 +149,9 @@ def run_generate(args) -> int:
 
 
 def run_logits(args) -> int:
-    decoder, tokenizer = load(args.model, args.dtype, args.chat)
+    decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
     prompt = _prompts(args, tokenizer)[0]
-    logits = teacher_forced_logits(make_engine(decoder, _setup(args)), prompt)
+    logits = teacher_forced_logits(make_engine(decoder, _spec(args)), prompt)
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
         np.save(f, logits)
     print(f"wrote {args.out}: logits {logits.shape}")

@@ -33,10 +33,10 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _run_record(args: argparse.Namespace) -> int:
-    from swajax.cli.simulate import run_workload
-    from swajax.cli.trace import Tracer
     from swajax.serving.engine import EngineOptions
-    from swajax.serving.workloads import make_workload
+    from swajax.simulator.run import run_workload
+    from swajax.simulator.workloads import make_workload
+    from swajax.trace.recorder import Tracer
 
     cfg = args_lib.model_config(args, default_preset="tiny-hybrid")
     if not cfg.sliding_window:
@@ -66,9 +66,9 @@ def _run_record(args: argparse.Namespace) -> int:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from swajax.cli.trace import replay, swajax_backend
+    from swajax.trace.replay import replay, swajax_backend
 
-    backend = load_object(args.backend, "--backend") if args.backend else swajax_backend
+    backend = args_lib.load_object(args.backend, "--backend") if args.backend else swajax_backend
     result = replay(args.trace, backend=backend)
     if args.json:
         print(json.dumps(result))
@@ -80,23 +80,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
-def load_object(spec: str, flag: str):
-    """`module:name` (--backend: a factory called with the trace header, returning (allocator,
-    prefix cache) with swajax's method names; --adapter: a class, see swajax.conformance)."""
-    import importlib
-
-    module, _, name = spec.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise UsageError(f"{flag} {spec!r}: cannot load it ({e})") from e
-    if not callable(obj):
-        raise UsageError(f"{flag} {spec!r} is not callable")
-    return obj
-
-
 def _register_tools(sub) -> None:
-    from swajax.serving.workloads import WORKLOADS
+    from swajax.simulator.workloads import WORKLOADS
 
     p = sub.add_parser("convert", help="save a Hugging Face checkpoint's params as orbax")
     p.add_argument("source", metavar="DIR", help="config.json + *.safetensors")

@@ -143,8 +143,8 @@ def run(args) -> int:
 def _run_planner(args, cfg) -> int:
     import json
 
-    from swajax.cli import ratio_planner
-    from swajax.serving.workloads import workload_of
+    from swajax.simulator import ratio_planner
+    from swajax.simulator.workloads import workload_of
 
     if args.accelerator is None:
         raise args_lib.UsageError("--workload plans by modeled step time: give --accelerator")

@@ -26,7 +26,7 @@ class SwajaxAdapter:
     implementation = "xla"
 
     def allocator_and_cache(self, header: dict):
-        from swajax.cli.trace import swajax_backend
+        from swajax.trace.replay import swajax_backend
 
         return swajax_backend(header)
 
@@ -81,10 +81,12 @@ class SwajaxAdapter:
         return np.asarray(out, np.float64)[: len(case["q"])]
 
     def logits(self, model_dir: str, prompt: list[int]) -> np.ndarray:
-        from swajax.cli.generate import Setup, make_engine, teacher_forced_logits
+        from swajax.api import EngineSpec, make_engine, teacher_forced_logits
         from swajax.models import load_decoder
 
-        engine = make_engine(load_decoder(model_dir), Setup(kv_budget_gib=0.01, max_context=4096))
+        engine = make_engine(
+            load_decoder(model_dir), EngineSpec(kv_budget_gib=0.01, max_context=4096)
+        )
         return teacher_forced_logits(engine, prompt)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.oracle import reference_attention
+from swajax.conformance.oracle import reference_attention
 
 # name, kind, window, page size, prefix lens, seq lens, sinks, soft cap, heads (q, kv), dims (k, v)
 CASES = (

@@ -30,11 +30,11 @@ LOGITS_RTOL = 1e-4
 
 def _record(folder: Path, preset: str, workload: str, ps: int, n: int, tokens: int, ratio):
     from swajax import sizing
-    from swajax.cli.simulate import run_workload
-    from swajax.cli.trace import Tracer
     from swajax.presets import load_preset
     from swajax.serving.engine import EngineOptions
-    from swajax.serving.workloads import make_workload
+    from swajax.simulator.run import run_workload
+    from swajax.simulator.workloads import make_workload
+    from swajax.trace.recorder import Tracer
 
     cfg = load_preset(preset)
     sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=ratio, page_size=ps)
@@ -92,8 +92,8 @@ class CaseResult:
 
 
 def _run_case(folder: Path, case: dict, adapter) -> CaseResult:
-    from swajax.cli.trace import replay
-    from swajax.oracle import compare
+    from swajax.conformance.oracle import compare
+    from swajax.trace.replay import replay
 
     name, kind, path = case["name"], case["kind"], folder / case["path"]
     if kind == "ops":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-AXIS = "tp"
+from swajax.memory.mesh_axis import AXIS
 
 # Parameter path suffix -> how it splits (heads are the outer part of the projection axis).
 _RULES = {

@@ -158,7 +158,7 @@ class StepMetrics:
     compilations: int
     r2t_tokens_written: int
     # Per request in the step: (rid, KV before, KV after, whether it produced a token); what
-    # the step-time model (`serving/step_time.py`) and latency figures are computed from.
+    # the step-time model (`simulator/step_time.py`) and latency figures are computed from.
     spans: tuple[tuple[int, int, int, bool], ...] = ()
 
 

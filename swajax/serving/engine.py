@@ -4,8 +4,9 @@
 Host code. The model is an interface the runner calls: `init_pools(sizes) -> pools`,
 `forward_and_sample(pools, ForwardBatch, metadata, return_logits=...) -> (pools, (tokens,
 logprobs, logits))`, `needs_kv` (whether it reads KV through the pools; the null model does
-not, so production-size presets run on a CPU) and `vocab_size`. The device half of a step lives
-in `swajax.runner`; this module imports it only when no runner is given.
+not, so production-size presets run on a CPU) and `vocab_size`. The device half of a step (the
+`Runner`, `swajax.runner.DeviceRunner`) is given by whoever builds the engine
+(`swajax.api.engine_for`), so this layer never imports JAX.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class EngineOptions:
             raise ValueError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
 
 
+def engine_window(cfg: HybridConfig, draft=None) -> int:
+    """W as host code keeps it: an int, 0 when there are no local layers. With a speculative
+    draft, W covers its windows too (its SWA KV lives at the target's slots)."""
+    windows = [cfg.sliding_window, draft.spec.hybrid.sliding_window if draft else None]
+    return max(w or 0 for w in windows)
+
+
 class Engine:
     def __init__(
         self,
@@ -63,11 +71,12 @@ class Engine:
         sizes: PoolSizes,
         options: EngineOptions = EngineOptions(),
         *,
-        runner: Runner | None = None,
+        runner: Runner,
         draft=None,
     ):
-        """`draft`: the speculative draft model (a `HybridLM` with the target's vocabulary),
-        whose KV shares the target's slots; size the pools with it (`sizing`'s `draft=`)."""
+        """`runner`: the device half, built for the same model, pools and `engine_window`.
+        `draft`: the speculative draft model (a `HybridLM` with the target's vocabulary), whose
+        KV shares the target's slots; size the pools with it (`sizing`'s `draft=`)."""
         if options.chunk_size is not None and options.chunk_size < sizes.page_size:
             raise ValueError(
                 f"chunk_size {options.chunk_size} is smaller than the page size "
@@ -76,11 +85,8 @@ class Engine:
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
         self.draft = draft
         _check_draft(model, draft, options.num_speculative_tokens, sizes)
-        # Host code keeps W as an int (0: no local layers) for its arithmetic; the cache takes
-        # the config's None, which means "no SWA component". With a draft, W covers its
-        # windows too (its SWA KV lives at the same slots).
-        windows = [cfg.sliding_window, draft.spec.hybrid.sliding_window if draft else None]
-        self.window = max(w or 0 for w in windows)
+        # The cache takes the config's None for "no SWA component"; host arithmetic an int.
+        self.window = engine_window(cfg, draft)
         self.ledger = PoolLedger(sizes)
         self.cache = make_prefix_cache(
             self.ledger,
@@ -104,17 +110,6 @@ class Engine:
             lookahead=options.num_speculative_tokens,
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
-        if runner is None:
-            from swajax.runner import DeviceRunner  # the device half (JAX)
-
-            runner = DeviceRunner(
-                model,
-                sizes,
-                max_running=options.max_running,
-                max_context=options.max_context,
-                window=self.window,
-                draft=draft,
-            )
         self.runner = runner
         self.overlap = options.overlap and getattr(runner, "supports_overlap", False)
         self._launched = None  # a step launched but not read yet (overlap scheduling)

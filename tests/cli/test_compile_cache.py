@@ -6,14 +6,14 @@ import os
 import subprocess
 import sys
 
-from swajax.cli.generate import Setup, generate, make_engine
+from swajax.api import EngineSpec, generate, make_engine
 from swajax.compile_cache import default_dir
 from swajax.demo import demo_decoder
 from swajax.serving.request import SamplingParams
 
 
 def test_a_second_engine_compiles_nothing_new():
-    decoder, setup = demo_decoder(), Setup()
+    decoder, setup = demo_decoder(), EngineSpec()
     prompts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
     generate(make_engine(decoder, setup), prompts, SamplingParams(max_new_tokens=6))
     second = make_engine(decoder, setup)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from swajax.oracle import compare, reference_attention
+from swajax.conformance.oracle import compare, reference_attention
 
 EXAMPLES = ROOT / "examples"
 

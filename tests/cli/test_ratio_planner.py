@@ -6,11 +6,11 @@ import json
 import pytest
 
 from swajax import sizing
-from swajax.cli import ratio_planner
-from swajax.cli.ratio_planner import Candidate, corrected_min_ratio, mean_sequence_length
 from swajax.presets import load_preset
-from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
-from swajax.serving.workloads import make_workload
+from swajax.simulator import ratio_planner
+from swajax.simulator.ratio_planner import Candidate, corrected_min_ratio, mean_sequence_length
+from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.simulator.workloads import make_workload
 
 BUDGET = sizing.gib_to_bytes(16)
 

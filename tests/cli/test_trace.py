@@ -6,7 +6,7 @@ import json
 import pytest
 
 from swajax.cli.main import main
-from swajax.cli.trace import replay
+from swajax.trace.replay import replay
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_header_names_version_config_and_profile(trace):
 
 
 def test_gzip_and_version_2_replay(trace, tmp_path):
-    from swajax.cli.trace import read_lines
+    from swajax.trace.replay import read_lines
 
     zipped = tmp_path / "t.jsonl.gz"
     zipped.write_bytes(gzip.compress(trace.read_bytes()))
@@ -68,7 +68,7 @@ def test_gzip_and_version_2_replay(trace, tmp_path):
 
 
 def test_truncation_is_reported(trace, tmp_path):
-    from swajax.cli.trace_check import TraceError
+    from swajax.trace.check import TraceError
 
     lines = trace.read_text().splitlines()
     cut = tmp_path / "cut.jsonl"
@@ -84,15 +84,16 @@ def test_truncation_is_reported(trace, tmp_path):
 
 def _trace_bytes(prompt_len, tmp_path):
     from swajax import sizing
-    from swajax.cli.trace import Tracer
+    from swajax.api import engine_for
     from swajax.presets import load_preset
-    from swajax.serving.engine import Engine, EngineOptions
+    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
     from swajax.serving.request import SamplingParams
+    from swajax.trace.recorder import Tracer
 
     cfg = load_preset("tiny-hybrid")
     sizes = sizing.solve_pool_sizes(cfg, 20_000, ratio=0.5, page_size=4)
-    engine = Engine(cfg, NullModel(), sizes, EngineOptions(chunk_size=256, max_context=20_000))
+    engine = engine_for(cfg, NullModel(), sizes, EngineOptions(chunk_size=256, max_context=20_000))
     tracer = Tracer(engine)
     engine.add_request([7 + i % 900 for i in range(prompt_len)], SamplingParams(max_new_tokens=4))
     engine.run()
@@ -115,7 +116,7 @@ def _permuted_backend(init):
 
     import jax.numpy as jnp
 
-    from swajax.cli.trace import swajax_backend
+    from swajax.trace.replay import swajax_backend
 
     alloc, cache = swajax_backend(init)
     full = alloc.state.full
@@ -132,7 +133,7 @@ def test_another_page_order_replays_through_the_bijection(trace):
 def test_a_leaked_page_is_caught_at_its_operation(trace):
     """A backend that forgets one page of its 5th free (most frees happen inside cache
     operations): the free counts part at that operation, and replay names it."""
-    from swajax.cli.trace import swajax_backend
+    from swajax.trace.replay import swajax_backend
 
     seen = {"ops": 0, "free_calls": 0, "leak_op": None}
 
@@ -188,7 +189,7 @@ def test_record_replay_round_trip(preset, profile, tmp_path):
     budget = "0.002" if preset.startswith("tiny") else "8"  # Llama 4: chunk 8192
     assert main(["record", "--preset", preset, "--requests", "6", "--cache-policy", profile,
                  "--kv-budget-gib", budget, "--out", str(path)]) == 0  # fmt: skip
-    from swajax.cli.trace import read_lines
+    from swajax.trace.replay import read_lines
 
     assert read_lines(path)[0]["profile"] == profile
     assert replay(path)["ok"]

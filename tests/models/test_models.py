@@ -13,9 +13,10 @@ import pytest
 from helpers import FIXTURES, TOLERANCE
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.config import ConfigError
 from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
@@ -37,7 +38,7 @@ def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)
     else:
         sizes = sizing.PoolSizes("single", 256, 256, page_size)
-    engine = Engine(
+    engine = engine_for(
         cfg,
         model,
         sizes,

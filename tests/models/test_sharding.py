@@ -7,9 +7,10 @@ import pytest
 from helpers import FIXTURES
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.models import HybridLM, load_decoder
 from swajax.models.sharding import kv_mesh
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
 
 
@@ -22,7 +23,7 @@ def run(path, mesh, attention="xla"):
     )
     cfg = model.spec.hybrid
     sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=4)
-    engine = Engine(
+    engine = engine_for(
         cfg,
         model,
         sizes,

@@ -6,10 +6,11 @@ import pytest
 from helpers.allocator_model import ModelAllocator
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.prefix_cache import RadixCache, check_invariants
 from swajax.prefix_cache.policy import PROFILES, SWAJAX, CachePolicy, policy_of
 from swajax.presets import load_preset
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import SamplingParams
 from swajax.serving.window import eviction_frontier
@@ -24,7 +25,7 @@ def only(rule: str) -> CachePolicy:
 def engine(policy, *, full=2048, ps=4, chunk=16):
     sizes = sizing.solve_pool_sizes(CFG, full, ratio=0.5, page_size=ps)
     options = EngineOptions(chunk_size=chunk, max_context=1024, cache_policy=policy)
-    return Engine(CFG, NullModel(), sizes, options)
+    return engine_for(CFG, NullModel(), sizes, options)
 
 
 def test_profiles():

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.memory import allocator as A
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
 from swajax.serving import window
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import RequestError, SamplingParams, Status
 
@@ -47,7 +48,7 @@ def make_engine(full=512, ratio=0.5, ps=4, chunk=32, prefix_cache=True, max_runn
     options = EngineOptions(
         max_running=max_running, max_context=512, chunk_size=chunk, prefix_cache=prefix_cache, **kw
     )
-    return Engine(CFG, NullModel(), sizes, options)
+    return engine_for(CFG, NullModel(), sizes, options)
 
 
 def held(engine):

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from helpers import FIXTURES
 
-from swajax.cli.generate import Setup, make_engine
+from swajax.api import EngineSpec, make_engine
 from swajax.models import load_decoder
 from swajax.serving.request import SamplingParams
 
-BASE = Setup(kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128)
+BASE = EngineSpec(
+    kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128
+)
 VARIANTS = {
     "hybrid off": dict(hybrid_memory=False),
     "prefix cache off": dict(prefix_cache=False),

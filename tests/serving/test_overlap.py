@@ -12,25 +12,26 @@ from helpers import FIXTURES
 from helpers.engine_checks import check_clean
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.request import SamplingParams
 
 PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(5)]
 PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
 
 
-def engine_for(decoder, overlap, *, gib=0.002):
+def overlap_engine(decoder, overlap, *, gib=0.002):
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(gib), ratio=0.5, page_size=4,
                                dtype="fp32")  # fmt: skip
     options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap)
-    return Engine(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
+    return engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
 
 
 def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None):
-    engine = engine_for(decoder, overlap, gib=gib)
+    engine = overlap_engine(decoder, overlap, gib=gib)
     if check is not None:
         engine.instrument = check(engine)
     rids = [
@@ -75,7 +76,7 @@ def test_overlap_with_retraction(decoder):
     """Pools too small for four long generations: one is retracted and recomputed."""
     results = []
     for overlap in (False, True):
-        engine = engine_for(decoder, overlap, gib=0.00015)
+        engine = overlap_engine(decoder, overlap, gib=0.00015)
         rids = [
             engine.add_request([(3 * i + j) % 100 + 1 for i in range(8)], SamplingParams(60))
             for j in range(4)
@@ -147,7 +148,7 @@ def test_no_launched_step_reads_a_released_slot(decoder, stop):
 
 
 def test_the_instrument_catches_a_premature_release(decoder):
-    engine = engine_for(decoder, True)
+    engine = overlap_engine(decoder, True)
     instrument = ReadAfterFree(engine)
     engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=8))
     engine.step()

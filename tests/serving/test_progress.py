@@ -8,9 +8,10 @@ from helpers.engine_checks import check_clean
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.prefix_cache.policy import PROFILES
 from swajax.presets import load_preset
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import RequestError, SamplingParams, Status
 
@@ -63,7 +64,7 @@ def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed, po
         eviction_interval=interval,
         cache_policy=policy,
     )
-    engine = Engine(CFG, NullModel(), sizes, options)
+    engine = engine_for(CFG, NullModel(), sizes, options)
     rng = np.random.default_rng(seed)
     system = rng.integers(0, 1000, 20).tolist()
     for _ in range(12):
@@ -95,7 +96,7 @@ def test_issue_stall_cases_finish():
     """A tiny SWA pool with chunked prefill once parked every chunk and the run stopped with
     requests in flight and no reason given."""
     sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.02, page_size=4)  # 40 SWA tokens
-    engine = Engine(CFG, NullModel(), sizes, EngineOptions(chunk_size=16))
+    engine = engine_for(CFG, NullModel(), sizes, EngineOptions(chunk_size=16))
     rids = [engine.add_request([7] * 100, SamplingParams(max_new_tokens=40)) for _ in range(2)]
     engine.run()
     assert [engine.requests[r].status for r in rids] == [Status.FINISHED] * 2
@@ -121,7 +122,7 @@ class Flaky(NullModel):
 
 def flaky_engine(model, **kw):
     sizes = sizing.solve_pool_sizes(CFG, 1024, ratio=0.5, page_size=4)
-    return Engine(CFG, model, sizes, EngineOptions(chunk_size=32, **kw))
+    return engine_for(CFG, model, sizes, EngineOptions(chunk_size=32, **kw))
 
 
 @pytest.mark.parametrize("fail_at", [1, 3, 8, 12])

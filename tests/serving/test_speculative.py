@@ -14,10 +14,11 @@ from helpers.engine_checks import check_clean
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
+from swajax.api import engine_for
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
 from swajax.presets import load_preset
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import RequestError, SamplingParams, Status
 
@@ -39,7 +40,7 @@ def run(decoder, k=0, draft=None, *, page_size=4, prefix_cache=True):
     options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256,
                             num_speculative_tokens=k, prefix_cache=prefix_cache)  # fmt: skip
     draft_lm = HybridLM(draft, dtype="fp32") if draft is not None else None
-    engine = Engine(cfg, HybridLM(decoder, dtype="fp32"), sizes, options, draft=draft_lm)
+    engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options, draft=draft_lm)
     rids = [engine.add_request(p, PARAMS) for p in PROMPTS]
     engine.add_request(PROMPTS[2][:25] + [9, 9], PARAMS)  # a prefix hit, drafted too
     rids.append(max(engine.requests))
@@ -89,10 +90,10 @@ def test_bad_speculative_setups_are_refused(target):
                                dtype="fp32")  # fmt: skip
     model = HybridLM(target, dtype="fp32")
     with pytest.raises(ValueError, match="needs a draft model"):
-        Engine(cfg, model, sizes, EngineOptions(num_speculative_tokens=2))
+        engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2))
     with pytest.raises(ValueError, match="num_speculative_tokens must be >= 0"):
         EngineOptions(num_speculative_tokens=-1)
-    engine = Engine(cfg, model, sizes, EngineOptions(num_speculative_tokens=2), draft=model)
+    engine = engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2), draft=model)
     with pytest.raises(RequestError, match="verifies greedily: temperature must be 0"):
         engine.add_request([1, 2, 3], SamplingParams(temperature=0.7))
     with pytest.raises(RequestError, match=r"\+ 2 speculative positions = 4097 exceeds"):
@@ -110,7 +111,7 @@ def null_engine(k, acceptance, *, ps=4, full=2048, ratio=0.5, chunk=16, prefix_c
     sizes = sizing.solve_pool_sizes(CFG, full, ratio=ratio, page_size=ps)
     options = EngineOptions(chunk_size=chunk, max_context=512, num_speculative_tokens=k,
                             prefix_cache=prefix_cache, eviction_interval=1)  # fmt: skip
-    return Engine(CFG, NullModel(acceptance=acceptance), sizes, options)
+    return engine_for(CFG, NullModel(acceptance=acceptance), sizes, options)
 
 
 def test_rejected_positions_go_back_after_every_round():

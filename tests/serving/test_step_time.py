@@ -1,4 +1,4 @@
-"""The step-time roofline (serving/step_time.py) on a step computed by hand, the corrected
+"""The step-time roofline (simulator/step_time.py) on a step computed by hand, the corrected
 minimum ratio, and workload files."""
 
 import json
@@ -6,11 +6,11 @@ import json
 import pytest
 
 from swajax import sizing
-from swajax.cli.ratio_planner import corrected_min_ratio
 from swajax.config import AttentionShape, HybridConfig, LayerKind, LayerSpec
 from swajax.presets import load_preset
-from swajax.serving.step_time import Accelerator, ModelCost, Span, StepTimeModel
-from swajax.serving.workloads import from_file
+from swajax.simulator.ratio_planner import corrected_min_ratio
+from swajax.simulator.step_time import Accelerator, ModelCost, Span, StepTimeModel
+from swajax.simulator.workloads import from_file
 
 SHAPE = AttentionShape(num_heads=2, num_kv_heads=1, head_dim=4, v_head_dim=4)
 CFG = HybridConfig(
@@ -41,7 +41,7 @@ def test_moe_weights_read_as_expected_touched():
 
 
 def test_hybrid_reads_less_kv_than_one_pool_per_decode_token():
-    from swajax.serving.step_time import ACCELERATORS, MODEL_COSTS
+    from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS
 
     cfg = load_preset("gpt-oss-120b")
     model = StepTimeModel(cfg, MODEL_COSTS["gpt-oss-120b"], ACCELERATORS["h200"])
@@ -91,8 +91,8 @@ def test_workload_file(tmp_path):
 def test_simulated_clock_submits_arrivals_on_time(tmp_path):
     """A request arriving at 100 s waits for the clock (the engine idles until then); its
     time to first token counts from its arrival."""
-    from swajax.cli.simulate import run_workload
     from swajax.serving.engine import EngineOptions
+    from swajax.simulator.run import run_workload
 
     cfg = load_preset("tiny-hybrid")
     path = tmp_path / "w.jsonl"

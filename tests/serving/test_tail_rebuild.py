@@ -16,15 +16,17 @@ from helpers.engine_checks import check_clean
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
-from swajax.cli.generate import Setup, make_engine
+from swajax.api import EngineSpec, engine_for, make_engine
 from swajax.models import load_decoder
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
 from swajax.serving.request import SamplingParams, Status
 
-SETUP = Setup(kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256)
+SETUP = EngineSpec(
+    kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256
+)
 FIRST = [(7 * i + 3) % 120 + 1 for i in range(96)]
 SECOND = FIRST[:80] + [11, 45, 90, 2, 67, 31, 8, 100]
 PARAMS = SamplingParams(max_new_tokens=6)
@@ -89,7 +91,7 @@ B = A[:80] + list(range(500, 540))
 def null_engine(**changes):
     options = dict(chunk_size=8, max_context=512, eviction_interval=1) | changes
     sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.5, page_size=4)
-    return Engine(CFG, NullModel(), sizes, EngineOptions(**options))
+    return engine_for(CFG, NullModel(), sizes, EngineOptions(**options))
 
 
 def tombstoned(engine):
@@ -169,7 +171,7 @@ def test_random_workloads_with_tombstoned_prefixes_stay_clean(ps, chunk, ratio, 
     rng = np.random.default_rng(seed)
     sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=ratio, page_size=ps)
     options = EngineOptions(chunk_size=max(chunk, ps) if chunk else None, max_context=512)
-    engine = Engine(CFG, NullModel(), sizes, options)
+    engine = engine_for(CFG, NullModel(), sizes, options)
     systems = [rng.integers(0, 1000, 72).tolist() for _ in range(2)]
     for _ in range(10):
         prompt = (

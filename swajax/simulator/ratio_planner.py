@@ -2,7 +2,7 @@
 step time, not only by capacity.
 
 Each candidate ratio runs the workload on the null-model engine (`simulate.run_workload`) with
-the step-time roofline (`serving/step_time.py`) as its clock; the best modeled output tokens/s
+the step-time roofline (`simulator/step_time.py`) as its clock; the best modeled output tokens/s
 wins and is compared with one pool and with SGLang's default ratio 0.8. Candidates start at the
 corrected minimum ratio: the SWA pool must hold the prefill chunk in flight besides every
 running request's window (W), eviction lag (I) and partial page (P):
@@ -20,8 +20,8 @@ import dataclasses
 from swajax import sizing
 from swajax.config import HybridConfig
 from swajax.serving.engine import EngineOptions
-from swajax.serving.step_time import StepTimeModel
-from swajax.serving.workloads import Workload
+from swajax.simulator.step_time import StepTimeModel
+from swajax.simulator.workloads import Workload
 
 RATIOS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.0)
 CHUNKS = (2048, 4096, 8192, 16384)
@@ -93,7 +93,7 @@ class Plan:
 
 
 def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype) -> Candidate:
-    from swajax.cli.simulate import run_workload
+    from swajax.simulator.run import run_workload
 
     if ratio is None:
         sizes = sizing.size_single_pool(cfg, budget, page_size=page_size, dtype=dtype)

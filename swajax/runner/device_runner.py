@@ -20,10 +20,10 @@ import numpy as np
 from swajax.attention.metadata import metadata_shape
 from swajax.memory import allocator as A
 from swajax.memory.compilations import compilation_count
-from swajax.memory.packing import pack
 from swajax.memory.padding import bucket, pad
 from swajax.memory.req_to_token import ReqToToken
-from swajax.memory.step import (
+from swajax.models.speculative import verify_round
+from swajax.runner.commit import (
     FREE_FULL,
     FREE_SWA,
     OUT_FREE_FULL,
@@ -35,7 +35,7 @@ from swajax.memory.step import (
     apply_releases,
     commit_step,
 )
-from swajax.models.speculative import verify_round
+from swajax.runner.packing import pack
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from swajax.memory.packing import pack, unpack
+from swajax.runner.packing import pack, unpack
 
 
 def test_round_trip_through_jit():

@@ -63,7 +63,7 @@ class ListCodec:
         return {"ref": best, "keep": keep, "add": arr[keep:].tolist()}
 
     def decode(self, value, where: str) -> list[int]:
-        from swajax.cli.trace_check import TraceError
+        from swajax.trace.check import TraceError
 
         if isinstance(value, list):
             if len(value) >= MIN_LEN:

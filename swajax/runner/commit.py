@@ -5,7 +5,7 @@ both pools checked), the `req_to_token` writes (re-pointed prefix ranges, then t
 only: never a whole row), and the attention metadata of the batch. It returns the new states and
 one small int32 vector (status, both pools' free counts, new slots), which the host reads
 together with the sampled tokens: one device->host read per step. Its inputs arrive packed in
-one int32 buffer (`memory.packing`): one upload per step.
+one int32 buffer (`runner.packing`): one upload per step.
 
 On a failed allocation (`status != OK`, which the host's free-count mirror should make
 impossible) the allocator is unchanged and no tail slot is written, so the step's forward only
@@ -22,10 +22,10 @@ import jax.numpy as jnp
 
 from swajax.attention.metadata import MetadataShape, metadata_core
 from swajax.memory import allocator as A
-from swajax.memory.packing import Layout, unpack
 from swajax.memory.padding import token_positions
 from swajax.memory.req_to_token import ReqToToken
 from swajax.memory.step_codes import FREE_FULL, FREE_SWA, LAST_LOC_ON_DEVICE, REPOINT
+from swajax.runner.packing import Layout, unpack
 
 
 class StepInputs(NamedTuple):
@@ -80,7 +80,7 @@ def commit_step(
     """Apply a step's memory changes.
 
     `packed` holds the `StepInputs` fields and any other arrays of the step (the model's
-    inputs), packed by `memory.packing`. Returns (alloc, r2t, output vector, metadata or None,
+    inputs), packed by `runner.packing`. Returns (alloc, r2t, output vector, metadata or None,
     the other arrays, unpacked). `num_tokens` is the padded token count of an extend's
     allocation (ignored for decode). Without `r2t` (a model that reads no KV) only the
     allocator is updated.

@@ -1,0 +1,38 @@
+"""Driving an engine to the end: `generate` (prompts in, finished requests and a memory summary
+out) and `teacher_forced_logits` (every position's logits, for comparing backends)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.memory.compilations import cache_hits, compilation_count
+from swajax.serving.engine import Engine
+from swajax.serving.request import SamplingParams
+
+
+def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
+    """Run all prompts together; returns the finished requests (in order) and a summary."""
+    rids = [engine.add_request(p, params) for p in prompts]
+    engine.run()
+    m = engine.metrics
+    summary = dict(
+        steps=len(m),
+        peak_full_used=max((x.full_used for x in m), default=0),
+        peak_swa_used=max((x.swa_used for x in m), default=0),
+        full_tokens=engine.sizes.full_tokens,
+        swa_tokens=engine.sizes.swa_tokens,
+        prefix_hit_tokens=engine.scheduler.hit_tokens,
+        swa_freed_tokens=engine.scheduler.swa_freed_tokens,
+        retractions=engine.scheduler.retractions,
+        draft_tokens_accepted=engine.scheduler.accepted_tokens,
+        compilations=compilation_count(),  # this process, persistent-cache hits excluded
+        compile_cache_hits=cache_hits(),
+    )
+    return [engine.requests[r] for r in rids], summary
+
+
+def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
+    """Logits [len(prompt), vocab]: position i predicts token i + 1 (paged, hybrid memory on)."""
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True)
+    engine.run()
+    return np.stack(engine.requests[rid].logits[: len(prompt)])

@@ -1,0 +1,213 @@
+"""The simulator: the null-model engine on a workload, hybrid pools against one pool.
+
+Both runs get the same KV budget and the same workload in the same process, so their ratio is
+a like-for-like measure of what hybrid SWA memory buys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from swajax import sizing
+from swajax.api import engine_for
+from swajax.config import HybridConfig
+from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.null_model import NullModel
+from swajax.serving.request import RequestError, Status
+from swajax.simulator.step_time import Span, StepTimeModel
+from swajax.simulator.workloads import Workload, workload_of
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    mode: str
+    full_tokens: int
+    swa_tokens: int
+    steps: int
+    requests: int
+    finished: int
+    rejected: int  # refused at submission with a clear error (too long for the pools)
+    lost: int  # accepted requests that never finished (must be 0)
+    peak_concurrency: int
+    mean_concurrency: float
+    tokens_per_step: float
+    prefix_hit_rate: float
+    swa_tail_miss_tokens: int
+    prefill_tokens: int  # computed by extend steps (prompts, recomputed prefixes, rebuilds)
+    rebuilt_tokens: int  # recomputed by exact SWA-tail rebuilds
+    rebuild_saved_tokens: int  # what the fallback would have recomputed on top of those
+    retractions: int
+    compilations: int
+    full_occupancy: list[float]  # per step
+    swa_occupancy: list[float]
+    # Modeled by `simulator/step_time.py` when an accelerator is given (else 0): seconds to run
+    # the workload, output tokens per second, mean time to first token, mean inter-token gap.
+    modeled_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r{label:8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+
+
+def run_workload(
+    cfg: HybridConfig,
+    sizes: sizing.PoolSizes,
+    workload: Workload,
+    *,
+    options: EngineOptions,
+    progress: bool,
+    on_engine=None,
+    timer: StepTimeModel | None = None,
+    acceptance: float = 1.0,
+) -> RunSummary:
+    """Run `workload` on the null model. With a `timer`, a modeled clock advances by each
+    step's modeled time: arrivals are submitted when the clock reaches them, follow-ups (the
+    next chat turn) as soon as their predecessor finishes."""
+    model = NullModel(acceptance=acceptance)  # its emulated draft's acceptance rate
+    engine = engine_for(cfg, model, sizes, options)
+    if on_engine is not None:
+        on_engine(engine)  # e.g. attach a trace recorder
+    arrivals, rejected, pending = {}, [], list(workload.initial)
+    clock, submitted, token_times = 0.0, {}, {}
+
+    def submit(arrival):
+        try:
+            rid = engine.add_request(arrival.prompt, arrival.params)
+        except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
+            rejected.append(str(e))
+            return
+        arrivals[rid], submitted[rid], token_times[rid] = arrival, clock, []
+
+    finished = set()
+    while True:
+        while pending and (timer is None or pending[0].at <= clock):
+            submit(pending.pop(0))
+        if engine.idle:
+            if not pending:
+                break
+            clock = pending[0].at  # nothing to run until the next arrival
+            continue
+        metrics = engine.step()
+        if metrics is None:
+            break
+        if timer is not None:
+            clock += timer.step_seconds(Span(pre, seq) for _, pre, seq, _ in metrics.spans)
+        for rid, _, _, sampled in metrics.spans:
+            if sampled:
+                token_times[rid].append(clock)
+        for rid, arrival in list(arrivals.items()):
+            req = engine.requests[rid]
+            if req.status is Status.FINISHED and rid not in finished:
+                finished.add(rid)
+                nxt = workload.follow_up(arrival, req.output)
+                if nxt is not None:
+                    nxt.at = clock
+                    pending.insert(0, nxt)
+        if progress and len(engine.metrics) % 200 == 0:
+            _progress(len(finished) + len(rejected), workload.total, sizes.mode)
+    if progress:
+        _progress(len(finished) + len(rejected), workload.total, sizes.mode)
+    summary = _summary(engine, sizes, arrivals, finished, len(rejected))
+    if timer is None:
+        return summary
+    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times))
+
+
+def _latencies(clock: float, submitted: dict, token_times: dict) -> dict:
+    firsts = [t[0] - submitted[rid] for rid, t in token_times.items() if t]
+    gaps = [b - a for t in token_times.values() for a, b in zip(t, t[1:])]
+    tokens = sum(len(t) for t in token_times.values())
+    return dict(
+        modeled_seconds=clock,
+        tokens_per_s=tokens / clock if clock else 0.0,
+        ttft_s=sum(firsts) / max(len(firsts), 1),
+        itl_s=sum(gaps) / max(len(gaps), 1),
+    )
+
+
+def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
+    steps = engine.metrics
+    last = steps[-1] if steps else None
+    full_total = max(sizes.full_tokens, 1)
+    swa_total = max(sizes.swa_tokens, 1)
+    return RunSummary(
+        mode=sizes.mode,
+        full_tokens=sizes.full_tokens,
+        swa_tokens=sizes.swa_tokens,
+        steps=len(steps),
+        requests=len(arrivals),
+        finished=len(finished),
+        rejected=rejected,
+        lost=len(arrivals) - len(finished),
+        peak_concurrency=max((m.running for m in steps), default=0),
+        mean_concurrency=sum(m.running for m in steps) / max(len(steps), 1),
+        tokens_per_step=sum(m.new_tokens for m in steps) / max(len(steps), 1),
+        prefix_hit_rate=engine.scheduler.hit_tokens / max(engine.scheduler.admitted_tokens, 1),
+        swa_tail_miss_tokens=last.swa_tail_miss_tokens if last else 0,
+        prefill_tokens=sum(m.new_tokens for m in steps if m.kind == "extend"),
+        rebuilt_tokens=last.rebuilt_tokens if last else 0,
+        rebuild_saved_tokens=last.rebuild_saved_tokens if last else 0,
+        retractions=last.retractions if last else 0,
+        compilations=last.compilations if last else 0,
+        full_occupancy=[m.full_used / full_total for m in steps],
+        swa_occupancy=[m.swa_used / swa_total for m in steps],
+    )
+
+
+def simulate(
+    cfg: HybridConfig,
+    budget_bytes: int,
+    *,
+    workload: str,
+    requests: int,
+    ratio: float,
+    page_size: int,
+    seed: int = 0,
+    chunk_size: int = 8192,
+    max_running: int = 256,
+    dtype: str = "bf16",
+    progress: bool = False,
+    timer: StepTimeModel | None = None,
+    cache_policy: str = "lean",
+    tail_rebuild: bool = True,
+    draft: HybridConfig | None = None,
+    speculative_tokens: int = 0,
+    acceptance: float = 1.0,
+) -> dict:
+    """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
+    `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
+    modeled throughput and latencies."""
+    kw = dict(page_size=page_size, dtype=dtype, draft=draft)
+    hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
+    single = sizing.size_single_pool(cfg, budget_bytes, **kw)
+    options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
+                            cache_policy=cache_policy, tail_rebuild=tail_rebuild,
+                            num_speculative_tokens=speculative_tokens)  # fmt: skip
+    runs = {
+        name: run_workload(
+            cfg,
+            sizes,
+            workload_of(workload, requests, seed),
+            options=options,
+            progress=progress,
+            timer=timer,
+            acceptance=acceptance,
+        )  # fmt: skip
+        for name, sizes in (("hybrid", hybrid), ("single", single))
+    }
+    h, s = runs["hybrid"], runs["single"]
+    return dict(
+        hybrid=h,
+        single=s,
+        peak_concurrency_ratio=h.peak_concurrency / max(s.peak_concurrency, 1),
+        mean_concurrency_ratio=h.mean_concurrency / max(s.mean_concurrency, 1e-9),
+        steps_ratio=s.steps / max(h.steps, 1),
+    )
