@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from swajax.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError):
     """A config.json that cannot be turned into a layer layout; the message names the field."""
 
 
@@ -35,7 +37,11 @@ DEFAULT_LIMIT = 1 << 30
 
 
 def positive_int(cfg: Mapping[str, Any], field: str, default: Any = ...) -> int:
+    """`cfg[field]` as an int in [1, its limit]; an absent field gives `default` (which may be
+    None: "not given")."""
     value = get(cfg, field, default)
+    if value is None and default is None:
+        return None
     limit = LIMITS.get(field, DEFAULT_LIMIT)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
         raise ConfigError(

@@ -19,12 +19,13 @@ import enum
 import math
 
 from swajax.config import HybridConfig
+from swajax.errors import InputError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 DEFAULT_EVICTION_INTERVAL = 128
 
 
-class SizingError(ValueError):
+class SizingError(InputError):
     """A budget, ratio or page size that gives no usable pools; the message names the values."""
 
 

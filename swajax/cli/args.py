@@ -13,9 +13,10 @@ from pathlib import Path
 
 from swajax import presets
 from swajax.config import HybridConfig, load_hf_config
+from swajax.errors import InputError
 
 
-class UsageError(Exception):
+class UsageError(InputError):
     """Bad command-line input found after parsing: printed as one line, exit status 2."""
 
 
@@ -153,6 +154,8 @@ def workload_choice(value: str) -> str:
 
     if value in WORKLOADS or Path(value).is_file():
         return value
+    if Path(value).exists():
+        raise argparse.ArgumentTypeError(f"{value} is not a regular file")
     raise argparse.ArgumentTypeError(
         f"must be one of {', '.join(WORKLOADS)} or a JSON-lines file, got {value!r}"
     )

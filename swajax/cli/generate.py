@@ -9,8 +9,9 @@ import sys
 import numpy as np
 
 from swajax.api import EngineSpec, generate, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE
+from swajax.api.engine_spec import KV_DTYPE, model_folder
 from swajax.cli import args as args_lib
+from swajax.generation_config import stop_token_ids
 from swajax.json_lines import read_json_lines
 from swajax.models.decoder import Decoder
 from swajax.serving.request import SamplingParams
@@ -62,6 +63,8 @@ PROMPT_KEYS = {"prompt", "prompt_ids"}
 def _spec(args) -> EngineSpec:
     return EngineSpec(
         kv_budget_gib=args.kv_budget_gib,
+        max_context=args.max_context,
+        max_running=args.max_running,
         ratio=args.ratio,
         page_size=args.page_size,
         hybrid_memory=not args.disable_hybrid_memory,
@@ -87,7 +90,9 @@ def _speculative_tokens(args) -> int:
 
 
 def _draft(args) -> Decoder | None:
-    return None if args.draft_model is None else load_model(args.draft_model, args.dtype)[0]
+    if args.draft_model is None:
+        return None
+    return load_model(args.draft_model, args.dtype, flag="--draft-model")[0]
 
 
 def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
@@ -114,11 +119,13 @@ def _finite(values: list[float]) -> list[float | None]:
 def run_generate(args) -> int:
     decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
     prompts = _prompts(args, tokenizer)
+    stops = () if args.ignore_eos else stop_token_ids(model_folder(args.model))
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        stop_token_ids=stops,
     )
     reqs, summary = generate(make_engine(decoder, _spec(args), _draft(args)), prompts, params)
     for prompt, req in zip(prompts, reqs):
@@ -149,12 +156,25 @@ def run_generate(args) -> int:
 
 
 def run_logits(args) -> int:
+    """One prompt: FILE.npy holds its [len, vocab] logits. Several (--prompts-file): FILE.npz
+    holds `logits_i` and `prompt_ids_i` for each, in the file's order."""
     decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
-    prompt = _prompts(args, tokenizer)[0]
-    logits = teacher_forced_logits(make_engine(decoder, _spec(args)), prompt)
+    prompts = _prompts(args, tokenizer)
+    if len(prompts) > 1 and not str(args.out).endswith(".npz"):
+        raise args_lib.UsageError(
+            f"{len(prompts)} prompts need --out FILE.npz (one array per prompt), got {args.out}"
+        )
+    engine = make_engine(decoder, _spec(args))
+    logits = [teacher_forced_logits(engine, prompt) for prompt in prompts]
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
-        np.save(f, logits)
-    print(f"wrote {args.out}: logits {logits.shape}")
+        if str(args.out).endswith(".npz"):
+            arrays = {f"logits_{i}": x for i, x in enumerate(logits)}
+            arrays.update({f"prompt_ids_{i}": np.asarray(p) for i, p in enumerate(prompts)})
+            np.savez(f, **arrays)
+        else:
+            np.save(f, logits[0])
+    shapes = ", ".join(str(x.shape) for x in logits[:3]) + (", ..." if len(logits) > 3 else "")
+    print(f"wrote {args.out}: logits of {len(logits)} prompt(s) {shapes}")
     return 0
 
 
@@ -174,7 +194,14 @@ def _add_model_args(p) -> None:
     )
     p.add_argument("--kv-dtype", choices=tuple(KV_DTYPE.values()),
                    help="KV pools (default: the same as --dtype)")  # fmt: skip
-    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, default=0.004)
+    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
+                   help="KV pools' bytes (default: two contexts of the model's own length, "
+                   "at most 32,768 tokens each and 2 GiB in all)")  # fmt: skip
+    p.add_argument("--max-context", type=args_lib.int_at_least(1, 1 << 24),
+                   help="longest prompt + new tokens of a request (default: the checkpoint's "
+                   "max_position_embeddings, capped by what the pools hold)")  # fmt: skip
+    p.add_argument("--max-running", type=args_lib.int_at_least(1, 4096), default=16,
+                   help="requests decoded together")  # fmt: skip
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.5)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
     p.add_argument("--disable-hybrid-memory", action="store_true")
@@ -187,6 +214,9 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
     _add_model_args(p)
     p.add_argument("--max-new-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
+                   "else config.json)")  # fmt: skip
     p.add_argument("--draft-model", help="speculative decoding: 'tiny' or a checkpoint folder "
                    "with the target's vocabulary (greedy verification)")  # fmt: skip
     p.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(1, 64),
@@ -200,5 +230,6 @@ def register(sub) -> None:
     p.set_defaults(func=run_generate)
     p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
     _add_model_args(p)
-    p.add_argument("--out", type=args_lib.out_file(".npy"), required=True, help="FILE.npy")
+    p.add_argument("--out", type=args_lib.out_file(".npy", ".npz"), required=True,
+                   help="FILE.npy (one prompt) or FILE.npz (logits_i, prompt_ids_i)")  # fmt: skip
     p.set_defaults(func=run_logits)

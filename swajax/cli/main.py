@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning(command: str, message: str) -> None:
+    print(f"swajax {command}: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -134,7 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     try:
         if not getattr(args, "no_compile_cache", True):
-            compile_cache.enable()  # programs of an earlier run on this machine are reused
+            # Programs of an earlier run on this machine are reused; a cache that cannot be
+            # used is one warning line and the run goes on without it.
+            compile_cache.enable(report=lambda m: _warning(args.command, m))
         return args.func(args)
     except Exception as e:  # noqa: BLE001 - the edge: every error becomes one line
         if args.debug:

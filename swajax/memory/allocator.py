@@ -31,7 +31,7 @@ import numpy as np
 
 from swajax.memory.padding import bucket, pad, token_positions
 from swajax.memory.page_stack import PageStack
-from swajax.sizing import PoolMode
+from swajax.sizing import PoolMode, SizingError
 
 OK, FULL_SHORT, SWA_SHORT, SWA_LAST_LOC_MISSING = 0, 1, 2, 3
 MIN_REQ_BUCKET, MIN_TOKEN_BUCKET = 8, 64
@@ -58,6 +58,9 @@ class AllocResult(NamedTuple):
     swa_slots: jax.Array  # i32[T]: its SWA slot (identity outside hybrid mode)
 
 
+MAX_SLOT = 2**31 - 1
+
+
 def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID):
     """Empty allocator. Sizes are token counts (multiples of page_size)."""
     mode = PoolMode(mode)
@@ -68,7 +71,14 @@ def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode
         sizes["swa_size"] = swa_size
     for name, size in sizes.items():
         if size < page_size or size % page_size:
-            raise ValueError(f"{name}={size} must be a positive multiple of page_size={page_size}")
+            raise SizingError(f"{name}={size} must be a positive multiple of page_size={page_size}")
+        # Slots are int32 on the device (page tables, req_to_token, the full -> SWA map).
+        if size + page_size + 1 > MAX_SLOT:
+            most = MAX_SLOT - page_size - 1
+            raise SizingError(
+                f"{name}={size} tokens is more than int32 slot ids address ({most} per pool): "
+                "the KV budget is too large for one engine's pools; lower it"
+            )
     mapping = None
     if mode is PoolMode.HYBRID:
         mapping = np.zeros(full_size + page_size + 1, np.int32)

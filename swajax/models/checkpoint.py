@@ -20,6 +20,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from swajax.errors import InputError
+
 DTYPES = {
     "F64": np.float64,
     "F32": np.float32,
@@ -41,7 +43,7 @@ DTYPES = {
 MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
 
 
-class LoadError(ValueError):
+class LoadError(InputError):
     """A checkpoint tensor is missing, unreadable, unused or of the wrong shape; the message
     names it."""
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from flax import nnx
 
 from swajax.config import ConfigError, text_config
+from swajax.folder_swap import FolderError, swap_in
 from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
 from swajax.models.quantization import quantization
@@ -34,14 +34,25 @@ def read_config(path: str | Path) -> dict:
     return cfg
 
 
-def _inside(folder: Path, name) -> Path:
-    """`folder / name`, refused unless it stays inside the checkpoint folder."""
+def member(folder: Path, name) -> Path:
+    """`folder / name` for a file name an index gives (or a file found in the folder): a
+    relative path below the folder, with no `..`, no absolute path, drive or backslash. The
+    rule is about names, not where symlinks lead: a `huggingface_hub` snapshot links every
+    file into the cache's blobs/, and a link the folder's owner made is followed, as every
+    loader does."""
     if not isinstance(name, str) or not name:
         raise LoadError(f"checkpoint file name {name!r} is not a file name")
-    target = (folder / name).resolve()
-    if folder.resolve() not in target.parents:
-        raise LoadError(f"checkpoint file {name!r} lies outside the checkpoint folder {folder}")
-    return target
+    pure = PurePosixPath(name)
+    if (
+        pure.is_absolute()
+        or ".." in pure.parts
+        or "\\" in name
+        or PureWindowsPath(name).drive
+        or name.startswith("~")
+    ):
+        raise LoadError(f"checkpoint file name {name!r} leaves the checkpoint folder {folder}: "
+                        "an index may name files inside it only")  # fmt: skip
+    return folder / pure
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -53,8 +64,9 @@ def checkpoint_files(path: Path) -> list[Path]:
             names = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
             raise LoadError(f"{index} must be JSON with a 'weight_map' object") from None
-        return [_inside(path, name) for name in names]
-    return sorted(path.glob("*.safetensors"))
+    else:
+        names = sorted(f.name for f in path.glob("*.safetensors"))
+    return [member(path, name) for name in names]
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -131,31 +143,21 @@ def _checkpointer():
 def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=False) -> None:
     """Write converted params as an orbax checkpoint next to a copy of config.json.
 
-    Everything is written into a temporary folder beside `out` and renamed into place at the
-    end, so a failed save leaves `out` as it was. A non-empty `out` is refused unless `force`
-    (then it is replaced, still only once the new checkpoint is complete).
+    Built in a temporary folder beside `out` and swapped into place at the end
+    (`swajax.folder_swap`): a failed or killed conversion leaves `out` as it was, and the next
+    run cleans up after a killed one. A non-empty `out` is refused unless `force`.
     """
-    out = Path(out).resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise LoadError(f"{out} exists and is not empty (use --force to replace it)")
-    if not out.parent.is_dir():
-        raise LoadError(f"folder {out.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        shutil.copy(Path(source) / "config.json", tmp / "config.json")
+
+    def build(folder: Path) -> None:
+        shutil.copy(Path(source) / "config.json", folder / "config.json")
         checkpointer = _checkpointer()
-        checkpointer.save(tmp / ORBAX_DIR, nnx.state(decoder))
+        checkpointer.save(folder / ORBAX_DIR, nnx.state(decoder))
         checkpointer.wait_until_finished()
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+
+    try:
+        swap_in(out, build, force=force)
+    except FolderError as e:
+        raise LoadError(str(e)) from None
 
 
 def _restore_orbax(decoder: Decoder, path: Path) -> Decoder:

@@ -108,15 +108,47 @@ def block_fp8(weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] 
 
 
 def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.ndarray:
-    """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized."""
+    """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized.
+    A value that is not finite (NaN or infinite, stored or from dequantizing) is an error naming
+    the tensor: it would otherwise turn every logit it reaches into NaN, silently."""
     if name not in checkpoint and f"{name}_blocks" in checkpoint:
         if quant.method != "mxfp4":
             raise LoadError(f"tensor {name!r} is stored as MXFP4 blocks but the config's "
                             f"quant_method is {quant.method!r}")  # fmt: skip
-        return mxfp4(checkpoint.array(f"{name}_blocks"), checkpoint.array(f"{name}_scales"), dtype)
-    if name in checkpoint and checkpoint.dtype(name) in FLOAT8:
+        scales = checkpoint.array(f"{name}_scales")
+        if np.any(np.asarray(scales, np.uint8) == E8M0_NAN):
+            raise LoadError(f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 "
+                            "reserves for NaN")  # fmt: skip
+        with np.errstate(over="ignore"):  # an overflow to inf is named below
+            value = mxfp4(checkpoint.array(f"{name}_blocks"), scales, dtype)
+    elif name in checkpoint and checkpoint.dtype(name) in FLOAT8:
         scale = f"{name}_scale_inv"
         if scale not in checkpoint:
             raise LoadError(f"float8 tensor {name!r} has no {scale!r} beside it")
-        return block_fp8(checkpoint.array(name), checkpoint.array(scale), quant.block, dtype)
-    return checkpoint.array(name)
+        with np.errstate(over="ignore", invalid="ignore"):
+            value = block_fp8(checkpoint.array(name), checkpoint.array(scale), quant.block, dtype)
+    else:
+        value = checkpoint.array(name)
+    check_finite(name, value)
+    return value
+
+
+E8M0_NAN = 255
+_CHECK_BYTES = 16 << 20  # rows checked at a time: a bounded temporary, never the whole tensor
+
+
+def check_finite(name: str, value: np.ndarray) -> None:
+    """LoadError naming `name` if a float tensor holds NaN or an infinity."""
+    if value.dtype.kind in "biu":  # bools and integers (ml_dtypes' floats are kind "V")
+        return
+    flat = value.reshape(value.shape[0], -1) if value.ndim > 1 else value.reshape(1, -1)
+    step = max(1, _CHECK_BYTES // max(1, flat.shape[1] * value.dtype.itemsize))
+    for start in range(0, flat.shape[0], step):
+        rows = flat[start : start + step]
+        finite = np.isfinite(rows)  # ml_dtypes' bfloat16 and float8 have the ufunc too
+        if not finite.all():
+            where = np.unravel_index(int(np.argmin(finite.reshape(-1))) + start * flat.shape[1],
+                                     value.shape)  # fmt: skip
+            bad = value[where]
+            raise LoadError(f"tensor {name!r} holds a non-finite value ({float(bad)}) at "
+                            f"index {tuple(int(i) for i in where)}")  # fmt: skip

@@ -19,6 +19,7 @@ from swajax.config import (
     parse_hf_config,
     text_config,
 )
+from swajax.hf_fields import positive_int
 from swajax.models.rope import RopeSpec
 
 FAMILIES = {
@@ -84,6 +85,8 @@ class ModelSpec:
     mlp_limits: tuple[float | None, ...] = ()
     expert_limits: tuple[float | None, ...] = ()
     shared_intermediate: int = 0
+    # The longest context the checkpoint was trained for (None: the config does not say).
+    max_position: int | None = None
 
     @property
     def routed_experts(self) -> bool:
@@ -178,6 +181,7 @@ def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
         mlps=("dense",) * n,
         intermediate=(int(text.get("intermediate_size", 0)),) * n,
         tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+        max_position=positive_int(text, "max_position_embeddings", None),
     )
     rope = lambda la, theta, **kw: _rope(la, head_dim(la), theta, **kw)  # noqa: E731
     if family == "llama":

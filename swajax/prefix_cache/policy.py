@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from swajax.errors import InputError
+
 
 @dataclasses.dataclass(frozen=True)
 class CachePolicy:
@@ -56,6 +58,6 @@ def policy_of(name: str | CachePolicy) -> CachePolicy:
     """A profile by name (or a `CachePolicy` itself: tests toggle single rules)."""
     if isinstance(name, CachePolicy):
         return name
-    if name not in PROFILES:
-        raise ValueError(f"cache policy must be one of {sorted(PROFILES)}, got {name!r}")
+    if not isinstance(name, str) or name not in PROFILES:
+        raise InputError(f"cache policy must be one of {sorted(PROFILES)}, got {name!r}")
     return PROFILES[name]

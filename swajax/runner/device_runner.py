@@ -197,9 +197,20 @@ class DeviceRunner:
     def run(self, plan: StepPlan) -> StepResult:
         """One step. If it raises, the device state is as if the step had only applied its
         releases (the host counted those): the new pages are given back."""
-        if getattr(self.model, "fused_forward", None) is not None:
-            return self.collect(self.dispatch(plan))
-        return self._run_unfused(plan)
+        if getattr(self.model, "fused_forward", None) is None:
+            return self._run_unfused(plan)
+        step = self.dispatch(plan)
+        try:
+            return self.collect(step)
+        except Exception:
+            self.discard(step)
+            raise
+
+    def discard(self, step: Dispatched) -> None:
+        """A launched step whose result will not be taken (reading it failed): give back the
+        pages it took, so the device state is as if it had only applied its releases (which
+        the host counted). Steps launched after it are discarded first."""
+        self._roll_back(step.plan, step.out)
 
     def collect(self, step: Dispatched) -> StepResult:
         """Read a launched step's result: the step's one read."""

@@ -163,8 +163,19 @@ class StepMetrics:
 
 
 class Runner(Protocol):
-    """The device half of the engine (`swajax.runner.DeviceRunner`, or a fake in tests)."""
+    """The device half of the engine (`swajax.runner.DeviceRunner`, or a fake in tests).
+
+    `run` is one step, atomic: if it raises, the device state is as if the step had only
+    applied its releases. A runner that `supports_overlap` can also `dispatch` a step without
+    reading it (`after`: the step launched before, whose sampled tokens the plan's placeholder
+    tokens name), `collect` its result later, or `discard` it when reading failed (what it
+    allocated goes back; a step launched after it is discarded first)."""
+
+    supports_overlap: bool
 
     def run(self, plan: StepPlan) -> StepResult: ...
+    def dispatch(self, plan: StepPlan, after=None): ...
+    def collect(self, step) -> StepResult: ...
+    def discard(self, step) -> None: ...
     def apply_releases(self, releases: tuple[Releases, ...]) -> None: ...
     def compilations(self) -> int: ...

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy as np
+
 from swajax.config import HybridConfig
 from swajax.prefix_cache import make_prefix_cache
 from swajax.prefix_cache.policy import DEFAULT, CachePolicy, policy_of
@@ -45,15 +47,21 @@ class EngineOptions:
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
-        if self.num_speculative_tokens < 0:
-            raise ValueError(
-                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
-            )
-        for name in ("max_running", "max_context", "eviction_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
+        for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
+                         ("num_speculative_tokens", 0), ("chunk_size", 1)):  # fmt: skip
+            value = getattr(self, name)
+            if name == "chunk_size" and value is None:
+                continue
+            if not _is_int(value) or value < lo:
+                more = " or None" if name == "chunk_size" else ""
+                raise RequestError(f"{name} must be an integer >= {lo}{more}, got {value!r}")
+        for name in ("prefix_cache", "tail_rebuild", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def engine_window(cfg: HybridConfig, draft=None) -> int:
@@ -150,10 +158,10 @@ class Engine:
     ) -> int:
         """Queue a request; raises RequestError (naming the value and the limit) if it can never
         be served. Other requests are unaffected either way."""
-        params = params or SamplingParams()
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise RequestError("the prompt is empty")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompt = _token_ids(prompt)
         vocab = getattr(self.model, "vocab_size", None)
         if vocab is not None and not all(0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < vocab)
@@ -165,13 +173,14 @@ class Engine:
         if total + k > self.options.max_context:
             raise RequestError(
                 f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
-                f" = {total + k} exceeds the context limit {self.options.max_context}"
+                f" = {total + k} exceeds the context limit {self.options.max_context} "
+                "(max_context, --max-context)"
             )
         if total + k + self.sizes.page_size > self.capacity():
             raise RequestError(
                 f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
                 f" = {total + k} tokens cannot fit in the KV pools ({self.capacity()} "
-                "tokens per request)"
+                "tokens per request, a page kept spare; raise kv_budget_gib, --kv-budget-gib)"
             )
         if self.options.num_speculative_tokens and (params.temperature > 0 or keep_logits):
             raise RequestError(
@@ -185,7 +194,11 @@ class Engine:
         return rid
 
     def abort(self, rid: int) -> None:
-        self.scheduler.abort(self.requests[rid])
+        """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
+        req = self.requests.get(rid) if _is_int(rid) else None
+        if req is None:
+            raise RequestError(f"no request has the id {rid!r} (ids come from add_request)")
+        self.scheduler.abort(req)
 
     @property
     def idle(self) -> bool:
@@ -239,7 +252,16 @@ class Engine:
             else:
                 ahead_error = None
         self._launched = after
-        result = self.runner.collect(launched)
+        try:
+            result = self.runner.collect(launched)
+        except Exception as error:  # noqa: BLE001 - the read failed: as atomic as a launch
+            self.errors.append(error)
+            self._launched = None
+            if after is not None:  # planned on top of `launched`: undone first
+                self.runner.discard(after)
+            self.runner.discard(launched)
+            self.scheduler.step_failed(plan, error)  # its requests, `ahead`'s among them
+            return self._record(plan)
         self.scheduler.postprocess(plan, result, ahead if after is not None else None)
         if ahead is not None and after is None:
             self.scheduler.step_failed(ahead, ahead_error)
@@ -298,6 +320,20 @@ class Engine:
         )
         self.metrics.append(m)
         return m
+
+
+def _token_ids(prompt) -> list[int]:
+    """A prompt as a list of ints; a RequestError names what is not a token id."""
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
+        raise RequestError(
+            f"the prompt must be a sequence of token ids, got {type(prompt).__name__}"
+        )
+    if len(prompt) == 0:
+        raise RequestError("the prompt is empty")
+    for i, t in enumerate(prompt):
+        if not _is_int(t) or t < 0:
+            raise RequestError(f"prompt[{i}] = {t!r} is not a token id (an integer >= 0)")
+    return [int(t) for t in prompt]
 
 
 def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:

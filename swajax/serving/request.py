@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 
+from swajax.errors import InputError
 
-class RequestError(ValueError):
+
+class RequestError(InputError):
     """A request that cannot be served; the message names the value and the limit."""
 
 
@@ -30,6 +32,10 @@ class SamplingParams:
             raise RequestError(
                 f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}"
             )
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+                raise RequestError(f"{name} must be a number, got {value!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise RequestError(f"temperature must be finite and >= 0, got {self.temperature!r}")
         if not (0 < self.top_p <= 1):
@@ -40,9 +46,16 @@ class SamplingParams:
             or not (0 <= self.seed < 2**32)
         ):
             raise RequestError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
-        bad = [t for t in self.stop_token_ids if isinstance(t, bool) or not isinstance(t, int)]
+        if isinstance(self.stop_token_ids, str | bytes) or not hasattr(
+            self.stop_token_ids, "__iter__"
+        ):
+            raise RequestError(f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
+        stops = tuple(self.stop_token_ids)
+        bad = [t for t in stops if isinstance(t, bool) or not isinstance(t, int | np.integer)]
+        bad += [t for t in stops if not bad and t < 0]
         if bad:
-            raise RequestError(f"stop_token_ids must be integers, got {bad[0]!r}")
+            raise RequestError(f"stop_token_ids must be integers >= 0, got {bad[0]!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
 
 
 class Status(enum.Enum):

@@ -6,6 +6,7 @@ caching; and what happens to a step that raised. Functions of the `Scheduler`, w
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -117,6 +118,10 @@ def _guarded_token(sched, req: Request, token: int, logprob: float) -> None:
 
 
 def _take_token(sched, req: Request, token: int, logprob: float) -> None:
+    if math.isnan(logprob):  # NaN logits: the sampled token means nothing
+        sched.abort(req, f"error: the model's logits are NaN at position {req.num_tokens} "
+                         "(non-finite weights or an overflow in the compute dtype)")  # fmt: skip
+        return
     req.output.append(token)
     req.logprobs.append(logprob)
     if token in req.params.stop_token_ids:

@@ -13,6 +13,8 @@ the field named, never half-replayed or left to hang.
 
 from __future__ import annotations
 
+from swajax.errors import InputError
+
 FORMAT_VERSION = 3
 READS = (2, 3)
 PROFILES = ("swajax", "sglang-0.5.23", "lean")  # cache policy profiles a trace may name
@@ -56,7 +58,7 @@ OPS = {
 OPTIONAL = {"insert": {"prev_prefix_len", "swa_evicted_seqlen", "keep_tombstone_leaf"}}
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace that does not follow the format; the message names the line and the field."""
 
 

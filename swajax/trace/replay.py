@@ -3,12 +3,11 @@ first divergence (format in `swajax.trace`)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 
+from swajax import json_lines
 from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
 from swajax.prefix_cache.policy import policy_of
@@ -83,18 +82,13 @@ def replay(path: str | Path, backend=swajax_backend) -> dict:
 def read_lines(path: str | Path) -> list[dict]:
     """The header and operation lines of a trace of any readable version (gzip or not), lists
     decoded; a version-3 trace without its footer is refused as truncated."""
-    try:
-        data = Path(path).read_bytes()
-        text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
-    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
-        raise TraceError(f"cannot read the trace {path}: {e} (truncated?)") from e
     lines = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        if raw.strip():
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}:{number}: not JSON ({e.msg})") from e
+    try:
+        for number, raw in json_lines.lines(path, "trace", gzipped=None):
+            if raw.strip():
+                lines.append(json_lines.parse(raw, f"{path}:{number}"))
+    except ValueError as e:
+        raise TraceError(str(e)) from e
     if not lines or not isinstance(lines[0], dict) or lines[0].get("version") != 3:
         return lines  # version 2 (or garbage, which check() names)
     end = lines[-1]

@@ -184,8 +184,8 @@ CASES = [
     (GEN + ["--model", "{ck_truncated}", "--prompt-ids", "1"], "cannot read"),
     (GEN + ["--model", "{ck_empty}", "--prompt-ids", "1"], "cannot read"),
     (GEN + ["--model", "{ck_no_map}", "--prompt-ids", "1"], "'weight_map'"),
-    (GEN + ["--model", "{ck_escape}", "--prompt-ids", "1"], "outside the checkpoint folder"),
-    (GEN + ["--model", "{ck_absolute}", "--prompt-ids", "1"], "outside the checkpoint folder"),
+    (GEN + ["--model", "{ck_escape}", "--prompt-ids", "1"], "leaves the checkpoint folder"),
+    (GEN + ["--model", "{ck_absolute}", "--prompt-ids", "1"], "leaves the checkpoint folder"),
     # logits
     (["logits", "--prompt-ids", "1", "--out", "{a_dir}/x"], "must end in .npy"),
     (["logits", "--prompt-ids", "1", "--out", "{npy_dir}"], "is a folder"),

@@ -156,3 +156,64 @@ def test_the_instrument_catches_a_premature_release(decoder):
     engine.ledger.free_swa(req.slots[-1:])  # a bug: the next step still reads this slot
     engine.step()
     assert instrument.violations and "released by 1" in instrument.violations[0]
+
+
+def _run_with_faulty_collect(decoder, should_fail):
+    """The overlapped engine, where reading a launched step's result raises when
+    `should_fail(engine, plan)` says so (the step itself ran on the device)."""
+    engine = overlap_engine(decoder, True)
+    collect, seen = engine.runner.collect, []
+
+    def faulty(step):
+        if should_fail(engine, step.plan):
+            seen.append(engine._launched is not None)  # a later step already launched
+            raise RuntimeError("injected read failure")
+        return collect(step)
+
+    engine.runner.collect = faulty
+    rids = [engine.add_request(p, SamplingParams(max_new_tokens=10 + 2 * i))
+            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    engine.run()
+    check_clean(engine)  # nothing leaked on the host or the device
+    return engine, rids, seen
+
+
+def test_a_transient_read_failure_loses_nothing(decoder):
+    clean, _ = run(decoder, True, (), abort_at=-1)
+    for ahead in (True, False):  # with a step launched after it, and on the plain path
+        fired = []
+
+        def once(engine, plan, ahead=ahead, fired=fired):
+            ready = engine._launched is not None if ahead else len(engine.metrics) == 1
+            if fired or not ready:
+                return False
+            fired.append(True)
+            return True
+
+        engine, rids, seen = _run_with_faulty_collect(decoder, once)
+        assert seen == [ahead] and len(engine.errors) == 1
+        got = [(engine.requests[r].output, engine.requests[r].logprobs) for r in rids]
+        for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(clean, got):
+            assert tokens_a == tokens_b
+            assert np.allclose(logprobs_a, logprobs_b, atol=1e-5)
+
+
+def test_a_persistent_read_failure_fails_only_its_request(decoder):
+    clean, _ = run(decoder, True, (), abort_at=-1)
+    poisoned = []
+
+    def decoding_request_2(engine, plan):
+        if not poisoned:
+            poisoned.append(min(engine.requests))  # the first request's id (ids start there)
+        mine = any(r.rid == poisoned[0] + 2 for r in plan.requests)
+        return mine and plan.kind.value == "decode"
+
+    engine, rids, seen = _run_with_faulty_collect(decoder, decoding_request_2)
+    assert seen[0], "the first failure should hit a decode step with another launched after it"
+    for i, rid in enumerate(rids):
+        req = engine.requests[rid]
+        if i == 2:
+            assert req.status.value == "aborted"
+            assert "injected read failure" in req.finish_reason
+        else:
+            assert req.finish_reason == "length" and req.output == clean[i][0]

@@ -164,3 +164,28 @@ def test_bad_sampling_params_are_refused_with_the_limit():
     ]:
         with pytest.raises(RequestError, match=needle):
             SamplingParams(**kwargs)
+
+
+class NanLogits(NullModel):
+    """The null model, whose logits turn NaN for rows of one poisoned token."""
+
+    def __init__(self, poison):
+        super().__init__()
+        self.poison = poison
+
+    def forward_and_sample(self, pools, batch, meta, *, return_logits=False):
+        pools, (tokens, logprobs, logits) = super().forward_and_sample(pools, batch, meta)
+        rows = batch.logit_index[batch.sample_index]
+        bad = np.asarray(batch.tokens)[rows] == self.poison
+        return pools, (tokens, np.where(bad, np.nan, logprobs).astype(np.float32), logits)
+
+
+def test_nan_logits_fail_only_their_request_with_the_reason():
+    engine = flaky_engine(NanLogits(poison=77))
+    ok = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=5))
+    bad = engine.add_request([4, 5, 77], SamplingParams(max_new_tokens=5))
+    engine.run()
+    assert engine.requests[ok].finish_reason == "length"
+    assert engine.requests[bad].output == []
+    assert "logits are NaN at position 3" in engine.requests[bad].finish_reason
+    check_clean(engine)

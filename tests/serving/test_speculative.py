@@ -91,7 +91,7 @@ def test_bad_speculative_setups_are_refused(target):
     model = HybridLM(target, dtype="fp32")
     with pytest.raises(ValueError, match="needs a draft model"):
         engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2))
-    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 0"):
         EngineOptions(num_speculative_tokens=-1)
     engine = engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2), draft=model)
     with pytest.raises(RequestError, match="verifies greedily: temperature must be 0"):

@@ -1,0 +1,8 @@
+"""The one error type of bad input: every error the library raises for a value a user gave (an
+argument, a request, a config, a checkpoint, a trace) is an `InputError`, a `ValueError` whose
+message names the value and the limit it broke. The command line prints it as one line."""
+
+
+class InputError(ValueError):
+    """A value from outside (argument, request, file) that cannot be used; the message names it
+    and the limit."""

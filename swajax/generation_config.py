@@ -1,0 +1,52 @@
+"""A checkpoint's own stop tokens, as transformers' `generate` finds them.
+
+`generation_config.json`'s `eos_token_id` when that file sets one, else `config.json`'s (at the
+top level or, in multimodal wrappers, under `text_config`). Either may be one id or a list.
+transformers builds its generation config from `config.json` only when there is no
+`generation_config.json`, so ids in `config.json` do not add to a generation config's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from swajax.config import ConfigError
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def _ids(value, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ConfigError(f"{where}: 'eos_token_id' must be an id >= 0 or a list of them, "
+                          f"got {value!r}")  # fmt: skip
+    return tuple(values)
+
+
+def stop_token_ids(folder: str | Path) -> tuple[int, ...]:
+    """The ids that end generation for the checkpoint in `folder` (empty if it names none)."""
+    folder = Path(folder)
+    generation = _read(folder / "generation_config.json")
+    if generation is not None:
+        ids = _ids(generation.get("eos_token_id"), str(folder / "generation_config.json"))
+        if ids is not None:
+            return ids
+    config = _read(folder / "config.json") or {}
+    ids = _ids(config.get("eos_token_id"), str(folder / "config.json"))
+    text = config.get("text_config")
+    if ids is None and isinstance(text, dict):
+        ids = _ids(text.get("eos_token_id"), str(folder / "config.json") + " text_config")
+    return ids or ()
