@@ -16,7 +16,7 @@ import dataclasses
 from swajax import sizing
 from swajax.prefix_cache.policy import SGLANG_0_5_23, SWAJAX, CachePolicy
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.simulator.run import run_workload
 from swajax.simulator.workloads import make_workload
 

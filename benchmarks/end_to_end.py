@@ -56,7 +56,7 @@ def run_swajax(batch, a):
     from swajax.models import load_decoder
     from swajax.serving.request import SamplingParams
 
-    setup = EngineSpec(
+    setup = EngineSpec.of(
         kv_budget_gib=0.05,
         page_size=16,
         chunk_size=None,

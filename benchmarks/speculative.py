@@ -21,7 +21,7 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.demo import demo_decoder
 from swajax.models.decoder import HybridLM
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 
 

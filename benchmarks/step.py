@@ -23,11 +23,11 @@ import numpy as np
 
 try:  # this layout
     from swajax.api import engine_for
-    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
+    from swajax.serving.options import EngineOptions
     from swajax.serving.request import SamplingParams
 except ImportError:  # the flat layout before the layered one (engines built their own runner)
-    from swajax.engine import Engine as engine_for, EngineOptions
+    from swajax.engine import Engine as engine_for, EngineOptions  # noqa: F401
     from swajax.null_model import NullModel
     from swajax.request import SamplingParams
 from swajax import sizing

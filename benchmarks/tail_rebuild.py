@@ -24,7 +24,7 @@ import numpy as np
 
 from swajax import sizing
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 from swajax.simulator.run import run_workload
 from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from swajax import sizing
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.simulator.run import run_workload
 from swajax.simulator.workloads import make_workload
 from swajax.trace.recorder import Tracer

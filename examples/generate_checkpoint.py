@@ -18,7 +18,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gpt_oss"
 
 
 def main(path=DEFAULT):
-    setup = EngineSpec(kv_budget_gib=0.001, page_size=4, eviction_interval=128)
+    setup = EngineSpec.of(kv_budget_gib=0.001, page_size=4, eviction_interval=128)
     engine = make_engine(load_decoder(path), setup)
     prompt = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27]
     first, _ = generate(engine, [prompt], SamplingParams(max_new_tokens=8))

@@ -9,7 +9,7 @@ ratio worth considering.
 
 import sys
 
-from swajax.cli.plan import capacity_report
+from swajax.capacity import capacity_report
 from swajax.presets import load_preset
 
 

@@ -17,6 +17,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 KINDS = ("full", "sliding", "chunked")
 MASK_VALUE = -1e30  # finite: a fully masked tile leaves no NaN behind
@@ -124,3 +125,92 @@ def dense_reference(q, k, v, mask, *, scale, sink=None, soft_cap=None):
     m, l, acc = softmax_init(q.shape[0], v.shape[1], sink)
     m, l, acc = softmax_step(m, l, acc, q, k, v, mask, scale=scale, soft_cap=soft_cap)
     return softmax_finish(l, acc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Front ends: one `pallas_call` builder per backend, shared by every kernel
+
+
+def paged_call(
+    kernels,
+    q,
+    k_pages,
+    v_pages,
+    tables: tuple,
+    sinks,
+    *,
+    name: str,
+    steps: int,
+    page_map,
+    backend: str,
+    interpret: bool,
+    block_sizes: BlockSizes,
+):
+    """Run a paged attention kernel over programs of `q` [N, Hkv, R, Dk] -> [N, Hkv, R, Dv].
+
+    `kernels`: (GPU kernel, TPU kernel), each with the kernel's own static parameters bound.
+    `tables`: the int32 arrays that locate the keys (the page table first, flattened for the
+    TPU's scalar prefetch). GPU: grid (N,), the pools and tables stay in memory (ANY) and the
+    kernel gathers its pages. TPU: grid (N, steps), the tables are scalar-prefetched and
+    `page_map(i, j, *tables)` names the pool page of step j, fetched by BlockSpec; three VMEM
+    scratch buffers carry the running softmax across steps."""
+    n, hkv, rows, dk = q.shape
+    dv, ps = v_pages.shape[3], k_pages.shape[1]
+    out_shape = jax.ShapeDtypeStruct((n, hkv, rows, dv), q.dtype)
+    extra = () if sinks is None else (sinks.astype(jnp.float32),)
+    sink_shape = () if sinks is None else sinks.shape
+    if backend == "gpu":
+        any_spec = pl.BlockSpec(memory_space=pl.ANY)
+        return pl.pallas_call(
+            kernels[0],
+            grid=(n,),
+            in_specs=[pl.BlockSpec((None, hkv, rows, dk), lambda i: (i, 0, 0, 0))]
+            + [any_spec] * (2 + len(tables))
+            + [pl.BlockSpec(sink_shape, lambda i: (0, 0))] * len(extra),
+            out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i: (i, 0, 0, 0)),
+            out_shape=out_shape,
+            interpret=interpret,
+            compiler_params=compiler_params("gpu", interpret, block_sizes),
+            name=f"{name}_gpu",
+        )(q, k_pages, v_pages, *tables, *extra)
+    if backend == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(tables),
+            grid=(n, steps),
+            in_specs=[
+                pl.BlockSpec((None, hkv, rows, dk), lambda i, j, *_: (i, 0, 0, 0)),
+                pl.BlockSpec((None, ps, hkv, dk), page_map),
+                pl.BlockSpec((None, ps, hkv, dv), page_map),
+            ]
+            + [pl.BlockSpec(sink_shape, lambda i, j, *_: (0, 0))] * len(extra),
+            out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i, j, *_: (i, 0, 0, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((hkv, rows), jnp.float32),
+                pltpu.VMEM((hkv, rows), jnp.float32),
+                pltpu.VMEM((hkv, rows, dv), jnp.float32),
+            ],
+        )
+        flat = (tables[0].reshape(-1), *tables[1:])
+        return pl.pallas_call(
+            kernels[1],
+            grid_spec=grid_spec,
+            out_shape=out_shape,
+            interpret=interpret,
+            compiler_params=compiler_params("tpu", interpret),
+            name=f"{name}_tpu",
+        )(*flat, q, k_pages, v_pages, *extra)
+    raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")
+
+
+def check_values(checks) -> None:
+    """`dynamic_validate`'s helper: `checks` is (name, bool array that must hold, what it must
+    be); the first failing one raises a ValueError naming the first bad index and value."""
+    import numpy as np
+
+    for name, values, ok, what in checks:
+        ok = np.asarray(ok)
+        if not ok.all():
+            bad = tuple(int(i) for i in np.argwhere(~ok)[0])
+            raise ValueError(f"{name}{list(bad)} = {np.asarray(values)[bad]} must be {what}")

@@ -23,6 +23,55 @@ from jax.experimental import pallas as pl
 
 from swajax.kernels import common
 
+# ---------------------------------------------------------------------------------------------
+# Reference: the spec every front end is checked against
+
+
+def paged_decode_reference(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    first_page,
+    seq_lens,
+    sinks=None,
+    *,
+    kind: str,
+    window: int = 0,
+    scale: float,
+    soft_cap: float | None = None,
+    **_,
+):
+    """Same signature and result as `paged_decode`: gather every table page, mask, softmax."""
+    static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
+    b, hkv, g, _ = q.shape
+    ps, np_ = k_pages.shape[1], page_table.shape[1]
+
+    def one(qb, pt, fp, seq, sink):
+        k, v = k_pages[pt].reshape(np_ * ps, hkv, -1), v_pages[pt].reshape(np_ * ps, hkv, -1)
+        k_pos = fp * ps + jnp.arange(np_ * ps)
+        mask = common.visible(seq - 1, k_pos, kind, window)[None, :]
+        mask = jnp.broadcast_to(mask, (g, np_ * ps))
+        heads = [
+            common.dense_reference(
+                qb[h],
+                k[:, h],
+                v[:, h],
+                mask,
+                scale=scale,
+                sink=None if sink is None else sink[h],
+                soft_cap=soft_cap,
+            )
+            for h in range(hkv)
+        ]
+        return jnp.stack(heads)
+
+    sink_b = None if sinks is None else jnp.broadcast_to(sinks, (b, hkv, g))
+    out = jax.vmap(one, in_axes=(0, 0, 0, 0, None if sinks is None else 0))(
+        q, page_table, first_page, seq_lens, sink_b
+    )
+    return out.astype(q.dtype)
+
 
 def _mask(k_pos, q_pos, lo, rows):
     """bool[rows, ps]: every row (query head) of the one query sees the same keys."""
@@ -161,6 +210,23 @@ def static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks
         raise ValueError(f"a {kind} window must be >= 1, got {window}")
 
 
+def dynamic_validate(k_pages, page_table, first_page, seq_lens) -> None:
+    """The checks on values `static_validate` cannot make (they need concrete arrays, so call
+    it outside jit, on the host): every table entry a pool page, no negative first page or
+    length, and each sequence's keys inside its table."""
+    import numpy as np
+
+    pt, fp, sl = (np.asarray(a) for a in (page_table, first_page, seq_lens))
+    pages, ps, cols = k_pages.shape[0], k_pages.shape[1], pt.shape[1]
+    common.check_values([
+        ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
+        ("first_page", fp, fp >= 0, ">= 0"),
+        ("seq_lens", sl, sl >= 0, ">= 0"),
+        ("seq_lens", sl, (sl == 0) | ((sl - 1) // ps - fp < cols),
+         f"within the table: (seq_len - 1) // {ps} - first_page < {cols}"),
+    ])  # fmt: skip
+
+
 def window_pages(kind: str, window: int, page_size: int, table_width: int) -> int:
     """Most pages one query's window touches (the TPU grid's second axis)."""
     back = common.lookback(kind, window)
@@ -204,107 +270,18 @@ def paged_decode(
       [B, Hkv, G, Dv] in q's dtype.
     """
     static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
-    b, hkv, g, dk = q.shape
-    dv = v_pages.shape[3]
     params = dict(kind=kind, window=window, scale=scale, soft_cap=soft_cap)
-    out_shape = jax.ShapeDtypeStruct((b, hkv, g, dv), q.dtype)
-    extra = () if sinks is None else (sinks.astype(jnp.float32),)
-    if backend == "gpu":
-        any_spec = pl.BlockSpec(memory_space=pl.ANY)
-        return pl.pallas_call(
-            functools.partial(paged_decode_kernel_gpu, **params),
-            grid=(b,),
-            in_specs=[pl.BlockSpec((None, hkv, g, dk), lambda i: (i, 0, 0, 0))]
-            + [any_spec] * 5
-            + [pl.BlockSpec((hkv, g), lambda i: (0, 0))] * len(extra),
-            out_specs=pl.BlockSpec((None, hkv, g, dv), lambda i: (i, 0, 0, 0)),
-            out_shape=out_shape,
-            interpret=interpret,
-            compiler_params=common.compiler_params("gpu", interpret, block_sizes),
-            name="swajax_paged_decode_gpu",
-        )(q, k_pages, v_pages, page_table, first_page, seq_lens, *extra)
-    if backend == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-
-        ps, np_ = k_pages.shape[1], page_table.shape[1]
-        steps = window_pages(kind, window, ps, np_)
-
-        def page_map(i, j, pt, fp, sl):
-            _, _, first, last = _window(sl, fp, i, ps, np_, kind, window)
-            return (pt[i * np_ + jnp.clip(first + j, 0, jnp.maximum(last, 0))], 0, 0, 0)
-
-        grid_spec = pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(b, steps),
-            in_specs=[
-                pl.BlockSpec((None, hkv, g, dk), lambda i, j, *_: (i, 0, 0, 0)),
-                pl.BlockSpec((None, ps, hkv, dk), page_map),
-                pl.BlockSpec((None, ps, hkv, dv), page_map),
-            ]
-            + [pl.BlockSpec((hkv, g), lambda i, j, *_: (0, 0))] * len(extra),
-            out_specs=pl.BlockSpec((None, hkv, g, dv), lambda i, j, *_: (i, 0, 0, 0)),
-            scratch_shapes=[
-                pltpu.VMEM((hkv, g), jnp.float32),
-                pltpu.VMEM((hkv, g), jnp.float32),
-                pltpu.VMEM((hkv, g, dv), jnp.float32),
-            ],
-        )
-        return pl.pallas_call(
-            functools.partial(paged_decode_kernel_tpu, **params),
-            grid_spec=grid_spec,
-            out_shape=out_shape,
-            interpret=interpret,
-            compiler_params=common.compiler_params("tpu", interpret),
-            name="swajax_paged_decode_tpu",
-        )(page_table.reshape(-1), first_page, seq_lens, q, k_pages, v_pages, *extra)
-    raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reference
-
-
-def paged_decode_reference(
-    q,
-    k_pages,
-    v_pages,
-    page_table,
-    first_page,
-    seq_lens,
-    sinks=None,
-    *,
-    kind: str,
-    window: int = 0,
-    scale: float,
-    soft_cap: float | None = None,
-    **_,
-):
-    """Same signature and result as `paged_decode`: gather every table page, mask, softmax."""
-    static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
-    b, hkv, g, _ = q.shape
     ps, np_ = k_pages.shape[1], page_table.shape[1]
 
-    def one(qb, pt, fp, seq, sink):
-        k, v = k_pages[pt].reshape(np_ * ps, hkv, -1), v_pages[pt].reshape(np_ * ps, hkv, -1)
-        k_pos = fp * ps + jnp.arange(np_ * ps)
-        mask = common.visible(seq - 1, k_pos, kind, window)[None, :]
-        mask = jnp.broadcast_to(mask, (g, np_ * ps))
-        heads = [
-            common.dense_reference(
-                qb[h],
-                k[:, h],
-                v[:, h],
-                mask,
-                scale=scale,
-                sink=None if sink is None else sink[h],
-                soft_cap=soft_cap,
-            )
-            for h in range(hkv)
-        ]
-        return jnp.stack(heads)
+    def page_map(i, j, pt, fp, sl):
+        _, _, first, last = _window(sl, fp, i, ps, np_, kind, window)
+        return (pt[i * np_ + jnp.clip(first + j, 0, jnp.maximum(last, 0))], 0, 0, 0)
 
-    sink_b = None if sinks is None else jnp.broadcast_to(sinks, (b, hkv, g))
-    out = jax.vmap(one, in_axes=(0, 0, 0, 0, None if sinks is None else 0))(
-        q, page_table, first_page, seq_lens, sink_b
+    kernels = tuple(
+        functools.partial(k, **params) for k in (paged_decode_kernel_gpu, paged_decode_kernel_tpu)
     )
-    return out.astype(q.dtype)
+    return common.paged_call(
+        kernels, q, k_pages, v_pages, (page_table, first_page, seq_lens), sinks,
+        name="swajax_paged_decode", steps=window_pages(kind, window, ps, np_),
+        page_map=page_map, backend=backend, interpret=interpret, block_sizes=block_sizes,
+    )  # fmt: skip

@@ -24,6 +24,63 @@ from jax.experimental import pallas as pl
 
 from swajax.kernels import common
 
+# ---------------------------------------------------------------------------------------------
+# Reference: the spec every front end is checked against
+
+
+def ragged_extend_reference(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    first_page,
+    block_req,
+    block_pos,
+    block_len,
+    sinks=None,
+    *,
+    g: int,
+    kind: str,
+    window: int = 0,
+    scale: float,
+    soft_cap: float | None = None,
+    **_,
+):
+    """Same signature and result as `ragged_extend`: gather every table page, mask, softmax."""
+    static_validate(
+        q,
+        k_pages,
+        v_pages,
+        page_table,
+        first_page,
+        block_req,
+        block_pos,
+        block_len,
+        sinks,
+        g,
+        kind,
+        window,
+    )
+    nb, hkv, rows, _ = q.shape
+    ps, np_ = k_pages.shape[1], page_table.shape[1]
+
+    def one(qb, req, pos0, n):
+        pt = page_table[req]
+        k, v = k_pages[pt].reshape(np_ * ps, hkv, -1), v_pages[pt].reshape(np_ * ps, hkv, -1)
+        k_pos = first_page[req] * ps + jnp.arange(np_ * ps)
+        mask = _mask(k_pos, pos0, n, rows, g, kind, window)
+        heads = []
+        for h in range(hkv):
+            sink = None if sinks is None else jnp.tile(sinks[h], rows // g)
+            heads.append(
+                common.dense_reference(
+                    qb[h], k[:, h], v[:, h], mask, scale=scale, sink=sink, soft_cap=soft_cap
+                )
+            )
+        return jnp.stack(heads)
+
+    return jax.vmap(one)(q, block_req, block_pos, block_len).astype(q.dtype)
+
 
 def _block_window(req, pos0, n, fp_ref, ps, num_cols, kind, window):
     """First visible key of the block and its table columns [first, last]."""
@@ -189,6 +246,31 @@ def static_validate(
         raise ValueError(f"a {kind} window must be >= 1, got {window}")
 
 
+def dynamic_validate(k_pages, page_table, first_page, block_req, block_pos, block_len,
+                     block_q: int) -> None:  # fmt: skip
+    """The checks on values `static_validate` cannot make (they need concrete arrays, so call
+    it outside jit, on the host): every table entry a pool page, every block's request a table
+    row, no negative position, at most `block_q` real queries per block, and each block's keys
+    inside its request's table."""
+    import numpy as np
+
+    pt, fp, req, pos, n = (np.asarray(a) for a in
+                           (page_table, first_page, block_req, block_pos, block_len))  # fmt: skip
+    pages, ps, (reqs, cols) = k_pages.shape[0], k_pages.shape[1], pt.shape
+    common.check_values([
+        ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
+        ("first_page", fp, fp >= 0, ">= 0"),
+        ("block_req", req, (req >= 0) & (req < reqs), f"a table row in [0, {reqs})"),
+        ("block_pos", pos, pos >= 0, ">= 0"),
+        ("block_len", n, (n >= 0) & (n <= block_q), f"in [0, {block_q}]"),
+    ])  # fmt: skip
+    last = (pos + np.maximum(n, 1) - 1) // ps - fp[np.clip(req, 0, reqs - 1)]
+    common.check_values([
+        ("block_pos", pos, (n == 0) | (last < cols),
+         f"within its request's table: last key's column < {cols}"),
+    ])  # fmt: skip
+
+
 def block_pages(kind: str, window: int, page_size: int, block_q: int, table_width: int) -> int:
     """Most pages one query block touches (the TPU grid's second axis)."""
     back = common.lookback(kind, window)
@@ -256,116 +338,20 @@ def ragged_extend(
         kind,
         window,
     )
-    nb, hkv, rows, dk = q.shape
-    dv, ps, np_ = v_pages.shape[3], k_pages.shape[1], page_table.shape[1]
+    rows, ps, np_ = q.shape[2], k_pages.shape[1], page_table.shape[1]
     params = dict(g=g, kind=kind, window=window, scale=scale, soft_cap=soft_cap)
-    out_shape = jax.ShapeDtypeStruct((nb, hkv, rows, dv), q.dtype)
-    extra = () if sinks is None else (sinks.astype(jnp.float32),)
-    tables = (page_table, first_page, block_req, block_pos, block_len)
-    if backend == "gpu":
-        any_spec = pl.BlockSpec(memory_space=pl.ANY)
-        return pl.pallas_call(
-            functools.partial(ragged_extend_kernel_gpu, **params),
-            grid=(nb,),
-            in_specs=[pl.BlockSpec((None, hkv, rows, dk), lambda i: (i, 0, 0, 0))]
-            + [any_spec] * 7
-            + [pl.BlockSpec((hkv, g), lambda i: (0, 0))] * len(extra),
-            out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i: (i, 0, 0, 0)),
-            out_shape=out_shape,
-            interpret=interpret,
-            compiler_params=common.compiler_params("gpu", interpret, block_sizes),
-            name="swajax_ragged_extend_gpu",
-        )(q, k_pages, v_pages, *tables, *extra)
-    if backend == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
 
-        steps = block_pages(kind, window, ps, rows // g, np_)
+    def page_map(i, j, pt, fp, req, pos, n):
+        first, last = _block_window(req[i], pos[i], n[i], fp, ps, np_, kind, window)
+        col = jnp.clip(first + j, 0, jnp.maximum(last, 0))
+        return (pt[req[i] * np_ + col], 0, 0, 0)
 
-        def page_map(i, j, pt, fp, req, pos, n):
-            first, last = _block_window(req[i], pos[i], n[i], fp, ps, np_, kind, window)
-            col = jnp.clip(first + j, 0, jnp.maximum(last, 0))
-            return (pt[req[i] * np_ + col], 0, 0, 0)
-
-        grid_spec = pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5,
-            grid=(nb, steps),
-            in_specs=[
-                pl.BlockSpec((None, hkv, rows, dk), lambda i, j, *_: (i, 0, 0, 0)),
-                pl.BlockSpec((None, ps, hkv, dk), page_map),
-                pl.BlockSpec((None, ps, hkv, dv), page_map),
-            ]
-            + [pl.BlockSpec((hkv, g), lambda i, j, *_: (0, 0))] * len(extra),
-            out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i, j, *_: (i, 0, 0, 0)),
-            scratch_shapes=[
-                pltpu.VMEM((hkv, rows), jnp.float32),
-                pltpu.VMEM((hkv, rows), jnp.float32),
-                pltpu.VMEM((hkv, rows, dv), jnp.float32),
-            ],
-        )
-        return pl.pallas_call(
-            functools.partial(ragged_extend_kernel_tpu, **params),
-            grid_spec=grid_spec,
-            out_shape=out_shape,
-            interpret=interpret,
-            compiler_params=common.compiler_params("tpu", interpret),
-            name="swajax_ragged_extend_tpu",
-        )(page_table.reshape(-1), *tables[1:], q, k_pages, v_pages, *extra)
-    raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reference
-
-
-def ragged_extend_reference(
-    q,
-    k_pages,
-    v_pages,
-    page_table,
-    first_page,
-    block_req,
-    block_pos,
-    block_len,
-    sinks=None,
-    *,
-    g: int,
-    kind: str,
-    window: int = 0,
-    scale: float,
-    soft_cap: float | None = None,
-    **_,
-):
-    """Same signature and result as `ragged_extend`: gather every table page, mask, softmax."""
-    static_validate(
-        q,
-        k_pages,
-        v_pages,
-        page_table,
-        first_page,
-        block_req,
-        block_pos,
-        block_len,
-        sinks,
-        g,
-        kind,
-        window,
+    kernels = tuple(
+        functools.partial(k, **params) for k in (ragged_extend_kernel_gpu, ragged_extend_kernel_tpu)
     )
-    nb, hkv, rows, _ = q.shape
-    ps, np_ = k_pages.shape[1], page_table.shape[1]
-
-    def one(qb, req, pos0, n):
-        pt = page_table[req]
-        k, v = k_pages[pt].reshape(np_ * ps, hkv, -1), v_pages[pt].reshape(np_ * ps, hkv, -1)
-        k_pos = first_page[req] * ps + jnp.arange(np_ * ps)
-        mask = _mask(k_pos, pos0, n, rows, g, kind, window)
-        heads = []
-        for h in range(hkv):
-            sink = None if sinks is None else jnp.tile(sinks[h], rows // g)
-            heads.append(
-                common.dense_reference(
-                    qb[h], k[:, h], v[:, h], mask, scale=scale, sink=sink, soft_cap=soft_cap
-                )
-            )
-        return jnp.stack(heads)
-
-    return jax.vmap(one)(q, block_req, block_pos, block_len).astype(q.dtype)
+    tables = (page_table, first_page, block_req, block_pos, block_len)
+    return common.paged_call(
+        kernels, q, k_pages, v_pages, tables, sinks,
+        name="swajax_ragged_extend", steps=block_pages(kind, window, ps, rows // g, np_),
+        page_map=page_map, backend=backend, interpret=interpret, block_sizes=block_sizes,
+    )  # fmt: skip

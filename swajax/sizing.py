@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import math
 
+from swajax.arith import round_up
 from swajax.config import HybridConfig
 from swajax.errors import InputError
 
@@ -112,7 +113,7 @@ def _align(x: float, page_size: int) -> int:
 
 
 def _ceil_align(x: int, page_size: int) -> int:
-    return -(-x // page_size) * page_size
+    return round_up(x, page_size)
 
 
 def cell_bytes(

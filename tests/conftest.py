@@ -44,8 +44,8 @@ def tiny_engine():
     from swajax import sizing
     from swajax.api import engine_for
     from swajax.presets import load_preset
-    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
+    from swajax.serving.options import EngineOptions
 
     def make(full=512, ratio=0.5, ps=4, chunk=32, model=None, cfg=None, **options):
         cfg = cfg or (model.spec.hybrid if model is not None else load_preset("tiny-hybrid"))

@@ -9,7 +9,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# Top to bottom. `base` is the package's top-level modules: configs, sizing, presets, helpers.
+# Top to bottom. `base` is the package's top-level modules (sizing, presets, helpers) and
+# config/.
 LAYERS = (
     "cli",
     "conformance",
@@ -26,7 +27,8 @@ LAYERS = (
     "memory",
     "base",
 )
-PACKAGE_FACADE = "swajax"  # swajax/__init__.py: the public names, re-exported lazily
+PACKAGE_FACADE = "swajax"  # swajax/__init__.py: the public names
+BASE_FOLDERS = ("config",)  # folders of the base layer
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -68,6 +70,8 @@ def layer_of(module: str) -> str:
         return "cli"
     if parts[1] in LAYERS:
         return parts[1]
+    if parts[1] in BASE_FOLDERS:
+        return "base"
     assert len(parts) == 2, f"{module}: a folder that is not a layer; add it to LAYERS and README"
     return "base"
 

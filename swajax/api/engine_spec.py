@@ -14,15 +14,23 @@ from swajax.errors import InputError
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.runner import DeviceRunner
-from swajax.serving.engine import Engine, EngineOptions, engine_window
-from swajax.sizing import PoolMode, PoolSizes
+from swajax.serving.engine import Engine, engine_window, resolve_context
+from swajax.serving.options import EngineOptions
+from swajax.sizing import PoolSizes
 from swajax.tokenizer import Tokenizer
+
+# The library's defaults for small models and short generations (the demo): chunked prefill,
+# frequent eviction so the SWA KV is seen going back, a model-derived context (None).
+SPEC_OPTIONS = EngineOptions(max_running=16, max_context=None, chunk_size=64, eviction_interval=16,
+                             cache_policy="lean")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
-    """Everything an engine is built from besides the model: pools, cache, scheduling, kernels
-    and dtypes. The CLI's flags map onto it one to one."""
+    """Everything an engine is built from besides the model: the pools, the kernels and dtypes,
+    and the engine's `options` (scheduling and cache, passed down unchanged). `max_context=None`
+    in the options means the checkpoint's own `max_position_embeddings` (DEFAULT_CONTEXT if it
+    names none), capped by what one request can hold in the pools."""
 
     # None: enough for AUTO_REQUESTS contexts of the model's own length (at most AUTO_CONTEXT
     # tokens each, AUTO_BUDGET_GIB in all).
@@ -30,20 +38,24 @@ class EngineSpec:
     ratio: float = 0.5
     page_size: int = 4
     hybrid_memory: bool = True
-    prefix_cache: bool = True
-    cache_policy: str = "lean"  # swajax.prefix_cache.policy.DEFAULT
-    tail_rebuild: bool = True
-    num_speculative_tokens: int = 0  # with a draft model (make_engine's `draft`)
-    overlap: bool = True  # plan a decode step while the one before runs
     attention: str = "xla"
-    chunk_size: int | None = 64
-    eviction_interval: int = 16  # small models, short generations: show the SWA KV going back
-    max_running: int = 16
-    # None: the checkpoint's max_position_embeddings (DEFAULT_CONTEXT if it names none), capped
-    # by what one request can hold in the pools.
-    max_context: int | None = None
     dtype: str = "float32"  # parameters and activations
     kv_dtype: str | None = None  # KV pools; None: the same as dtype
+    options: EngineOptions = SPEC_OPTIONS
+
+    @classmethod
+    def of(cls, **fields) -> EngineSpec:
+        """A spec from one flat set of fields: its own, and any `EngineOptions` field."""
+        return cls().replace(**fields)
+
+    def replace(self, **fields) -> EngineSpec:
+        """This spec with fields changed, its own or its options' (by name)."""
+        mine = {f.name for f in dataclasses.fields(self)}
+        options = {k: v for k, v in fields.items() if k not in mine}
+        own = {k: v for k, v in fields.items() if k in mine}
+        if options:
+            own["options"] = dataclasses.replace(own.get("options", self.options), **options)
+        return dataclasses.replace(self, **own)
 
 
 KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -78,22 +90,23 @@ def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid
     if spec.kv_budget_gib is not None:
         return sizing.gib_to_bytes(spec.kv_budget_gib)
     cfg = decoder.spec.hybrid
-    context = min(spec.max_context or decoder.spec.max_position or DEFAULT_CONTEXT, AUTO_CONTEXT)
+    own = spec.options.max_context
+    context = min(own or decoder.spec.max_position or DEFAULT_CONTEXT, AUTO_CONTEXT)
     full, swa = sizing.token_bytes(cfg, kv, draft_cfg)
     per_token = sizing.cell_bytes(cfg, spec.ratio, kv, draft_cfg) if hybrid else full + swa
     tokens = AUTO_REQUESTS * (context + 2 * spec.page_size)
     return int(min(tokens * per_token, sizing.gib_to_bytes(AUTO_BUDGET_GIB)))
 
 
-def _max_context(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> int:
-    """The given limit, else the model's own capped by one request's share of the pools (the
-    engine refuses a request that cannot fit with a page to spare)."""
-    if spec.max_context is not None:
-        return spec.max_context
-    hold = sizes.full_tokens
-    if sizes.mode is PoolMode.ALL_SWA or (sizes.mode is PoolMode.HYBRID and not spec.chunk_size):
-        hold = min(sizes.full_tokens or sizes.swa_tokens, sizes.swa_tokens)  # Engine.capacity
-    return max(1, min(decoder.spec.max_position or DEFAULT_CONTEXT, hold - sizes.page_size))
+def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOptions:
+    """The spec's options with the context limit made concrete: the given one, else the
+    model's own capped by one request's share of the pools."""
+    options = spec.options
+    if options.max_context is not None:
+        return options
+    hold = resolve_context(options, sizes).max_context
+    own = decoder.spec.max_position or DEFAULT_CONTEXT
+    return dataclasses.replace(options, max_context=min(own, hold))
 
 
 def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None) -> Engine:
@@ -117,17 +130,7 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     draft_lm = None
     if draft is not None:
         draft_lm = HybridLM(draft, dtype=kv, implementation=spec.attention, interpret=pallas)
-    options = EngineOptions(
-        max_running=spec.max_running,
-        max_context=_max_context(decoder, spec, sizes),
-        chunk_size=spec.chunk_size,
-        prefix_cache=spec.prefix_cache,
-        eviction_interval=spec.eviction_interval,
-        cache_policy=spec.cache_policy,
-        tail_rebuild=spec.tail_rebuild,
-        num_speculative_tokens=spec.num_speculative_tokens,
-        overlap=spec.overlap,
-    )
+    options = _options(decoder, spec, sizes)
     return engine_for(cfg, model, sizes, options, draft=draft_lm)
 
 
@@ -140,7 +143,7 @@ def engine_for(
     draft=None,
 ) -> Engine:
     """An engine over `model` (a `HybridLM` or the null model) with its device runner."""
-    options = options or EngineOptions()
+    options = resolve_context(options or EngineOptions(), sizes)
     runner = DeviceRunner(
         model,
         sizes,

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swajax.arith import ceil_div
 from swajax.memory import allocator
 from swajax.memory.padding import bucket, pad, token_positions
 from swajax.memory.pool import KVWriteLoc
@@ -65,10 +66,6 @@ def from_blocks(blocks, meta: AttentionMetadata, dtype):
     return out[:t]
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
 def _row_slots(r2t, req_rows, positions):
     """Full slots at `positions` [R, n] of each request's row (0 past the table)."""
     inside = positions < r2t.max_context
@@ -110,12 +107,12 @@ def metadata_shape(
         num_tokens=bucket(int(extend.sum()), min_tokens),
         # At least 256 tokens' worth: a short generation keeps one decode program throughout
         # instead of recompiling each time its longest request crosses a power of two.
-        full_pages=bucket(int(-(-seq.max() // ps)), max(4, -(-MIN_CONTEXT // ps))),
+        full_pages=bucket(int(ceil_div(seq.max(), ps)), max(4, ceil_div(MIN_CONTEXT, ps))),
         # At least what a decode step's window spans, so every decode shares one width.
         swa_pages=bucket(
             int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)
         ),
-        num_blocks=bucket(int((-(-extend // block_q)).sum()), min_tokens),
+        num_blocks=bucket(int(ceil_div(extend, block_q).sum()), min_tokens),
     )
 
 
@@ -140,7 +137,7 @@ def metadata_core(
 
     extend = seq_lens - prefix_lens
     cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(extend, dtype=jnp.int32)])
-    blocks = _ceil_div(extend, block_q)
+    blocks = ceil_div(extend, block_q)
     b_req, b_idx, b_valid = token_positions(jnp.zeros_like(blocks), blocks, shape.num_blocks)
     tokens = cu[b_req][:, None] + b_idx[:, None] * block_q + jnp.arange(block_q, dtype=jnp.int32)
     real = b_valid[:, None] & (tokens < cu[b_req + 1][:, None])

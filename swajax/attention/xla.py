@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from swajax.arith import ceil_div
 from swajax.attention.mask import lookback, visible, window_start
 from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
 from swajax.config import LayerSpec
@@ -49,7 +50,7 @@ def block_pages(meta: AttentionMetadata, layer: LayerSpec) -> int:
     if not layer.kind.is_local:
         return meta.full_page_table.shape[1]
     span = lookback(layer) + meta.block_q - 1  # key positions before the block's last query
-    return min(-(-span // meta.page_size) + 1, meta.swa_page_table.shape[1])
+    return min(ceil_div(span, meta.page_size) + 1, meta.swa_page_table.shape[1])
 
 
 def block_keys(meta: AttentionMetadata, layer: LayerSpec, req, first_q):

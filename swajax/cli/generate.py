@@ -61,7 +61,7 @@ PROMPT_KEYS = {"prompt", "prompt_ids"}
 
 
 def _spec(args) -> EngineSpec:
-    return EngineSpec(
+    return EngineSpec.of(
         kv_budget_gib=args.kv_budget_gib,
         max_context=args.max_context,
         max_running=args.max_running,

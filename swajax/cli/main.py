@@ -33,7 +33,7 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _run_record(args: argparse.Namespace) -> int:
-    from swajax.serving.engine import EngineOptions
+    from swajax.serving.options import EngineOptions
     from swajax.simulator.run import run_workload
     from swajax.simulator.workloads import make_workload
     from swajax.trace.recorder import Tracer

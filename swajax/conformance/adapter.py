@@ -85,7 +85,7 @@ class SwajaxAdapter:
         from swajax.models import load_decoder
 
         engine = make_engine(
-            load_decoder(model_dir), EngineSpec(kv_budget_gib=0.01, max_context=4096)
+            load_decoder(model_dir), EngineSpec.of(kv_budget_gib=0.01, max_context=4096)
         )
         return teacher_forced_logits(engine, prompt)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swajax.arith import ceil_div
 from swajax.conformance.oracle import reference_attention
 
 # name, kind, window, page size, prefix lens, seq lens, sinks, soft cap, heads (q, kv), dims (k, v)
@@ -42,7 +43,7 @@ def make_case(spec, seed: int) -> dict[str, np.ndarray]:
     name, kind, window, ps, prefix, seq, sinks, cap, (hq, hkv), (dk, dv) = spec
     rng = np.random.default_rng(seed)
     prefix, seq = np.asarray(prefix, np.int32), np.asarray(seq, np.int32)
-    pages_per = [-(-int(s) // ps) for s in seq]
+    pages_per = [ceil_div(int(s), ps) for s in seq]
     width = max(pages_per)
     order = rng.permutation(np.arange(1, sum(pages_per) + 1, dtype=np.int32))
     table = np.zeros((len(seq), width), np.int32)

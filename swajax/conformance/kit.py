@@ -31,7 +31,7 @@ LOGITS_RTOL = 1e-4
 def _record(folder: Path, preset: str, workload: str, ps: int, n: int, tokens: int, ratio):
     from swajax import sizing
     from swajax.presets import load_preset
-    from swajax.serving.engine import EngineOptions
+    from swajax.serving.options import EngineOptions
     from swajax.simulator.run import run_workload
     from swajax.simulator.workloads import make_workload
     from swajax.trace.recorder import Tracer

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swajax.arith import ceil_div
 from swajax.memory.padding import bucket, pad, token_positions
 from swajax.memory.page_stack import PageStack
 from swajax.sizing import PoolMode, SizingError
@@ -117,14 +118,10 @@ def available(state: AllocatorState) -> Available:
 # Jitted cores (padded inputs)
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
 def _extend_slots(stack, req, pos, valid, prefix_lens, seq_lens, last_loc, ps):
     """Slots of one pool for an extend: tail of the last page, then new pages in batch order."""
-    first_new = _ceil_div(prefix_lens, ps)
-    new_pages = _ceil_div(seq_lens, ps) - first_new
+    first_new = ceil_div(prefix_lens, ps)
+    new_pages = ceil_div(seq_lens, ps) - first_new
     page_base = jnp.cumsum(new_pages) - new_pages
     in_tail = pos < first_new[req] * ps
     page = jnp.where(valid & ~in_tail, stack.peek(page_base[req] + pos // ps - first_new[req]), 0)
@@ -173,7 +170,7 @@ def alloc_extend_core(state, prefix_lens, seq_lens, last_loc, num_tokens: int):
     """Traceable core of `alloc_extend` (padded inputs; `num_tokens` static)."""
     ps = state.page_size
     req, pos, valid = token_positions(prefix_lens, seq_lens, num_tokens)
-    num_pages = jnp.sum(_ceil_div(seq_lens, ps) - _ceil_div(prefix_lens, ps))
+    num_pages = jnp.sum(ceil_div(seq_lens, ps) - ceil_div(prefix_lens, ps))
     layout = functools.partial(
         _extend_slots,
         req=req,

@@ -18,25 +18,25 @@ from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
 from swajax.models.sampling import sample
-from swajax.models.spec import ModelSpec
+from swajax.models.spec import Block, Mlp, ModelSpec
 
 XLA = AttentionMode()
-MLPS = {"gpt_oss_moe": GptOssMoE, "llama4_moe": Llama4MoE, "mimo_moe": MimoMoE}
+MLPS = {Mlp.GPT_OSS_MOE: GptOssMoE, Mlp.LLAMA4_MOE: Llama4MoE, Mlp.MIMO_MOE: MimoMoE}
 
 
 # The residual block's norms, by layout: pre-norm (Llama), Gemma's sandwich, post-norm (Olmo 2/3,
 # Exaone 4: norms on each sublayer's output, none on its input), parallel (Cohere: attention and
 # MLP read the same normed input and both add to the residual).
 NORMS = {
-    "pre": ("input_layernorm", "post_attention_layernorm"),
-    "sandwich": (
+    Block.PRE: ("input_layernorm", "post_attention_layernorm"),
+    Block.SANDWICH: (
         "input_layernorm",
         "post_attention_layernorm",
         "pre_feedforward_layernorm",
         "post_feedforward_layernorm",
     ),
-    "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
-    "parallel": ("input_layernorm",),
+    Block.POST: ("post_attention_layernorm", "post_feedforward_layernorm"),
+    Block.PARALLEL: ("input_layernorm",),
 }
 
 
@@ -48,7 +48,7 @@ class DecoderLayer(nnx.Module):
             setattr(self, name, norm_of(spec, spec.hidden))
         kind = spec.mlps[i]
         limit = spec.mlp_limits[i] if spec.mlp_limits else None
-        if kind == "step3_moe":
+        if kind is Mlp.STEP3_MOE:
             self.mlp = Step3MoE(spec, i)
         elif kind in MLPS:
             self.mlp = MLPS[kind](spec)
@@ -68,15 +68,15 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x, positions, pools, meta, mode):
         block = self.spec.block
-        if block == "post":
+        if block is Block.POST:
             a, pools = self.self_attn(x, positions, pools, meta, mode)
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(self.mlp(x)), pools
         h = self.input_layernorm(x)
         a, pools = self.self_attn(h, positions, pools, meta, mode)
-        if block == "parallel":
+        if block is Block.PARALLEL:
             return x + a + self.mlp(h), pools
-        if block == "sandwich":
+        if block is Block.SANDWICH:
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(
                 self.mlp(self.pre_feedforward_layernorm(x))

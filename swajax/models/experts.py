@@ -20,6 +20,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from swajax.arith import ceil_div, round_up
+
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
 
@@ -59,8 +61,8 @@ def block_rows(pairs: int, num_experts: int) -> int:
     A block costs about one read of its expert's weights however few rows it has, so most
     experts should fit in one block; the 1.25 covers the usual imbalance (measured with
     benchmarks/moe.py: 40 rows beat 32 and 64 at 1,024 pairs over 32 experts)."""
-    share = -(-pairs * 5 // (4 * num_experts))
-    return int(min(128, max(8, -(-share // 8) * 8)))
+    share = ceil_div(pairs * 5, 4 * num_experts)
+    return int(min(128, max(8, round_up(share, 8))))
 
 
 class _Layout(NamedTuple):
@@ -84,7 +86,7 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
     pstart = jnp.cumsum(padded) - padded
     slot_sorted = pstart[sorted_e] + jnp.arange(pairs, dtype=jnp.int32) - start[sorted_e]
     slot = jnp.zeros(pairs, jnp.int32).at[order].set(slot_sorted)
-    blocks = -(-(pairs + num_experts * (block - 1)) // block)
+    blocks = ceil_div(pairs + num_experts * (block - 1), block)
     size = blocks * block
     token = jnp.full(size, num_tokens, jnp.int32).at[slot].set(jnp.arange(pairs) // k)
     scale = jnp.ones((pairs,), F32) if routing.scale is None else routing.scale.reshape(-1)

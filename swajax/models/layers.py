@@ -13,7 +13,7 @@ from flax import nnx
 from swajax.attention import AttentionMode, as_pages, attention
 from swajax.memory import pool as pool_lib
 from swajax.models.rope import apply_rope
-from swajax.models.spec import ModelSpec
+from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -68,11 +68,11 @@ class RMSNorm(nnx.Module):
 
 
 def norm_of(spec: ModelSpec, dim: int) -> RMSNorm:
-    return RMSNorm(dim, spec.eps, spec.norm_plus_one, centered=spec.norm == "layer")
+    return RMSNorm(dim, spec.eps, spec.norm_plus_one, centered=spec.norm is Norm.LAYER)
 
 
-def act(name, x):
-    return jax.nn.silu(x) if name == "silu" else jax.nn.gelu(x, approximate=True)
+def act(kind: Act, x):
+    return jax.nn.silu(x) if kind is Act.SILU else jax.nn.gelu(x, approximate=True)
 
 
 class Attention(nnx.Module):
@@ -90,9 +90,9 @@ class Attention(nnx.Module):
         self.o_proj = Linear(shape.num_heads * shape.v_head_dim, h, spec.o_bias, dt)
         # q/k norms per head ("weight") or over the whole projection (Olmo 3: "full").
         q_dim, k_dim = shape.head_dim, shape.head_dim
-        if spec.qk_norm == "full":
+        if spec.qk_norm is QkNorm.FULL:
             q_dim, k_dim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-        norm = spec.qk_norm in ("weight", "full")
+        norm = spec.qk_norm in (QkNorm.WEIGHT, QkNorm.FULL)
         self.q_norm = norm_of(spec, q_dim) if norm else None
         self.k_norm = norm_of(spec, k_dim) if norm else None
         self.sinks = param((shape.num_heads,)) if shape.has_sinks else None
@@ -113,17 +113,17 @@ class Attention(nnx.Module):
     def __call__(self, x, positions, pools, meta, mode: AttentionMode):
         t, s, spec = x.shape[0], self.shape, self.spec
         q, k = self.q_proj(x), self.k_proj(x)
-        if spec.qk_norm == "full":
+        if spec.qk_norm is QkNorm.FULL:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(t, s.num_heads, s.head_dim)
         k = k.reshape(t, s.num_kv_heads, s.head_dim)
         v = self.v_proj(x).reshape(t, s.num_kv_heads, s.v_head_dim) * spec.value_scale
-        if spec.qk_norm == "weight":
+        if spec.qk_norm is QkNorm.WEIGHT:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = spec.ropes[self.layer_id]
         if rope is not None:
             q, k = apply_rope(q, positions, rope), apply_rope(k, positions, rope)
-            if spec.qk_norm == "l2":  # Llama 4: weightless RMS norm after RoPE
+            if spec.qk_norm is QkNorm.L2:  # Llama 4: weightless RMS norm after RoPE
                 q, k = unit_rms(q, spec.eps), unit_rms(k, spec.eps)
         elif spec.attn_temperature is not None:  # Llama 4 NoPE layers
             scale, floor = spec.attn_temperature

@@ -14,8 +14,9 @@ from swajax.config import ConfigError, text_config
 from swajax.folder_swap import FolderError, swap_in
 from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
+from swajax.models.family_specs import model_spec
 from swajax.models.quantization import quantization
-from swajax.models.spec import ModelSpec, model_spec
+from swajax.models.spec import ModelSpec
 from swajax.models.weights import WeightLoader
 
 ORBAX_DIR = "params"

@@ -15,7 +15,7 @@ from flax import nnx
 
 from swajax.models import experts as ex
 from swajax.models.layers import F32, DenseMLP, Linear, param
-from swajax.models.spec import ModelSpec
+from swajax.models.spec import Act, ModelSpec
 from swajax.models.weights import interleave_halves
 
 
@@ -74,7 +74,7 @@ class Llama4MoE(nnx.Module):
         self.spec = spec
         self.router = Linear(h, e)
         self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
-        self.shared_expert = DenseMLP(h, i, "silu", dt)
+        self.shared_expert = DenseMLP(h, i, Act.SILU, dt)
 
     def load(self, w, prefix):
         self.router.load(w, f"{prefix}.router")
@@ -132,7 +132,7 @@ class Step3MoE(nnx.Module):
         self.correction = param((e,))
         self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
         shared_limit = spec.mlp_limits[layer_id]
-        self.share_expert = DenseMLP(h, spec.shared_intermediate, "silu", dt, shared_limit)
+        self.share_expert = DenseMLP(h, spec.shared_intermediate, Act.SILU, dt, shared_limit)
 
     def load(self, w, prefix):
         """`prefix` is the layer's: the tensors sit under `moe.` and `share_expert.`."""

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from swajax.arith import ceil_div
 from swajax.config import ConfigError
 from swajax.models.checkpoint import Checkpoint, LoadError
 
@@ -97,7 +98,7 @@ def block_fp8(weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] 
         return (w * s.reshape(())).astype(dtype)
     rows, cols = w.shape[-2:]
     bm, bn = block
-    grid = (-(-rows // bm), -(-cols // bn))
+    grid = (ceil_div(rows, bm), ceil_div(cols, bn))
     if s.shape[-2:] != grid or s.shape[:-2] != w.shape[:-2]:
         raise LoadError(
             f"FP8 scale grid {s.shape} does not fit weight {w.shape} in {bm}x{bn} blocks "

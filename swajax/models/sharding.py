@@ -8,6 +8,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from swajax.memory.mesh_axis import AXIS
+from swajax.models.spec import Mlp
 
 # Parameter path suffix -> how it splits (heads are the outer part of the projection axis).
 _RULES = {
@@ -39,7 +40,9 @@ def kv_mesh(num_devices: int | None = None) -> Mesh:
 
 def check_divisible(spec, mesh: Mesh) -> None:
     n = mesh.shape[AXIS]
-    widths = [("MLP intermediate", w) for w, k in zip(spec.intermediate, spec.mlps) if k == "dense"]
+    widths = [
+        ("MLP intermediate", w) for w, k in zip(spec.intermediate, spec.mlps) if k is Mlp.DENSE
+    ]
     if spec.num_experts:
         widths.append(("expert intermediate", spec.expert_intermediate))
     for name, width in widths:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swajax.observe import Observer, observed
 from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.radix import MatchResult
 from swajax.sizing import PoolMode
@@ -15,6 +16,8 @@ _EMPTY = np.zeros(0, np.int32)
 
 
 class ChunkCache:
+    observer: Observer | None = None  # swajax.observe: a recorder, if any
+
     swa_evictable = swa_protected = full_evictable = full_protected = 0
     hit_tokens = tail_miss_tokens = tombstones = 0
 
@@ -32,21 +35,27 @@ class ChunkCache:
     def nodes(self):
         return iter(())
 
+    @observed
     def match(self, tokens) -> MatchResult:
         return MatchResult(_EMPTY, None)
 
+    @observed
     def lock(self, node):
         return None
 
+    @observed
     def unlock(self, handle) -> None:
         pass
 
+    @observed
     def release_swa(self, handle) -> None:
         pass
 
+    @observed
     def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
         return 0, 0
 
+    @observed
     def cache_finished(
         self,
         tokens,
@@ -70,6 +79,7 @@ class ChunkCache:
         keep.append(slots[max(swa_evicted_seqlen, start) : end])
         self.releaser.free(np.concatenate(keep))
 
+    @observed
     def cache_unfinished(
         self, tokens, slots, *, cache_protected_len: int, swa_evicted_seqlen: int, handle=None
     ):

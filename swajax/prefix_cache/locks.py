@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from swajax.arith import round_up
 from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.node import Node
 from swajax.prefix_cache.protocol import Tree
@@ -35,7 +36,7 @@ class WindowLocks:
                 # Pin exactly the window: a node reaching past it is split first, so its upper
                 # part stays SWA-evictable (a long chunk node once pinned W + chunk tokens and
                 # a small SWA pool had no room left for the next chunk). Part of the leaf cap.
-                needed = -(-(t.window - size) // t.ps) * t.ps
+                needed = round_up(t.window - size, t.ps)
                 if len(x) > needed:
                     t.split(x, len(x) - needed)
             if x.full_lock == 0:

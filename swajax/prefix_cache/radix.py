@@ -25,6 +25,8 @@ import dataclasses
 
 import numpy as np
 
+from swajax.arith import round_up
+from swajax.observe import Observer, observed
 from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
@@ -76,6 +78,8 @@ class RadixCache:
     operations (walk, split, refresh, free_node, free_request, insert and `sizes`): `WindowLocks`
     (locks.py), `Evictor` (eviction.py) and `RequestCaching` (requests.py)."""
 
+    observer: Observer | None = None  # swajax.observe: a recorder, if any
+
     def __init__(
         self,
         releaser: Releaser,
@@ -126,21 +130,27 @@ class RadixCache:
     # ------------------------------------------------------------------------------------------
     # The collaborators' operations, re-exported as the cache's API
 
+    @observed
     def lock(self, node: Node) -> LockHandle:
         return self.locks.lock(node)
 
+    @observed
     def unlock(self, handle: LockHandle | None) -> None:
         self.locks.unlock(handle)
 
+    @observed
     def release_swa(self, handle: LockHandle) -> None:
         self.locks.release_swa(handle)
 
+    @observed
     def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
         return self.evictor.evict(full_tokens, swa_tokens)
 
+    @observed
     def cache_finished(self, tokens, slots, **kwargs) -> None:
         self.requests.cache_finished(tokens, slots, **kwargs)
 
+    @observed
     def cache_unfinished(self, tokens, slots, **kwargs):
         return self.requests.cache_unfinished(tokens, slots, **kwargs)
 
@@ -232,6 +242,7 @@ class RadixCache:
     # ------------------------------------------------------------------------------------------
     # Match
 
+    @observed
     def match(self, tokens) -> MatchResult:
         """Longest cached prefix of `tokens` that satisfies the window hit rule."""
         path = self.walk(self.aligned(tokens))
@@ -273,6 +284,7 @@ class RadixCache:
     # ------------------------------------------------------------------------------------------
     # Insert
 
+    @observed
     def insert(
         self,
         tokens,
@@ -366,6 +378,6 @@ class RadixCache:
             parent = self._new_node(parent, key[:s], value[:s], live=False)
             key, value = key[s:], value[s:]
         leaf = self._new_node(parent, key, value, live=True)
-        tail = -(-(self.window or 0) // self.ps) * self.ps
+        tail = round_up(self.window or 0, self.ps)
         if self.swa and self.cap_leaf and len(leaf) > tail:
             self.split(leaf, len(leaf) - tail)  # so a window lock pins one window, not more

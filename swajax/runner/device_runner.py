@@ -46,11 +46,13 @@ _COMMIT = ("layout", "decode", "num_tokens", "meta_shape")
 
 
 class Dispatched(NamedTuple):
-    """A launched step whose result has not been read: device arrays (JAX runs ahead)."""
+    """A launched step whose result has not been read: device arrays (JAX runs ahead); or, for
+    a model outside the fused program, a step already run and read (`result`)."""
 
     plan: StepPlan
     out: jax.Array
     sampled: tuple
+    result: StepResult | None = None
 
 
 @functools.partial(jax.jit, static_argnames=("start", "size"))
@@ -192,13 +194,11 @@ class DeviceRunner:
     @property
     def supports_overlap(self) -> bool:
         """Whether a step can be launched before the previous one's result is read."""
-        return self.model.needs_kv and getattr(self.model, "fused_forward", None) is not None
+        return self.model.needs_kv and self.model.fused_forward is not None
 
     def run(self, plan: StepPlan) -> StepResult:
-        """One step. If it raises, the device state is as if the step had only applied its
-        releases (the host counted those): the new pages are given back."""
-        if getattr(self.model, "fused_forward", None) is None:
-            return self._run_unfused(plan)
+        """One step, launched and read. If it raises, the device state is as if the step had
+        only applied its releases (the host counted those): the new pages are given back."""
         step = self.dispatch(plan)
         try:
             return self.collect(step)
@@ -206,16 +206,18 @@ class DeviceRunner:
             self.discard(step)
             raise
 
+    def collect(self, step: Dispatched) -> StepResult:
+        """Read a launched step's result: the step's one read."""
+        if step.result is not None:  # run in `dispatch` (a model outside the fused program)
+            return step.result
+        out, sampled = jax.device_get((step.out, step.sampled))
+        return self._result(step.plan, out, sampled)
+
     def discard(self, step: Dispatched) -> None:
         """A launched step whose result will not be taken (reading it failed): give back the
         pages it took, so the device state is as if it had only applied its releases (which
         the host counted). Steps launched after it are discarded first."""
         self._roll_back(step.plan, step.out)
-
-    def collect(self, step: Dispatched) -> StepResult:
-        """Read a launched step's result: the step's one read."""
-        out, sampled = jax.device_get((step.out, step.sampled))
-        return self._result(step.plan, out, sampled)
 
     def _split_releases(self, plan: StepPlan) -> Releases:
         releases = list(plan.releases)
@@ -226,9 +228,12 @@ class DeviceRunner:
     def dispatch(self, plan: StepPlan, after: Dispatched | None = None) -> Dispatched:
         """Upload and launch one step of a fused model without waiting for it; `after`: the
         step launched before, whose sampled tokens this plan's placeholders name. If it raises,
-        the step never ran: its releases are applied on their own."""
-        last = self._split_releases(plan)
+        the step never ran: its releases are applied on their own. A model outside the fused
+        program runs the whole step here (`collect` then hands its result back)."""
         fused = self.model.fused_forward
+        if fused is None:
+            return self._run_unfused(plan)
+        last = self._split_releases(plan)
         try:
             packed, commit = self._prepare(plan, last)
             draft = self.draft.fused_forward if self.draft is not None else None
@@ -252,7 +257,7 @@ class DeviceRunner:
             raise
         return Dispatched(plan, out, sampled)
 
-    def _run_unfused(self, plan: StepPlan) -> StepResult:
+    def _run_unfused(self, plan: StepPlan) -> Dispatched:
         """A model outside the fused program (under a mesh, or without KV: the null model)."""
         last = self._split_releases(plan)
         if self.draft is not None:
@@ -277,7 +282,7 @@ class DeviceRunner:
         except Exception:
             self._roll_back(plan, out)
             raise
-        return self._result(plan, out, sampled)
+        return Dispatched(plan, out, sampled, self._result(plan, out, sampled))
 
     def _draft_shapes(self, plan: StepPlan):
         """The metadata shapes of a round's k + 1 single-token draft forwards."""

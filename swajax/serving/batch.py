@@ -162,18 +162,33 @@ class StepMetrics:
     spans: tuple[tuple[int, int, int, bool], ...] = ()
 
 
+class Model(Protocol):
+    """What the engine and its runner need of a model (`swajax.models.HybridLM`, or the null
+    model that does no attention math)."""
+
+    needs_kv: bool  # reads and writes KV through the pools (the null model does not)
+    vocab_size: int
+    # The step body the runner traces into its own program (one dispatch per step); None: the
+    # model runs outside it (under a mesh, or without KV), and the runner calls it per step.
+    fused_forward: object | None
+
+    def init_pools(self, sizes): ...
+    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False):
+        """(pools, (tokens, logprobs, logits or None)) for the batch's sampled rows."""
+
+
 class Runner(Protocol):
     """The device half of the engine (`swajax.runner.DeviceRunner`, or a fake in tests).
 
-    `run` is one step, atomic: if it raises, the device state is as if the step had only
-    applied its releases. A runner that `supports_overlap` can also `dispatch` a step without
-    reading it (`after`: the step launched before, whose sampled tokens the plan's placeholder
-    tokens name), `collect` its result later, or `discard` it when reading failed (what it
-    allocated goes back; a step launched after it is discarded first)."""
+    The engine's one step path: `dispatch` launches a step (`after`: the step launched
+    before, whose sampled tokens the plan's placeholder tokens name), `collect` reads its
+    result, `discard` gives back what it allocated when reading failed (a step launched after
+    it is discarded first). A `dispatch` that raises leaves the device as if the step had only
+    applied its releases. A runner that does not `supports_overlap` may run the whole step in
+    `dispatch` and return its result from `collect`; the engine then launches one at a time."""
 
     supports_overlap: bool
 
-    def run(self, plan: StepPlan) -> StepResult: ...
     def dispatch(self, plan: StepPlan, after=None): ...
     def collect(self, step) -> StepResult: ...
     def discard(self, step) -> None: ...

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from swajax.arith import round_up
 from swajax.serving import window as win
 from swajax.sizing import PoolMode
 
 CLIP_MAX_NEW_TOKENS = 4096
-
-
-def ceil_page(n: int, ps: int) -> int:
-    return -(-n // ps) * ps
 
 
 @dataclasses.dataclass
@@ -29,21 +26,23 @@ class Budget:
     def charge(self, n: int, max_new: int, *, page_size: int, window: int) -> None:
         """Take an extend of n tokens (and, for a last chunk, its future output) off both."""
         ps = page_size
-        self.rem_total -= ceil_page(n, ps) + max_new + ps
+        self.rem_total -= round_up(n, ps) + max_new + ps
         if self.rem_swa is not None:
             self.rem_swa -= win.swa_budget_for_req(
-                ceil_page(n, ps), window=window, page_size=ps, rem_chunk=self.rem_chunk
+                round_up(n, ps), window=window, page_size=ps, rem_chunk=self.rem_chunk
             )
         if self.rem_chunk is not None:
             self.rem_chunk -= n
 
 
-def make_budget(cfg, ledger, cache, running, separate_swa: bool) -> Budget:
-    """This step's budgets (`cfg`: the scheduler's config; `running`: its running requests)."""
+def make_budget(cfg, options, ledger, cache, running, separate_swa: bool) -> Budget:
+    """This step's budgets (`cfg`, `options`: the scheduler's; `running`: its running
+    requests)."""
     full, swa = ledger.available()
     # Speculative decoding: a decode step holds k lookahead positions beyond what it keeps.
     reserve = sum(
-        min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS) + cfg.lookahead
+        min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS)
+        + options.num_speculative_tokens
         for r in running
     )
     if cfg.pool_mode is PoolMode.ALL_SWA:
@@ -58,11 +57,11 @@ def make_budget(cfg, ledger, cache, running, separate_swa: bool) -> Budget:
         # workloads admit too much and then retract in storms. Only decoding requests reserve:
         # a prefilling request's own future decode must not park its next chunk (which once
         # parked every chunk, and the engine stalled).
-        grow = cfg.eviction_interval + cfg.page_size
+        grow = options.eviction_interval + cfg.page_size
         swa_reserve = sum(
-            min(r.params.max_new_tokens - len(r.output), grow) + cfg.lookahead
+            min(r.params.max_new_tokens - len(r.output), grow) + options.num_speculative_tokens
             for r in running
             if r.decoding
         )
         rem_swa = swa + cache.swa_evictable - int(swa_reserve * cfg.decode_reserve_ratio)
-    return Budget(rem_total, rem_swa, cfg.chunk_size)
+    return Budget(rem_total, rem_swa, options.chunk_size)

@@ -1,10 +1,9 @@
-"""The engine: a three-call loop, `plan = scheduler.schedule()`, `result = runner.run(plan)`,
-`scheduler.postprocess(plan, result)`.
+"""The engine: a three-call loop, `plan = scheduler.schedule()`, `step = runner.dispatch(plan)`
+then `result = runner.collect(step)`, `scheduler.postprocess(plan, result)`; with overlap, the
+next step is planned and dispatched between the last two.
 
-Host code. The model is an interface the runner calls: `init_pools(sizes) -> pools`,
-`forward_and_sample(pools, ForwardBatch, metadata, return_logits=...) -> (pools, (tokens,
-logprobs, logits))`, `needs_kv` (whether it reads KV through the pools; the null model does
-not, so production-size presets run on a CPU) and `vocab_size`. The device half of a step (the
+Host code. The model is the `serving.batch.Model` Protocol the runner calls (the null model
+reads no KV, so production-size presets run on a CPU). The device half of a step (the
 `Runner`, `swajax.runner.DeviceRunner`) is given by whoever builds the engine
 (`swajax.api.engine_for`), so this layer never imports JAX.
 """
@@ -14,54 +13,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import numpy as np
-
 from swajax.config import HybridConfig
 from swajax.prefix_cache import make_prefix_cache
-from swajax.prefix_cache.policy import DEFAULT, CachePolicy, policy_of
+from swajax.prefix_cache.policy import policy_of
 from swajax.serving import tail_rebuild
-from swajax.serving.batch import PoolMode, Runner, StepMetrics, StepPlan
+from swajax.serving.batch import Model, PoolMode, Runner, StepMetrics, StepPlan
 from swajax.serving.ledger import PoolLedger
+from swajax.serving.options import EngineOptions, SchedulerConfig, is_int
 from swajax.serving.request import Request, RequestError, SamplingParams
-from swajax.serving.scheduler import Scheduler, SchedulerConfig
+from swajax.serving.scheduler import Scheduler
 from swajax.sizing import PoolSizes
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineOptions:
-    max_running: int = 64
-    max_context: int = 4096
-    chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
-    prefix_cache: bool = True
-    eviction_interval: int = 128
-    cache_policy: str | CachePolicy = DEFAULT  # a profile of swajax.prefix_cache.policy
-    # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
-    # a profile with `fallback_only` (SGLang's) turns it off too.
-    tail_rebuild: bool = True
-    # Speculative decoding: draft tokens per decode step, verified greedily (0: off). Needs a
-    # draft model (`Engine(draft=...)`), except on the null model, which emulates one.
-    num_speculative_tokens: int = 0
-    # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
-    # where the runner can launch a step without reading the previous one (a fused model).
-    overlap: bool = True
-
-    def __post_init__(self):
-        policy_of(self.cache_policy)  # a ValueError naming the profiles
-        for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
-                         ("num_speculative_tokens", 0), ("chunk_size", 1)):  # fmt: skip
-            value = getattr(self, name)
-            if name == "chunk_size" and value is None:
-                continue
-            if not _is_int(value) or value < lo:
-                more = " or None" if name == "chunk_size" else ""
-                raise RequestError(f"{name} must be an integer >= {lo}{more}, got {value!r}")
-        for name in ("prefix_cache", "tail_rebuild", "overlap"):
-            if not isinstance(getattr(self, name), bool):
-                raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def engine_window(cfg: HybridConfig, draft=None) -> int:
@@ -75,51 +36,33 @@ class Engine:
     def __init__(
         self,
         cfg: HybridConfig,
-        model,
+        model: Model,
         sizes: PoolSizes,
-        options: EngineOptions = EngineOptions(),
+        options: EngineOptions | None = None,
         *,
         runner: Runner,
         draft=None,
     ):
-        """`runner`: the device half, built for the same model, pools and `engine_window`.
-        `draft`: the speculative draft model (a `HybridLM` with the target's vocabulary), whose
-        KV shares the target's slots; size the pools with it (`sizing`'s `draft=`)."""
-        if options.chunk_size is not None and options.chunk_size < sizes.page_size:
-            raise ValueError(
-                f"chunk_size {options.chunk_size} is smaller than the page size "
-                f"{sizes.page_size}: a chunk must hold at least one page"
-            )
+        """`runner`: the device half, built for the same model, pools, options and
+        `engine_window` (`swajax.api.engine_for` builds both). `draft`: the speculative draft
+        model (a `HybridLM` with the target's vocabulary), whose KV shares the target's slots;
+        size the pools with it (`sizing`'s `draft=`)."""
+        options = options or EngineOptions()
+        _check_setup(model, draft, options, sizes)
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
-        self.draft = draft
-        _check_draft(model, draft, options.num_speculative_tokens, sizes)
+        self.draft, self.runner = draft, runner
         # The cache takes the config's None for "no SWA component"; host arithmetic an int.
         self.window = engine_window(cfg, draft)
         self.ledger = PoolLedger(sizes)
-        self.cache = make_prefix_cache(
-            self.ledger,
-            page_size=sizes.page_size,
-            window=self.window or None,
-            pool_mode=sizes.mode,
-            enabled=options.prefix_cache,
-            policy=policy_of(options.cache_policy),
-        )
-        sched_cfg = SchedulerConfig(
-            page_size=sizes.page_size,
-            window=self.window,
-            pool_mode=sizes.mode,
-            max_running=options.max_running,
-            max_context=options.max_context,
-            chunk_size=options.chunk_size,
-            eviction_interval=options.eviction_interval,
-            radix=options.prefix_cache,
-            policy=policy_of(options.cache_policy),
-            rebuild_reach=self._rebuild_reach(),
-            lookahead=options.num_speculative_tokens,
-        )
-        self.scheduler = Scheduler(sched_cfg, self.cache, self.ledger)
-        self.runner = runner
-        self.overlap = options.overlap and getattr(runner, "supports_overlap", False)
+        policy = policy_of(options.cache_policy)
+        self.cache = make_prefix_cache(self.ledger, page_size=sizes.page_size,
+                                       window=self.window or None, pool_mode=sizes.mode,
+                                       enabled=options.prefix_cache, policy=policy)  # fmt: skip
+        layout = SchedulerConfig(page_size=sizes.page_size, window=self.window,
+                                 pool_mode=sizes.mode, policy=policy,
+                                 rebuild_reach=self._rebuild_reach())  # fmt: skip
+        self.scheduler = Scheduler(layout, options, self.cache, self.ledger)
+        self.overlap = options.overlap and runner.supports_overlap
         self._launched = None  # a step launched but not read yet (overlap scheduling)
         self.launched_ahead = 0  # steps planned while the one before still ran
         self.requests: dict[int, Request] = {}
@@ -146,12 +89,7 @@ class Engine:
 
     def capacity(self) -> int:
         """Most tokens one request can ever hold (the address space of the pools)."""
-        mode = self.sizes.mode
-        if mode is PoolMode.ALL_SWA or (
-            mode is PoolMode.HYBRID and self.options.chunk_size is None
-        ):
-            return min(self.sizes.full_tokens or self.sizes.swa_tokens, self.sizes.swa_tokens)
-        return self.sizes.full_tokens
+        return request_capacity(self.sizes, self.options.chunk_size)
 
     def add_request(
         self, prompt, params: SamplingParams | None = None, *, keep_logits: bool = False
@@ -162,7 +100,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         prompt = _token_ids(prompt)
-        vocab = getattr(self.model, "vocab_size", None)
+        vocab = self.model.vocab_size
         if vocab is not None and not all(0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
@@ -195,7 +133,7 @@ class Engine:
 
     def abort(self, rid: int) -> None:
         """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
-        req = self.requests.get(rid) if _is_int(rid) else None
+        req = self.requests.get(rid) if is_int(rid) else None
         if req is None:
             raise RequestError(f"no request has the id {rid!r} (ids come from add_request)")
         self.scheduler.abort(req)
@@ -212,42 +150,33 @@ class Engine:
         sampler) is rolled back and its requests retried alone, then failed with the error;
         the engine keeps serving the others."""
         if self._launched is not None:
-            return self._overlapped_step()
+            return self._take_launched()
         plan = self.scheduler.schedule()
         if plan is None:
             return None
         if not plan.requests:  # the step only retracted or aborted: its releases still go
             self.runner.apply_releases(plan.releases)
-        elif self.overlap:
-            try:
-                self._launched = self.runner.dispatch(plan)
-            except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
-                self.errors.append(error)
-                self.scheduler.step_failed(plan, error)
-            else:
-                return self._overlapped_step()
-        else:
-            try:
-                result = self.runner.run(plan)
-            except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
-                self.errors.append(error)
-                self.scheduler.step_failed(plan, error)
-            else:
-                self.scheduler.postprocess(plan, result)
-        return self._record(plan)
+            return self._record(plan)
+        try:
+            self._launched = self.runner.dispatch(plan)
+        except Exception as error:  # noqa: BLE001 - handed to the requests, never dropped
+            self._failed(plan, error)
+            return self._record(plan)
+        return self._take_launched()
 
-    def _overlapped_step(self, *, plan_ahead: bool = True) -> StepMetrics:
-        """Read the launched step n, after launching n + 1 when it can be planned without n's
-        result (a steady decode): the host plans while the device computes."""
+    def _take_launched(self, *, plan_ahead: bool = True) -> StepMetrics:
+        """Read the launched step n and take its result; with overlap, first launch step n + 1
+        when it can be planned without n's result (a steady decode): the host plans while the
+        device computes. The one step path: a runner without overlap ran the step in
+        `dispatch` and hands its result back in `collect`."""
         launched, after = self._launched, None
         plan = launched.plan
-        ahead = self.scheduler.plan_ahead(plan) if plan_ahead else None
+        ahead = self.scheduler.plan_ahead(plan) if plan_ahead and self.overlap else None
         if ahead is not None:
             try:
                 after = self.runner.dispatch(ahead, after=launched)
                 self.launched_ahead += 1
             except Exception as error:  # noqa: BLE001 - its requests are retried alone
-                self.errors.append(error)
                 ahead_error = error
             else:
                 ahead_error = None
@@ -255,17 +184,22 @@ class Engine:
         try:
             result = self.runner.collect(launched)
         except Exception as error:  # noqa: BLE001 - the read failed: as atomic as a launch
-            self.errors.append(error)
             self._launched = None
             if after is not None:  # planned on top of `launched`: undone first
                 self.runner.discard(after)
             self.runner.discard(launched)
-            self.scheduler.step_failed(plan, error)  # its requests, `ahead`'s among them
+            self._failed(plan, error)  # its requests, `ahead`'s among them
             return self._record(plan)
         self.scheduler.postprocess(plan, result, ahead if after is not None else None)
         if ahead is not None and after is None:
-            self.scheduler.step_failed(ahead, ahead_error)
+            self._failed(ahead, ahead_error)
         return self._record(plan)
+
+    def _failed(self, plan: StepPlan, error: Exception) -> None:
+        """A step that raised: the error is kept, its requests are retried alone (a suspect
+        that fails alone is aborted with it); the device state was already rolled back."""
+        self.errors.append(error)
+        self.scheduler.step_failed(plan, error)
 
     def run(self, max_steps: int | None = None) -> None:
         for _ in itertools.count() if max_steps is None else range(max_steps):
@@ -278,7 +212,7 @@ class Engine:
         device pools match the ledger even when no further step runs. A step still launched is
         read first (its releases were counted with it)."""
         while self._launched is not None:
-            self._overlapped_step(plan_ahead=False)
+            self._take_launched(plan_ahead=False)
         if self.ledger.has_pending:
             self.runner.apply_releases(self.ledger.take_releases())
 
@@ -331,9 +265,37 @@ def _token_ids(prompt) -> list[int]:
     if len(prompt) == 0:
         raise RequestError("the prompt is empty")
     for i, t in enumerate(prompt):
-        if not _is_int(t) or t < 0:
+        if not is_int(t) or t < 0:
             raise RequestError(f"prompt[{i}] = {t!r} is not a token id (an integer >= 0)")
     return [int(t) for t in prompt]
+
+
+def request_capacity(sizes: PoolSizes, chunk_size: int | None) -> int:
+    """Most tokens one request can ever hold: the full pool, or the SWA pool where a request's
+    whole prefill must fit in it at once (all-SWA pools, or hybrid pools without chunking)."""
+    mode = sizes.mode
+    if mode is PoolMode.ALL_SWA or (mode is PoolMode.HYBRID and chunk_size is None):
+        return min(sizes.full_tokens or sizes.swa_tokens, sizes.swa_tokens)
+    return sizes.full_tokens
+
+
+def resolve_context(options: EngineOptions, sizes: PoolSizes) -> EngineOptions:
+    """`max_context=None` made concrete: as long as one request can hold, a page kept spare."""
+    if options.max_context is not None:
+        return options
+    hold = request_capacity(sizes, options.chunk_size) - sizes.page_size
+    return dataclasses.replace(options, max_context=max(1, hold))
+
+
+def _check_setup(model, draft, options: EngineOptions, sizes: PoolSizes) -> None:
+    if options.max_context is None:
+        raise RequestError("max_context is None: resolve it first (serving.engine.resolve_context)")
+    if options.chunk_size is not None and options.chunk_size < sizes.page_size:
+        raise RequestError(
+            f"chunk_size {options.chunk_size} is smaller than the page size "
+            f"{sizes.page_size}: a chunk must hold at least one page"
+        )
+    _check_draft(model, draft, options.num_speculative_tokens, sizes)
 
 
 def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:
@@ -344,7 +306,7 @@ def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:
         return
     if not k:
         raise ValueError("a draft model needs num_speculative_tokens >= 1")
-    if getattr(model, "fused_forward", None) is None or draft.fused_forward is None:
+    if model.fused_forward is None or draft.fused_forward is None:
         raise ValueError("speculative decoding runs in the fused step program: no mesh")
     if draft.vocab_size != model.vocab_size:
         raise ValueError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swajax.observe import Observer, observed
 from swajax.serving.batch import Releases
 from swajax.sizing import PoolMode, PoolSizes
 
@@ -29,6 +30,8 @@ def _pages(slots, page_size: int) -> np.ndarray:
 
 
 class PoolLedger:
+    observer: Observer | None = None  # swajax.observe: a recorder, if any
+
     def __init__(self, sizes: PoolSizes):
         self.mode, self.page_size = sizes.mode, sizes.page_size
         primary = sizes.swa_tokens if self.mode is PoolMode.ALL_SWA else sizes.full_tokens
@@ -78,6 +81,7 @@ class PoolLedger:
         self.free_primary += len(live)
         self._freed_pages[0] += len(live)
 
+    @observed
     def free(self, slots) -> None:
         """Release full slots (their whole pages) and, through the mapping, their SWA pages."""
         if not len(slots):
@@ -89,6 +93,7 @@ class PoolLedger:
         self._unuse(pages)
         self._queue("full", slots)
 
+    @observed
     def free_swa(self, slots) -> None:
         """Release only the SWA pages paired with these full slots' pages."""
         if not len(slots) or self.mode is PoolMode.SINGLE:

@@ -9,7 +9,10 @@ from swajax.serving.batch import ForwardBatch
 
 
 class NullModel:
+    """A `serving.batch.Model` without KV: the runner calls it outside its fused program."""
+
     needs_kv = False
+    fused_forward = None
 
     def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0):
         if not 0.0 <= acceptance <= 1.0:

@@ -21,6 +21,11 @@ evict to fit, speculative rounds and kept logits all take the plain (synchronous
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swajax.serving.scheduler_view import SchedulerView
+
 import numpy as np
 
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
@@ -33,7 +38,7 @@ def _new_pages(lengths, ps: int) -> int:
     return sum(ps for pre in lengths if pre % ps == 0)
 
 
-def plan_ahead(sched, prev: StepPlan) -> StepPlan | None:
+def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
     """The decode step after `prev` (still running), or None to take the plain path."""
     if prev.kind is not StepKind.DECODE or prev.lookahead or prev.return_logits:
         return None

@@ -152,6 +152,24 @@ class Request:
     def done(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
 
+    def take_token(self, token: int, logprob: float) -> None:
+        """A sampled token and its logprob become part of the output."""
+        self.output.append(token)
+        self.logprobs.append(logprob)
+
+    def add_logits(self, rows) -> None:
+        self.logits += list(rows)
+
+    def checkpointed(self, prefix, handle) -> None:
+        """The prefix cache holds [0, len(prefix)) (its own slots) and locks it by `handle`."""
+        self.repoint(0, prefix)
+        self.handle = handle
+        self.cache_protected_len = max(self.cache_protected_len, len(prefix))
+
+    def rebuild_settled(self) -> None:
+        """A tail rebuild reached its end: an ordinary request from here on."""
+        self.rebuild = None
+
     def reset_kv(self) -> None:
         """Forget every slot (after they were given back): the request starts over."""
         self.row, self.handle, self.stale, self.rebuild = None, None, None, None

@@ -5,6 +5,11 @@ caching; and what happens to a step that raised. Functions of the `Scheduler`, w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swajax.serving.scheduler_view import SchedulerView
+
 import dataclasses
 import math
 
@@ -19,7 +24,9 @@ class StepFailed(RuntimeError):
     """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
 
 
-def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = None) -> None:
+def take(
+    sched: SchedulerView, plan: StepPlan, result: StepResult, launched: StepPlan | None = None
+) -> None:
     """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
     `launched`: a step launched since (overlap scheduling), whose releases the host counted
     but the device has not applied yet."""
@@ -28,7 +35,7 @@ def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = 
             f"allocation failed with status {result.status} after the pools were checked"
         )
     plan, result, extra = _without_ended(sched, plan, result)
-    sched.ledger.allocated(result.slots)
+    sched.allocated(plan, result.slots)
     if len(extra):
         sched.ledger.allocated(extra)
     in_flight = launched.released if launched is not None else (0, 0)
@@ -47,7 +54,7 @@ def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = 
             # A tail rebuild's positions before its end are inexact by design: they count as
             # cached, so their logits are not kept.
             skip = 0 if req.rebuild is None else min(n, max(0, req.rebuild.end - int(pre)))
-            req.logits += list(result.logits[row + skip : row + n])
+            req.add_logits(result.logits[row + skip : row + n])
             row += n
         if req.kv_len == req.num_tokens:
             row += not req.keep_logits
@@ -56,14 +63,14 @@ def take(sched, plan: StepPlan, result: StepResult, launched: StepPlan | None = 
         _guarded(sched, req, _take_token, sched, req, token, logprob)
     last_chunk = sched.cfg.policy.checkpoint_last_chunk
     for req in plan.requests:
-        if req.status is not Status.RUNNING or not sched.cfg.radix:
+        if req.status is not Status.RUNNING or not sched.options.prefix_cache:
             continue
         # A chunk checkpoint between prefill chunks; SGLang also takes one after the last.
         if not req.decoding or (last_chunk and req in sampled and len(req.output) == 1):
             _guarded(sched, req, _cache_chunk, sched, req)
 
 
-def _without_ended(sched, plan: StepPlan, result: StepResult):
+def _without_ended(sched: SchedulerView, plan: StepPlan, result: StepResult):
     """A decode step launched ahead may carry requests that ended while it ran (a stop token
     in the step before, an abort): their token is dropped, and the new page it took, if any,
     is returned as `extra` (a slot inside a page the request held went back with the page)."""
@@ -88,7 +95,7 @@ def _without_ended(sched, plan: StepPlan, result: StepResult):
     return plan, result, extra
 
 
-def _guarded(sched, req: Request, fn, *args) -> None:
+def _guarded(sched: SchedulerView, req: Request, fn, *args) -> None:
     """Run one request's part of a step; if it raises, that request fails, not the step."""
     try:
         fn(*args)
@@ -97,7 +104,7 @@ def _guarded(sched, req: Request, fn, *args) -> None:
             sched.abort(req, f"error: {type(error).__name__}: {error}")
 
 
-def failed(sched, plan: StepPlan, error: Exception) -> None:
+def failed(sched: SchedulerView, plan: StepPlan, error: Exception) -> None:
     """The step raised before its result was taken (the runner rolled its allocation back):
     retract its requests as suspects, which then run alone; a suspect that fails alone is
     aborted with the error."""
@@ -108,29 +115,27 @@ def failed(sched, plan: StepPlan, error: Exception) -> None:
         if alone and req.suspect:
             sched.abort(req, f"error: {type(error).__name__}: {error}")
         else:
-            sched.retract(req)
-            req.suspect = True
+            sched.retract(req, suspect=True)
 
 
-def _guarded_token(sched, req: Request, token: int, logprob: float) -> None:
+def _guarded_token(sched: SchedulerView, req: Request, token: int, logprob: float) -> None:
     if req.status is Status.RUNNING:  # a round's later tokens after a finish are dropped
         _guarded(sched, req, _take_token, sched, req, token, logprob)
 
 
-def _take_token(sched, req: Request, token: int, logprob: float) -> None:
+def _take_token(sched: SchedulerView, req: Request, token: int, logprob: float) -> None:
     if math.isnan(logprob):  # NaN logits: the sampled token means nothing
         sched.abort(req, f"error: the model's logits are NaN at position {req.num_tokens} "
                          "(non-finite weights or an overflow in the compute dtype)")  # fmt: skip
         return
-    req.output.append(token)
-    req.logprobs.append(logprob)
+    req.take_token(token, logprob)
     if token in req.params.stop_token_ids:
         sched.finish(req, "stop")
     elif len(req.output) >= req.params.max_new_tokens:
         sched.finish(req, "length")
 
 
-def _cache_chunk(sched, req: Request) -> None:
+def _cache_chunk(sched: SchedulerView, req: Request) -> None:
     """Between chunks of a prefill: insert what is computed so far and use the cache's slots.
     Policies: free the out-of-window SWA KV first (eager window free), insert no further than
     the admission's full-KV match reached (branch insert)."""
@@ -141,12 +146,11 @@ def _cache_chunk(sched, req: Request) -> None:
         sched.evict_request_window(req)
     if req.swa_branching_seqlen is not None:
         end = min(end, req.swa_branching_seqlen)
-    prefix, req.handle = sched.cache.cache_unfinished(
+    prefix, handle = sched.cache.cache_unfinished(
         req.tokens[:end],
         req.slots,
         cache_protected_len=req.cache_protected_len,
         swa_evicted_seqlen=req.swa_evicted_seqlen,
         handle=req.handle,
     )
-    req.repoint(0, prefix)
-    req.cache_protected_len = max(req.cache_protected_len, len(prefix))
+    req.checkpointed(prefix, handle)

@@ -12,46 +12,29 @@ spec §9, from the ledger's host mirror of the free counts; see BUILD_NOTES.md f
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 import numpy as np
 
-from swajax.prefix_cache.policy import SWAJAX, CachePolicy
+from swajax.arith import ceil_div, round_up
+from swajax.observe import Observer, observed
 from swajax.serving import overlap, progress, results, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
-from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, ceil_page, make_budget
+from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
 from swajax.serving.ledger import PoolLedger
+from swajax.serving.options import EngineOptions, SchedulerConfig
 from swajax.serving.planning import build_plan
 from swajax.serving.request import Request, Status
 
 
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    page_size: int
-    window: int  # memory window W (0 without local layers)
-    pool_mode: PoolMode
-    max_running: int
-    max_context: int
-    chunk_size: int | None = None  # chunked prefill; None = off
-    eviction_interval: int = 128
-    decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
-    radix: bool = True
-    policy: CachePolicy = SWAJAX
-    # Exact SWA-tail rebuild (serving/tail_rebuild.py): the windows of every local layer but the
-    # top one (`tail_rebuild.lower_reach`); None: off (always fall back as SGLang does).
-    rebuild_reach: int | None = None
-    # Speculative decoding: draft tokens verified per decode step (0: off). A decode step then
-    # takes k + 1 positions per request in both pools; the rejected ones go back after it.
-    lookahead: int = 0
-
-
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, cache, ledger: PoolLedger):
-        self.cfg, self.cache, self.ledger = cfg, cache, ledger
+    observer: Observer | None = None  # swajax.observe: a recorder, if any
+
+    def __init__(self, cfg: SchedulerConfig, options: EngineOptions, cache, ledger: PoolLedger):
+        self.cfg, self.options, self.cache, self.ledger = cfg, options, cache, ledger
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.free_rows = list(range(cfg.max_running - 1, -1, -1))
+        self.free_rows = list(range(options.max_running - 1, -1, -1))
         self.retractions = 0
         self.swa_freed_tokens = 0  # out-of-window SWA KV given back by runtime eviction
         # Per admission (a refused attempt's match does not count): cached / all tokens.
@@ -67,7 +50,9 @@ class Scheduler:
         return self.cfg.pool_mode is PoolMode.HYBRID and self.cfg.window > 0
 
     def budget(self) -> Budget:
-        return make_budget(self.cfg, self.ledger, self.cache, self.running, self.separate_swa)
+        return make_budget(
+            self.cfg, self.options, self.ledger, self.cache, self.running, self.separate_swa
+        )
 
     def _charge(self, budget: Budget, n: int, max_new: int) -> None:
         budget.charge(n, max_new, page_size=self.cfg.page_size, window=self.cfg.window)
@@ -94,13 +79,12 @@ class Scheduler:
                 if n:
                     reqs.append(req)
                     lens.append(n)
-        while self.waiting and len(self.running) < self.cfg.max_running:
+        while self.waiting and len(self.running) < self.options.max_running:
             n = self.admit(self.waiting[0], budget)
             if not n:
                 break
-            req = self.waiting.popleft()
-            req.status, req.row = Status.RUNNING, self.free_rows.pop()
-            self.running.append(req)
+            req = self.waiting[0]
+            self.start(req)
             reqs.append(req)
             lens.append(n)
         if reqs:
@@ -110,7 +94,9 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        return Batch(StepKind.DECODE, decoding, [1 + self.cfg.lookahead] * len(decoding))
+        return Batch(
+            StepKind.DECODE, decoding, [1 + self.options.num_speculative_tokens] * len(decoding)
+        )
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -129,7 +115,9 @@ class Scheduler:
                 batch = self.fit(decode)
             else:
                 batch = progress.force(self)
-        plan = build_plan(batch, self.ledger.take_releases(), lookahead=self.cfg.lookahead)
+        plan = build_plan(
+            batch, self.ledger.take_releases(), lookahead=self.options.num_speculative_tokens
+        )
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
         return plan
@@ -168,12 +156,12 @@ class Scheduler:
                 hit, node = rebuild.start, match.tail_node
                 slots = np.concatenate([slots, match.tail[: hit - len(slots)]])
         extend, max_new = len(tokens) - hit, self._max_new(req)
-        if ceil_page(extend, ps) + max_new + ps >= budget.rem_total and self.running:
+        if round_up(extend, ps) + max_new + ps >= budget.rem_total and self.running:
             return 0
         limit = budget.rem_chunk
         if budget.rem_swa is not None:
             need = win.swa_budget_for_req(
-                ceil_page(extend, ps), window=self.cfg.window, page_size=ps, rem_chunk=limit
+                round_up(extend, ps), window=self.cfg.window, page_size=ps, rem_chunk=limit
             )
             if need >= budget.rem_swa:
                 cap = (budget.rem_swa - self.cfg.window - ps) // ps * ps
@@ -219,10 +207,10 @@ class Scheduler:
             if (
                 batch.kind is StepKind.DECODE
                 and not due
-                and not win.decode_eviction_due(start, end, self.cfg.eviction_interval)
+                and not win.decode_eviction_due(start, end, self.options.eviction_interval)
             ):
                 continue
-            if batch.kind is StepKind.EXTEND and self.cfg.radix:
+            if batch.kind is StepKind.EXTEND and self.options.prefix_cache:
                 continue  # the tree owns inserted chunks; only decode evicts with a radix cache
             self.free_window(req, start, end)
 
@@ -241,7 +229,7 @@ class Scheduler:
             page_size=self.cfg.page_size,
             cache_protected_len=req.cache_protected_len,
             swa_evicted_seqlen=req.swa_evicted_seqlen,
-            chunk_cache=not self.cfg.radix,
+            chunk_cache=not self.options.prefix_cache,
             ceil_align=self.cfg.policy.frontier_ceil_align,
         )
 
@@ -254,7 +242,7 @@ class Scheduler:
     def _pages_needed(self, batch: Batch) -> int:
         ps = self.cfg.page_size
         return sum(
-            (-(-(r.kv_len + n) // ps) - -(-r.kv_len // ps)) * ps
+            (ceil_div(r.kv_len + n, ps) - ceil_div(r.kv_len, ps)) * ps
             for r, n in zip(batch.reqs, batch.lens)
         )
 
@@ -266,10 +254,10 @@ class Scheduler:
         room = min(full, swa) // ps * ps
         reqs, lens = [], []
         for req, n in zip(batch.reqs, batch.lens):
-            tail = -(-req.kv_len // ps) * ps - req.kv_len  # free slots on its last page
-            pages = -(-max(n - tail, 0) // ps) * ps
+            tail = round_up(req.kv_len, ps) - req.kv_len  # free slots on its last page
+            pages = round_up(max(n - tail, 0), ps)
             if pages > room:
-                n = min(n, tail + room) if self.cfg.chunk_size is not None else 0
+                n = min(n, tail + room) if self.options.chunk_size is not None else 0
                 pages = room
             if n <= 0:
                 break
@@ -323,6 +311,12 @@ class Scheduler:
         `launched`: the step already launched after it (overlap scheduling), if any."""
         results.take(self, plan, result, launched)
 
+    @observed
+    def allocated(self, plan: StepPlan, slots) -> None:
+        """The device gave `plan` these slots (observed: a trace records them as the allocation
+        call a standalone allocator would have made)."""
+        self.ledger.allocated(slots)
+
     def plan_ahead(self, prev: StepPlan) -> StepPlan | None:
         """Plan the decode step after `prev` while `prev` runs; None: take the plain path."""
         return overlap.plan_ahead(self, prev)
@@ -360,13 +354,23 @@ class Scheduler:
         )
         req.handle = None
 
-    def retract(self, req: Request) -> None:
+    def start(self, req: Request) -> None:
+        """The head of the queue, just admitted, starts running in a free row."""
+        assert self.waiting[0] is req
+        self.waiting.popleft()
+        req.status, req.row = Status.RUNNING, self.free_rows.pop()
+        self.running.append(req)
+
+    def retract(self, req: Request, *, suspect: bool = False) -> None:
         """Give back all of a running request's KV and requeue it at the front; it recomputes
-        its prompt and output later and goes on exactly where it stopped."""
+        its prompt and output later and goes on exactly where it stopped. A `suspect` (its
+        step failed) runs alone from then on."""
         self._hand_over(req, insert=False)
         self._requeue(req)
         req.retractions += 1
         self.retractions += 1
+        if suspect:
+            req.suspect = True
 
     def finish(self, req: Request, reason: str) -> None:
         """Cache a finished request's KV (its last sampled token has none) and release it."""

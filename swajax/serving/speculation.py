@@ -11,8 +11,13 @@ inserted in the prefix cache: the request's slots and length never include it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swajax.serving.scheduler_view import SchedulerView
+
+from swajax.arith import round_up
 from swajax.serving.batch import StepPlan, StepResult
-from swajax.serving.budget import ceil_page
 from swajax.serving.request import Request
 
 
@@ -26,7 +31,7 @@ def kept(req: Request, tokens) -> int:
     return min(len(tokens), room)
 
 
-def take_round(sched, plan: StepPlan, result: StepResult, take_token) -> None:
+def take_round(sched: SchedulerView, plan: StepPlan, result: StepResult, take_token) -> None:
     """Take a verify round's result; `take_token(sched, req, token, logprob)` appends one token
     (finishing the request on a stop token or at its length limit)."""
     k, ps = plan.lookahead, sched.cfg.page_size
@@ -36,7 +41,7 @@ def take_round(sched, plan: StepPlan, result: StepResult, take_token) -> None:
         m = kept(req, new)
         p = req.kv_len
         req.append_slots(slots[:m])
-        own = ceil_page(p + m, ps) - p  # positions on pages that hold a kept position
+        own = round_up(p + m, ps) - p  # positions on pages that hold a kept position
         if own < len(slots):
             sched.ledger.free(slots[own:])
         sched.accepted_tokens += m - 1

@@ -21,10 +21,16 @@ The rules that keep it exact and leak-free, applied by the scheduler:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swajax.serving.scheduler_view import SchedulerView
+
 import dataclasses
 
 import numpy as np
 
+from swajax.arith import round_up
 from swajax.config import HybridConfig
 
 
@@ -64,7 +70,7 @@ def plan(match, *, reach: int, window: int, page_size: int) -> TailRebuild | Non
     if end <= hit or start <= hit:
         return None
     slots = np.concatenate([match.slots, match.tail])
-    exact = -(-(start + reach) // ps) * ps
+    exact = round_up(start + reach, ps)
     return TailRebuild(start, end, slots[start:end].copy(), exact, start - hit)
 
 
@@ -75,7 +81,7 @@ def cut(n: int, rebuild: TailRebuild, kv_len: int) -> int:
     return min(n, rebuild.end - kv_len) if kv_len < rebuild.end else n
 
 
-def settle(sched, req) -> None:
+def settle(sched: SchedulerView, req) -> None:
     """The request has computed up to L: free its SWA KV below `exact_from` (out of every
     window by now), so what it inserts is exact; it is an ordinary request from here on."""
     rebuild = req.rebuild
@@ -83,10 +89,10 @@ def settle(sched, req) -> None:
         return
     start = max(req.swa_evicted_seqlen, req.cache_protected_len)  # below s0: the tree's slots
     sched.free_window(req, start, rebuild.exact_from)
-    req.rebuild = None
+    req.rebuild_settled()
 
 
-def before_checkpoint(sched, req) -> bool:
+def before_checkpoint(sched: SchedulerView, req) -> bool:
     """At a chunk checkpoint: whether the request may insert now. A request still rebuilding
     only frees its own out-of-window SWA KV (the tree already has these tokens)."""
     if req.rebuild is None:

@@ -11,9 +11,7 @@ A request with `pre_len` cached positions next queries position `pre_len`, which
 
 from __future__ import annotations
 
-
-def _ceil_page(x: int, ps: int) -> int:
-    return -(-x // ps) * ps
+from swajax.arith import round_up
 
 
 def eviction_frontier(
@@ -38,11 +36,11 @@ def eviction_frontier(
         raise ValueError(f"cache_protected_len {cache_protected_len} is not a multiple of {ps}")
     floor = max(cache_protected_len, swa_evict_floor)
     if floor > cache_protected_len:
-        floor = _ceil_page(floor, ps)
+        floor = round_up(floor, ps)
     start = max(swa_evicted_seqlen, floor)  # what the cache or the floor owns is skipped
     keep = window if chunk_cache else max(window, ps)
     if ceil_align and not chunk_cache:  # SGLang 0.5.23 keeps whole pages of the window
-        keep = _ceil_page(keep, ps)
+        keep = round_up(keep, ps)
     threshold = pre_len - keep
     end = max(start, threshold) // ps * ps
     return start, max(end, start)

@@ -19,7 +19,7 @@ import dataclasses
 
 from swajax import sizing
 from swajax.config import HybridConfig
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.simulator.step_time import StepTimeModel
 from swajax.simulator.workloads import Workload
 

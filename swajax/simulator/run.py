@@ -12,8 +12,9 @@ import sys
 from swajax import sizing
 from swajax.api import engine_for
 from swajax.config import HybridConfig
-from swajax.serving.engine import Engine, EngineOptions
+from swajax.serving.engine import Engine
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import RequestError, Status
 from swajax.simulator.step_time import Span, StepTimeModel
 from swajax.simulator.workloads import Workload, workload_of

@@ -1,5 +1,5 @@
-"""The recorder: `Tracer` wraps an engine's ledger and prefix cache and writes what they did as
-a trace (format in `swajax.trace`)."""
+"""The recorder: `Tracer` observes an engine's ledger, prefix cache and scheduler (as their
+`observer`, `swajax.observe`) and writes what they did as a trace (format in `swajax.trace`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _node_tokens(node) -> list[int]:
 
 
 class Tracer:
-    """Wraps an engine's ledger and prefix cache (in place) and records their outermost calls.
+    """Observes an engine's ledger and prefix cache and records their outermost calls.
 
     A step's allocation happens on device inside `commit_step`; it is recorded when the
     scheduler takes the step's result, as the `alloc_extend` / `alloc_decode` call a standalone
@@ -63,58 +63,30 @@ class Tracer:
                 config=dict(model_type=engine.cfg.model_type, kinds=engine.cfg.kinds),
             )
         )
-        for name in ("free", "free_swa"):
-            self._wrap(ledger, name)
-        for name in CACHE_OPS:
-            self._wrap(cache, name)
-        self._wrap_allocation(engine.scheduler, ledger)
+        # The ledger, the cache and the scheduler report their calls (swajax.observe).
+        ledger.observer = cache.observer = engine.scheduler.observer = self
 
-    def _wrap_allocation(self, scheduler, ledger):
-        postprocess, allocated = scheduler.postprocess, ledger.allocated
-        current = []
+    def called(self, name, args, kwargs, result, *, outermost: bool) -> None:
+        if name == "lock":  # handles are numbered in the order locks are taken, nested ones too
+            result.trace_id = len(self.handles)
+            self.handles[result.trace_id] = result
+        if not outermost:
+            return
+        if name == "allocated":
+            self._allocation(*args)
+            return
+        line = dict(op=name, **encode_args(name, args, kwargs), expect=self.observe(name, result))
+        self.lines.append(line)
 
-        def take_result(plan, result):
-            current[:] = [plan]
-            return postprocess(plan, result)
-
-        def record_allocation(slots):
-            allocated(slots)
-            plan = current[0]
-            if plan.kind is StepKind.DECODE:
-                op, args = "alloc_decode", dict(seq_lens=plan.seq_lens, last_loc=plan.last_loc)
-            else:
-                op = "alloc_extend"
-                args = dict(
-                    prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens, last_loc=plan.last_loc
-                )
-            args = {k: _ints(v) for k, v in args.items()}
-            self.lines.append(dict(op=op, **args, expect=self.observe(op, (0, slots))))
-
-        scheduler.postprocess, ledger.allocated = take_result, record_allocation
-
-    def _wrap(self, obj, name):
-        inner = getattr(obj, name)
-
-        def call(*args, **kwargs):
-            self.depth += 1
-            try:
-                result = inner(*args, **kwargs)
-            finally:
-                self.depth -= 1
-            if name == "lock":
-                result.trace_id = len(self.handles)
-                self.handles[result.trace_id] = result
-            if self.depth == 0:
-                self.lines.append(
-                    dict(
-                        op=name,
-                        **encode_args(name, args, kwargs),
-                        expect=self.observe(name, result),
-                    )
-                )
-            return result
-
-        setattr(obj, name, call)
+    def _allocation(self, plan, slots) -> None:
+        if plan.kind is StepKind.DECODE:
+            op, args = "alloc_decode", dict(seq_lens=plan.seq_lens, last_loc=plan.last_loc)
+        else:
+            op = "alloc_extend"
+            args = dict(prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens,
+                        last_loc=plan.last_loc)  # fmt: skip
+        args = {k: _ints(v) for k, v in args.items()}
+        self.lines.append(dict(op=op, **args, expect=self.observe(op, (0, slots))))
 
     def observe(self, name, result) -> dict:
         return observe(name, result, self.alloc, self.cache)

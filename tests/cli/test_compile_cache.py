@@ -13,7 +13,7 @@ from swajax.serving.request import SamplingParams
 
 
 def test_a_second_engine_compiles_nothing_new():
-    decoder, setup = demo_decoder(), EngineSpec()
+    decoder, setup = demo_decoder(), EngineSpec.of()
     prompts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
     generate(make_engine(decoder, setup), prompts, SamplingParams(max_new_tokens=6))
     second = make_engine(decoder, setup)

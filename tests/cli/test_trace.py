@@ -86,8 +86,8 @@ def _trace_bytes(prompt_len, tmp_path):
     from swajax import sizing
     from swajax.api import engine_for
     from swajax.presets import load_preset
-    from swajax.serving.engine import EngineOptions
     from swajax.serving.null_model import NullModel
+    from swajax.serving.options import EngineOptions
     from swajax.serving.request import SamplingParams
     from swajax.trace.recorder import Tracer
 

@@ -82,15 +82,16 @@ def test_a_4096_token_prompt_runs_with_default_flags(cli, tmp_path):
 
 
 def test_the_context_limit_is_the_models_and_names_its_flag(cli, tmp_path):
-    folder = _long_context_demo(tmp_path, 1024)
-    ids = ",".join(["20"] * 1030)
+    folder = _long_context_demo(tmp_path, 96)
+    ids = ",".join(["20"] * 100)
     code, _, err = cli("generate", "--model", folder, "--prompt-ids", ids)
-    assert code == 2 and "exceeds the context limit 1024" in err and "--max-context" in err
+    assert code == 2 and "exceeds the context limit 96" in err and "--max-context" in err
     code, out, err = cli("generate", "--model", folder, "--prompt-ids", ids,
-                         "--max-context", "1100", "--max-new-tokens", "2", "--json")  # fmt: skip
+                         "--max-context", "110", "--max-new-tokens", "2", "--json")  # fmt: skip
     assert code == 0, err
     code, _, err = cli("generate", "--model", folder, "--prompt-ids", ids, "--max-context",
-                       "1100", "--kv-budget-gib", "0.0005")  # fmt: skip
+                       "110", "--max-new-tokens", "2", "--kv-budget-gib", "0.00023", "--ratio",
+                       "1")  # fmt: skip
     assert code == 2 and "cannot fit in the KV pools" in err and "--kv-budget-gib" in err
 
 

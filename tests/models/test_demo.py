@@ -22,7 +22,7 @@ def test_ships_small():
 
 def test_held_out_perplexity_through_the_engine():
     text = list((FIXTURES / "demo_heldout.py.txt").read_bytes())
-    engine = make_engine(demo_decoder(), EngineSpec(kv_budget_gib=0.01, max_context=4096))
+    engine = make_engine(demo_decoder(), EngineSpec.of(kv_budget_gib=0.01, max_context=4096))
     logits = teacher_forced_logits(engine, text).astype(np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     nll = logz[:-1] - logits[np.arange(len(text) - 1), text[1:]]

@@ -16,7 +16,7 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.config import ConfigError
 from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
@@ -79,7 +79,7 @@ def test_step3_hub_config_form_reads_as_the_converted_form():
     """Step-3.5-Flash's hub config lists RoPE bases and partial factors per layer, names the KV
     heads num_attention_groups and the sliding heads attention_other_setting; transformers
     converts that into what the fixture's config holds."""
-    from swajax.models.spec import model_spec
+    from swajax.models.family_specs import model_spec
 
     cfg = json.loads((FIXTURES / "step3p7" / "config.json").read_text())
     converted = ("rope_parameters", "per_layer_config", "num_key_value_heads",

@@ -10,7 +10,7 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.models import HybridLM, load_decoder
 from swajax.models.sharding import kv_mesh
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 
 

@@ -10,8 +10,8 @@ from swajax.api import engine_for
 from swajax.prefix_cache import RadixCache, check_invariants
 from swajax.prefix_cache.policy import PROFILES, SWAJAX, CachePolicy, policy_of
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 from swajax.serving.window import eviction_frontier
 
@@ -39,9 +39,17 @@ def _prefill(policy, prompt_len=64):
     """One request through its chunked prefill; stop at its first decode step."""
     e = engine(policy)
     rid = e.add_request(list(range(1, prompt_len + 1)), SamplingParams(max_new_tokens=8))
-    while not e.requests[rid].decoding:
-        e.step()
+    _step_until_decoding(e, rid)
     return e, e.requests[rid]
+
+
+def _step_until_decoding(e, rid, max_steps=200):
+    """Step until the request decodes; a bounded loop, so a regression fails instead of hanging."""
+    for _ in range(max_steps):
+        if e.requests[rid].decoding:
+            return
+        assert e.step() is not None, "the engine went idle before the request decoded"
+    raise AssertionError(f"request {rid} did not reach decoding in {max_steps} steps")
 
 
 def test_eager_window_free_tombstones_the_chunk_before_inserting():
@@ -142,8 +150,7 @@ def test_branch_insert_stops_checkpoints_at_the_full_match():
         e.cache.evict(0, 80)  # tombstone the path up to 80 (its least recent nodes)
         b = a[:80] + list(range(500, 560))
         rid = e.add_request(b, SamplingParams(max_new_tokens=1))
-        while not e.requests[rid].decoding:
-            e.step()
+        _step_until_decoding(e, rid)
         req = e.requests[rid]
         protected[policy.name] = (req.cache_protected_len, req.swa_branching_seqlen)
     full = protected["branch_insert"][1]

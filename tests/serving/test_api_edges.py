@@ -9,8 +9,8 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.errors import InputError
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 
 CFG = load_preset("tiny-hybrid")
@@ -78,7 +78,7 @@ BAD_OPTIONS = [
     (dict(num_speculative_tokens=2.5), "num_speculative_tokens must be an integer >= 0, got 2.5"),
     (dict(num_speculative_tokens=-1), "num_speculative_tokens must be an integer >= 0, got -1"),
     (dict(max_running=0), "max_running must be an integer >= 1, got 0"),
-    (dict(max_context="4096"), "max_context must be an integer >= 1, got '4096'"),
+    (dict(max_context="4096"), "max_context must be an integer >= 1 or None, got '4096'"),
     (dict(chunk_size=0), "chunk_size must be an integer >= 1 or None, got 0"),
     (dict(eviction_interval=True), "eviction_interval must be an integer >= 1, got True"),
     (dict(prefix_cache="yes"), "prefix_cache must be True or False, got 'yes'"),

@@ -9,8 +9,8 @@ from swajax.memory import allocator as A
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
 from swajax.serving import window
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import RequestError, SamplingParams, Status
 
 CFG = load_preset("tiny-hybrid")  # W = 7

@@ -14,7 +14,7 @@ from swajax.api import EngineSpec, make_engine
 from swajax.models import load_decoder
 from swajax.serving.request import SamplingParams
 
-BASE = EngineSpec(
+BASE = EngineSpec.of(
     kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128
 )
 VARIANTS = {
@@ -97,10 +97,9 @@ CASES = [
 
 @pytest.mark.parametrize("family, variant", CASES, indirect=["family"])
 def test_memory_settings_do_not_change_outputs(family, variant):
-    import dataclasses
 
     decoder, (base, base_hits, _) = family
-    outputs, hits, _ = run(decoder, dataclasses.replace(BASE, **VARIANTS[variant]))
+    outputs, hits, _ = run(decoder, BASE.replace(**VARIANTS[variant]))
     for (tokens_a, logits_a), (tokens_b, logits_b) in zip(base, outputs):
         assert tokens_a == tokens_b
         # Logits exist for computed positions only: a longer cache hit computes fewer. Both end

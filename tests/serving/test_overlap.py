@@ -15,7 +15,7 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
-from swajax.serving.engine import EngineOptions
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams
 
 PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(5)]

@@ -11,8 +11,8 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.prefix_cache.policy import PROFILES
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import RequestError, SamplingParams, Status
 
 CFG = load_preset("tiny-hybrid")  # W = 7

@@ -18,8 +18,8 @@ from swajax.api import engine_for
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import RequestError, SamplingParams, Status
 
 PROMPTS = [[(5 * i + 3 * j) % 120 + 1 for i in range(18 + 9 * j)] for j in range(3)]

@@ -91,7 +91,7 @@ def test_workload_file(tmp_path):
 def test_simulated_clock_submits_arrivals_on_time(tmp_path):
     """A request arriving at 100 s waits for the clock (the engine idles until then); its
     time to first token counts from its arrival."""
-    from swajax.serving.engine import EngineOptions
+    from swajax.serving.options import EngineOptions
     from swajax.simulator.run import run_workload
 
     cfg = load_preset("tiny-hybrid")

@@ -6,8 +6,6 @@ scratch); the rebuild must match it to 1e-5 (float32) with identical greedy toke
 family of the transformers fixtures (layer orders S/F, F/S, chunked, KV-shared, K=V).
 """
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
@@ -20,11 +18,11 @@ from swajax.api import EngineSpec, engine_for, make_engine
 from swajax.models import load_decoder
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
-from swajax.serving.engine import EngineOptions
 from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
 from swajax.serving.request import SamplingParams, Status
 
-SETUP = EngineSpec(
+SETUP = EngineSpec.of(
     kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256
 )
 FIRST = [(7 * i + 3) % 120 + 1 for i in range(96)]
@@ -49,7 +47,7 @@ def tombstone_path(cache, tokens):
 
 def with_tombstoned_prefix(decoder, **changes):
     """SECOND after FIRST, whose first 80 tokens' SWA KV was evicted in between."""
-    engine = make_engine(decoder, dataclasses.replace(SETUP, **changes))
+    engine = make_engine(decoder, SETUP.replace(**changes))
     engine.add_request(FIRST, PARAMS)
     engine.run()
     tombstone_path(engine.cache, FIRST[:80])

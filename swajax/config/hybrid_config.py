@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from swajax import hf_compressed
-from swajax.hf_fields import (
+from swajax.config import hf_compressed
+from swajax.config.hf_fields import (
     ConfigError as ConfigError,
     get,
     hf_window,
@@ -27,7 +27,7 @@ from swajax.hf_fields import (
     rope_params,
     rope_theta,
 )
-from swajax.hf_shapes import kv_sources, shape_fields
+from swajax.config.hf_shapes import kv_sources, shape_fields
 
 
 class LayerKind(enum.Enum):

@@ -50,6 +50,36 @@ def positive_int(cfg: Mapping[str, Any], field: str, default: Any = ...) -> int:
     return value
 
 
+def nonneg_int(cfg: Mapping[str, Any], field: str, default: Any = ...) -> int:
+    """`cfg[field]` as an int in [0, its limit] (0: the feature is absent, e.g. no experts)."""
+    value = get(cfg, field, default)
+    limit = LIMITS.get(field, DEFAULT_LIMIT)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise ConfigError(
+            f"config field {field!r} must be an integer in [0, {limit}], got {value!r}"
+        )
+    return value
+
+
+def number(cfg: Mapping[str, Any], field: str, default: Any = ...) -> float | None:
+    """`cfg[field]` as a finite float; an absent field gives `default` (None: "not given")."""
+    value = get(cfg, field, default)
+    if value is None and default is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"config field {field!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def flag(cfg: Mapping[str, Any], field: str, default: Any = ...) -> bool:
+    """`cfg[field]` as a bool (true / false, or 1 / 0)."""
+    value = get(cfg, field, default)
+    if value not in (True, False) or not isinstance(value, bool | int):
+        raise ConfigError(f"config field {field!r} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def hf_window(cfg: Mapping[str, Any], field: str = "sliding_window") -> int:
     """HF `sliding_window` counts the query itself: W = sliding_window - 1."""
     value = positive_int(cfg, field)

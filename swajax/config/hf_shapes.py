@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from swajax.hf_fields import ConfigError, positive_int
+from swajax.config.hf_fields import ConfigError, positive_int
 
 GEMMA4 = ("gemma4", "gemma4_text")
 MIMO = ("mimo_v2_flash", "mimo_v2")

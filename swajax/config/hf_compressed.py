@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from swajax.hf_fields import ConfigError, positive_int
+from swajax.config.hf_fields import ConfigError, positive_int
 
 CSA, HCA, SLIDING = (
     "compressed_sparse_attention",

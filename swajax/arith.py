@@ -1,0 +1,12 @@
+"""Integer rounding used across the layers (pages, blocks, grids): on Python ints and on numpy
+or JAX integer arrays alike."""
+
+
+def ceil_div(a, b):
+    """The smallest integer >= a / b (b > 0)."""
+    return -(-a // b)
+
+
+def round_up(x, multiple):
+    """`x` rounded up to a multiple of `multiple` (a page, a block)."""
+    return ceil_div(x, multiple) * multiple

@@ -1,0 +1,67 @@
+"""What the scheduler runs with: `EngineOptions`, every scheduling and cache setting a user
+chooses, in one frozen object the engine passes down as it is (nothing copied field by field);
+and `SchedulerConfig`, what the engine derives from the pools and the model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from swajax.prefix_cache.policy import DEFAULT, SWAJAX, CachePolicy, policy_of
+from swajax.serving.request import RequestError
+from swajax.sizing import PoolMode
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    max_running: int = 64
+    max_context: int | None = 4096  # None: as long as the pools allow (swajax.api resolves it)
+    chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
+    prefix_cache: bool = True
+    eviction_interval: int = 128
+    cache_policy: str | CachePolicy = DEFAULT  # a profile of swajax.prefix_cache.policy
+    # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
+    # a profile with `fallback_only` (SGLang's) turns it off too.
+    tail_rebuild: bool = True
+    # Speculative decoding: draft tokens per decode step, verified greedily (0: off). Needs a
+    # draft model (`Engine(draft=...)`), except on the null model, which emulates one.
+    num_speculative_tokens: int = 0
+    # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
+    # where the runner can launch a step without reading the previous one (a fused model).
+    overlap: bool = True
+
+    def __post_init__(self):
+        policy_of(self.cache_policy)  # a ValueError naming the profiles
+        for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
+                         ("num_speculative_tokens", 0), ("chunk_size", 1)):  # fmt: skip
+            value = getattr(self, name)
+            optional = name in ("chunk_size", "max_context")
+            if optional and value is None:
+                continue
+            if not is_int(value) or value < lo:
+                more = " or None" if optional else ""
+                raise RequestError(f"{name} must be an integer >= {lo}{more}, got {value!r}")
+        for name in ("prefix_cache", "tail_rebuild", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+def is_int(value) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler derives from the pools and the model; every setting a user chooses is
+    in the `EngineOptions` passed beside it."""
+
+    page_size: int
+    window: int  # memory window W (0 without local layers)
+    pool_mode: PoolMode
+    policy: CachePolicy = SWAJAX  # the resolved cache-policy profile of `options.cache_policy`
+    decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
+    # Exact SWA-tail rebuild (serving/tail_rebuild.py): the windows of every local layer but the
+    # top one (`tail_rebuild.lower_reach`); None: off (always fall back as SGLang does).
+    rebuild_reach: int | None = None
