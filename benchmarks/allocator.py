@@ -6,7 +6,7 @@ Prints the median microseconds per call (after warm-up) of alloc_decode (64 and 
 requests, page sizes 1, 16, 64, sequence lengths 1k-32k), alloc_extend (8 requests x 2,048 new
 tokens) and free_swa (a page-aligned 128-token span of each of 64 requests in one call, passed as
 one slot per page as runtime eviction does), for swajax and for
-the Python model of tests/allocator_model.py measured in the same run, with the ratio.
+the Python model of tests/helpers/allocator_model.py measured in the same run, with the ratio.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 from allocator_model import ModelAllocator  # noqa: E402
 
 from swajax.memory import allocator as A  # noqa: E402
