@@ -1,4 +1,4 @@
-"""Generate with a Hugging Face checkpoint directory through the engine.
+"""Generate with a Hugging Face checkpoint directory through the public API.
 
     python examples/generate_checkpoint.py [DIR]      # default: the GPT-OSS test fixture
 
@@ -10,23 +10,21 @@ cache.
 import sys
 from pathlib import Path
 
-from swajax.api import EngineSpec, generate, make_engine
-from swajax.models import load_decoder
-from swajax.serving.request import SamplingParams
+import swajax
 
 DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gpt_oss"
 
 
 def main(path=DEFAULT):
-    setup = EngineSpec.of(kv_budget_gib=0.001, page_size=4, eviction_interval=128)
-    engine = make_engine(load_decoder(path), setup)
+    llm = swajax.LLM(str(path), kv_budget_gib=0.001, page_size=4, eviction_interval=128)
+    params = swajax.SamplingParams(max_new_tokens=8)
     prompt = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27]
-    first, _ = generate(engine, [prompt], SamplingParams(max_new_tokens=8))
-    turn2 = prompt + first[0].output + [9, 10]
-    second, summary = generate(engine, [turn2], SamplingParams(max_new_tokens=8))
-    print("first:", first[0].output, "second:", second[0].output)
+    (first,) = llm.generate([prompt], params)
+    (second,) = llm.generate([prompt + first.token_ids + [9, 10]], params)
+    summary = llm.summary()
+    print("first:", first.token_ids, "second:", second.token_ids, "reused:", second.cached_tokens)
     print("memory:", summary)
-    return first[0].output, second[0].output, summary
+    return first.token_ids, second.token_ids, summary
 
 
 if __name__ == "__main__":

@@ -254,4 +254,5 @@ def hf_preset(name: str) -> Mapping[str, Any]:
 
 
 def load_preset(name: str) -> HybridConfig:
+    """The layer layout of a published model or a tiny test config, by name (`PRESETS`)."""
     return parse_hf_config(hf_preset(name))

@@ -14,8 +14,14 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
     """Run all prompts together; returns the finished requests (in order) and a summary."""
     rids = [engine.add_request(p, params) for p in prompts]
     engine.run()
+    return [engine.requests[r] for r in rids], summary(engine)
+
+
+def summary(engine: Engine) -> dict:
+    """What an engine's run did to memory: peak occupancy of both pools, prefix hits, SWA KV
+    freed, retractions, accepted draft tokens, and this process's compilations."""
     m = engine.metrics
-    summary = dict(
+    return dict(
         steps=len(m),
         peak_full_used=max((x.full_used for x in m), default=0),
         peak_swa_used=max((x.swa_used for x in m), default=0),
@@ -28,7 +34,6 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
         compilations=compilation_count(),  # this process, persistent-cache hits excluded
         compile_cache_hits=cache_hits(),
     )
-    return [engine.requests[r] for r in rids], summary
 
 
 def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:

@@ -8,12 +8,10 @@ import sys
 
 import numpy as np
 
-from swajax.api import EngineSpec, generate, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE, model_folder
+from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_logits
+from swajax.api.engine_spec import KV_DTYPE
 from swajax.cli import args as args_lib
-from swajax.generation_config import stop_token_ids
 from swajax.json_lines import read_json_lines
-from swajax.models.decoder import Decoder
 from swajax.serving.request import SamplingParams
 from swajax.tokenizer import Tokenizer
 
@@ -61,7 +59,12 @@ PROMPT_KEYS = {"prompt", "prompt_ids"}
 
 
 def _spec(args) -> EngineSpec:
-    return EngineSpec.of(
+    return EngineSpec.of(**_engine_fields(args))
+
+
+def _engine_fields(args) -> dict:
+    """The engine's settings from the flags: `EngineSpec` and `EngineOptions` fields."""
+    return dict(
         kv_budget_gib=args.kv_budget_gib,
         max_context=args.max_context,
         max_running=args.max_running,
@@ -89,12 +92,6 @@ def _speculative_tokens(args) -> int:
     return 4 if k is None else k
 
 
-def _draft(args) -> Decoder | None:
-    if args.draft_model is None:
-        return None
-    return load_model(args.draft_model, args.dtype, flag="--draft-model")[0]
-
-
 def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
     given = [x is not None for x in (args.prompt, args.prompt_ids, args.prompts_file)]
     if sum(given) > 1:
@@ -117,34 +114,36 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
-    prompts = _prompts(args, tokenizer)
-    stops = () if args.ignore_eos else stop_token_ids(model_folder(args.model))
+    fields = _engine_fields(args)
+    del fields["dtype"]
+    if args.draft_model is None:
+        del fields["num_speculative_tokens"]
+    llm = LLM(args.model, dtype=args.dtype, chat=args.chat, ignore_eos=args.ignore_eos,
+              draft_model=args.draft_model, **fields)  # fmt: skip
+    prompts = _prompts(args, llm.tokenizer)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        stop_token_ids=stops,
     )
-    reqs, summary = generate(make_engine(decoder, _spec(args), _draft(args)), prompts, params)
-    for prompt, req in zip(prompts, reqs):
-        text = tokenizer.decode(req.output)
-        if args.json:
+    outputs = llm.generate(prompts, params)
+    summary = llm.summary()
+    if args.json:
+        for out in outputs:
             line = dict(
-                prompt_ids=prompt,
-                tokens=req.output,
-                logprobs=_finite(req.logprobs),
-                text=text,
-                finish_reason=req.finish_reason,
+                prompt_ids=out.prompt_token_ids,
+                tokens=out.token_ids,
+                logprobs=_finite(out.logprobs),
+                text=out.text,
+                finish_reason=out.finish_reason,
+                cached_tokens=out.cached_tokens,
             )
             print(json.dumps(line, allow_nan=False))
-        else:
-            shown = f" {text!r}" if text is not None else ""
-            print(f"[{len(prompt)} prompt tokens] -> {req.output}{shown} ({req.finish_reason})")
-    if args.json:
         print(json.dumps(dict(summary=summary), allow_nan=False))
     else:
+        for out in outputs:
+            _print_output(out, len(outputs), args.show_ids)
         print(
             f"memory: peak full {summary['peak_full_used']}/{summary['full_tokens']} tokens, "
             f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
@@ -152,7 +151,19 @@ def run_generate(args) -> int:
         )
         if args.draft_model is not None:
             print(f"speculative: {summary['draft_tokens_accepted']} draft tokens accepted")
-    return 0 if all(r.finish_reason in ("length", "stop") for r in reqs) else 1
+    return 0 if all(o.finish_reason in ("length", "stop") for o in outputs) else 1
+
+
+def _print_output(out, count: int, show_ids: bool) -> None:
+    """The continuation as text first (ids when there is no tokenizer), then a labelled line."""
+    if count > 1:
+        print(f"=== prompt {out.index + 1} of {count} ===")
+    print(out.text if out.text is not None else f"token ids: {out.token_ids}")
+    cached = f", {out.cached_tokens} from the prefix cache" if out.cached_tokens else ""
+    print(f"[finish: {out.finish_reason}; {len(out.token_ids)} tokens generated from "
+          f"{len(out.prompt_token_ids)} prompt tokens{cached}]")  # fmt: skip
+    if show_ids and out.text is not None:
+        print(f"token ids: {out.token_ids}")
 
 
 def run_logits(args) -> int:
@@ -226,7 +237,10 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0)
     p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip
+    p.add_argument("--show-ids", action="store_true",
+                   help="also print the generated token ids after the text")  # fmt: skip
     p.set_defaults(func=run_generate)
     p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
     _add_model_args(p)

@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+import swajax
 from swajax import compile_cache, sizing
 from swajax.cli import args as args_lib, conformance, generate, plan, simulate
 from swajax.cli.args import UsageError
@@ -118,6 +119,7 @@ def _register_tools(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="swajax", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--version", action="version", version=f"swajax {swajax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     plan.register(sub)
     simulate.register(sub)
@@ -132,8 +134,13 @@ def _warning(command: str, message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if not argv:  # bare `swajax`: the usage and the commands, not an error line
+        parser.print_help()
+        return 2
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as e:  # a bad argument (one line already printed), or --help
         return e.code if isinstance(e.code, int) else 2
     try:

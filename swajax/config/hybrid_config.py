@@ -31,6 +31,9 @@ from swajax.config.hf_shapes import kv_sources, shape_fields
 
 
 class LayerKind(enum.Enum):
+    """What a layer attends: every key before it (full), W keys before it and itself
+    (sliding), or its own chunk of C keys (chunked, Llama 4)."""
+
     FULL = "full"
     SLIDING = "sliding"
     CHUNKED = "chunked"

@@ -33,6 +33,10 @@ def engine_window(cfg: HybridConfig, draft=None) -> int:
 
 
 class Engine:
+    """The serving loop over two KV pools: `add_request`, `step` (one scheduled batch through
+    the device), `run` (until idle), `abort`; `requests`, `metrics` and `errors` record what
+    happened. Build it with `swajax.api.engine_for` (or `make_engine`, or `swajax.LLM`)."""
+
     def __init__(
         self,
         cfg: HybridConfig,

@@ -15,6 +15,9 @@ from swajax.sizing import PoolMode
 
 @dataclasses.dataclass(frozen=True)
 class EngineOptions:
+    """Scheduling and prefix-cache settings of an engine (validated on construction: a bad
+    value is a `RequestError` naming the field and the limit)."""
+
     max_running: int = 64
     max_context: int | None = 4096  # None: as long as the pools allow (swajax.api resolves it)
     chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off

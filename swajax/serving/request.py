@@ -17,6 +17,9 @@ class RequestError(InputError):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
+    """How one request samples and stops: `max_new_tokens`, `temperature` (0: greedy),
+    `top_p`, `seed` (with the position, the sample is reproducible), `stop_token_ids`."""
+
     max_new_tokens: int = 16
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -90,6 +93,7 @@ class Request:
     handle: object = None  # prefix-cache lock
     rebuild: object = None  # a `tail_rebuild.TailRebuild` until the request has passed its end
     retractions: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied at its last admission
     suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
     logits: list = dataclasses.field(default_factory=list)  # per computed position, if kept

@@ -174,6 +174,7 @@ class Scheduler:
         if n <= 0:
             return 0
         req.handle = self.cache.lock(node)
+        req.cached_tokens = hit
         self.hit_tokens += hit
         self.tail_miss_tokens += match.tail_miss
         self.admitted_tokens += len(tokens)

@@ -1,0 +1,81 @@
+"""The public API, used only through `import swajax`, as an inference script would."""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import swajax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "gpt_oss"
+CASE = json.loads((FIXTURE / "greedy.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return swajax.LLM(str(FIXTURE), max_context=256)
+
+
+def test_generate_matches_transformers_greedy(llm):
+    (out,) = llm.generate([CASE["prompt"]], swajax.SamplingParams(max_new_tokens=8))
+    assert isinstance(out, swajax.CompletionOutput)
+    assert out.token_ids == CASE["greedy"] and out.finish_reason == "length"
+    assert out.prompt_token_ids == CASE["prompt"] and len(out.logprobs) == 8
+    assert out.text is None  # the fixture has no tokenizer.json
+
+
+def test_a_batch_keeps_its_order_and_a_repeat_hits_the_prefix_cache(llm):
+    a, b = CASE["prompt"], CASE["prompt"][:9] + [3, 4]
+    outs = llm.generate([a, b, a], swajax.SamplingParams(max_new_tokens=3))
+    assert [o.index for o in outs] == [0, 1, 2] and outs[0].token_ids == CASE["greedy"][:3]
+    again = llm.generate(a, swajax.SamplingParams(max_new_tokens=3))  # one prompt, not a list
+    assert again[0].token_ids == outs[0].token_ids and again[0].cached_tokens > 0
+
+
+def test_stream_yields_the_tokens_generate_gives():
+    llm = swajax.LLM("tiny", ignore_eos=True)
+    params = swajax.SamplingParams(max_new_tokens=12)
+    (expected,) = llm.generate("def fibonacci(n):", params)
+    events = list(llm.stream(["def fibonacci(n):", "import os"], params))
+    mine = [e for e in events if e.index == 0]
+    assert [e.token_id for e in mine] == expected.token_ids
+    assert "".join(e.text for e in mine) == expected.text
+    assert [e.finish_reason for e in mine] == [None] * 11 + ["length"]
+    assert {e.index for e in events} == {0, 1}
+    assert all(isinstance(e, swajax.StreamEvent) for e in events)
+
+
+def test_bad_input_is_one_error_type():
+    llm = swajax.LLM("tiny")
+    for prompts in ([], [[1.5]], None):
+        with pytest.raises(swajax.InputError):
+            llm.generate(prompts)
+    with pytest.raises(swajax.InputError, match="--model must be 'tiny' or a checkpoint"):
+        swajax.LLM("no/such/folder")
+
+
+def test_every_public_name_resolves_and_has_a_docstring():
+    for name in swajax.__all__:
+        value = getattr(swajax, name)
+        assert value.__doc__, name
+    assert set(swajax.__all__) <= set(dir(swajax))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        swajax.Nope  # noqa: B018
+
+
+def test_import_swajax_is_cheap_and_typed():
+    code = "import sys, swajax; assert 'jax' not in sys.modules, 'jax imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (ROOT / "swajax" / "py.typed").exists()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert swajax.__version__ == version
+
+
+def test_version_and_bare_usage(cli):
+    assert cli("--version")[0] == 0
+    code, out, _ = cli()
+    assert code == 2 and "usage: swajax" in out and "generate" in out
