@@ -27,9 +27,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _run_convert(args: argparse.Namespace) -> int:
     from swajax.models import load_decoder, save_orbax
+    from swajax.models.loading import checkpoint_dtype
 
-    save_orbax(load_decoder(args.source), args.source, args.out, force=args.force)
-    print(f"wrote {args.out}")
+    dtype = args.dtype or checkpoint_dtype(args.source)  # keep the checkpoint's own
+    save_orbax(load_decoder(args.source, dtype=dtype), args.source, args.out, force=args.force)
+    print(f"wrote {args.out} ({dtype})")
     return 0
 
 
@@ -88,6 +90,8 @@ def _register_tools(sub) -> None:
     p.add_argument("source", metavar="DIR", help="config.json + *.safetensors")
     p.add_argument("out", metavar="OUT", help="output folder (config.json + params/)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="the params' dtype (default: the checkpoint's own)")  # fmt: skip
     p.set_defaults(func=_run_convert)
 
     p = sub.add_parser("record", help="record allocator / prefix-cache operations of a run")

@@ -141,16 +141,38 @@ def _checkpointer():
     return ocp.StandardCheckpointer()
 
 
+# Not copied beside the converted params: the weights, and a Python package marker (the demo).
+NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "__init__.py")
+
+
+def checkpoint_dtype(path: str | Path) -> str:
+    """The dtype a checkpoint's config says its weights are (`dtype`, or the older
+    `torch_dtype`; in multimodal wrappers under `text_config`): one of DTYPES, else float32."""
+    cfg = read_config(path)
+    for fields in (cfg, cfg.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            if fields.get(key) in DTYPES:
+                return fields[key]
+    return "float32"
+
+
 def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=False) -> None:
-    """Write converted params as an orbax checkpoint next to a copy of config.json.
+    """Write converted params as an orbax checkpoint beside the checkpoint's other files:
+    config.json, generation_config.json, the tokenizer and chat template (every file of
+    `source` but the safetensors weights and their index), so a converted folder generates from
+    text and stops where the original does.
 
     Built in a temporary folder beside `out` and swapped into place at the end
     (`swajax.folder_swap`): a failed or killed conversion leaves `out` as it was, and the next
     run cleans up after a killed one. A non-empty `out` is refused unless `force`.
     """
+    source = Path(source)
 
     def build(folder: Path) -> None:
-        shutil.copy(Path(source) / "config.json", folder / "config.json")
+        for file in sorted(source.iterdir()):
+            skip = any(file.match(pattern) for pattern in NOT_COPIED)
+            if file.is_file() and not skip:
+                shutil.copy(file, folder / file.name)  # a hub snapshot's links are followed
         checkpointer = _checkpointer()
         checkpointer.save(folder / ORBAX_DIR, nnx.state(decoder))
         checkpointer.wait_until_finished()

@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, TOLERANCE
+from helpers import FIXTURES, ROOT, TOLERANCE
 
 from swajax import sizing
 from swajax.api import engine_for
@@ -274,3 +274,32 @@ def test_step3_multi_token_prediction_layers_are_ignored(tmp_path):
 
     loaded, original = nnx.state(load_decoder(dst)), nnx.state(load_decoder(FIXTURES / "step3p7"))
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), loaded, original)))
+
+
+def test_convert_keeps_the_checkpoints_files_and_dtype(tmp_path, cli):
+    """A converted folder keeps the tokenizer, the generation config and the weights' dtype:
+    it generates and stops where the original does."""
+    import shutil
+
+    import jax
+    import orbax.checkpoint as ocp
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "mimo_v2_flash", src)  # eos 2 is its 4th greedy token
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (src / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    out = tmp_path / "out"
+    assert cli("convert", src, out)[0] == 0
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (src / name).read_bytes()
+    assert not list(out.glob("*.safetensors"))
+    case = json.loads((src / "greedy.json").read_text())
+    ids = ",".join(map(str, case["prompt"]))
+    lines = [cli("generate", "--model", d, "--prompt-ids", ids, "--json")[1] for d in (src, out)]
+    tokens = [json.loads(x.splitlines()[0])["tokens"] for x in lines]
+    assert tokens[0] == tokens[1] == [83, 18, 96, 2]
+    demo = tmp_path / "demo"
+    assert cli("convert", ROOT / "swajax" / "demo", demo)[0] == 0  # a bfloat16 checkpoint
+    meta = ocp.StandardCheckpointer().metadata(str(demo / "params")).item_metadata
+    assert "bfloat16" in {str(leaf.dtype) for leaf in jax.tree.leaves(meta)}
+    assert not (demo / "__init__.py").exists()
