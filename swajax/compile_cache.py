@@ -15,6 +15,7 @@ the hook here deletes the unreadable entry so that the fresh program takes its p
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -60,6 +61,7 @@ def enable(path: str | Path | None = None, *, report: Callable[[str], None] = _w
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     _replace_unreadable_entries(folder, report)
+    logging.getLogger(__name__).info("compile cache: %s", folder)
     return folder
 
 

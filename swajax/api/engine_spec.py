@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 from swajax import sizing
@@ -131,6 +132,11 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     if draft is not None:
         draft_lm = HybridLM(draft, dtype=kv, implementation=spec.attention, interpret=pallas)
     options = _options(decoder, spec, sizes)
+    logging.getLogger(__name__).info(
+        "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",
+        sizes.full_tokens, sizes.swa_tokens, sizes.mode.value, sizes.page_size, kv,
+        options.max_context,
+    )  # fmt: skip
     return engine_for(cfg, model, sizes, options, draft=draft_lm)
 
 

@@ -206,3 +206,40 @@ def load_object(spec: str, flag: str):
     if not callable(obj):
         raise UsageError(f"{flag} {spec!r} is not callable")
     return obj
+
+
+# Help for flags several commands share (each means the same everywhere); `fill_help` gives it
+# to any of them registered without one, so no option is left undocumented (a test checks).
+SHARED_HELP = {
+    "--dtype": "bytes per KV element for sizing: bf16, fp16, fp32 or fp8",
+    "--eviction-interval": "decode steps between runtime SWA evictions",
+    "--requests": "how many requests the workload holds",
+    "--seed": "random seed (workloads; sampling with --temperature)",
+    "--kv-budget-gib": "GiB of KV for both pools together",
+    "--ratio": "swa_full_tokens_ratio: SWA pool tokens per full pool token",
+    "--page-size": "tokens per KV page",
+    "--json": "print JSON instead of a table",
+    "--attention": "attention implementation: the XLA path or the Pallas kernels",
+    "--disable-hybrid-memory": "one pool for every layer (no SWA pool)",
+    "--no-prefix-cache": "share nothing between requests (no radix tree)",
+    "--max-new-tokens": "most tokens to generate per prompt",
+    "--temperature": "sampling temperature (0: greedy)",
+    "--top-p": "nucleus sampling: keep the smallest set of tokens with this much mass",
+    "--chunk-size": "prefill chunk size in tokens",
+    "--workload": "a built-in workload name or a JSON-lines file",
+    "--out": "file to write",
+    "trace": "a trace file written by `swajax record` (JSON lines, optionally .gz)",
+    "folder": "the conformance kit's folder",
+}
+
+
+def fill_help(parser: argparse.ArgumentParser) -> None:
+    """Give every option of `parser` and its subcommands a help string and its default."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                fill_help(sub)
+        elif action.help is None and not isinstance(action, argparse._HelpAction):
+            name = action.option_strings[0] if action.option_strings else action.dest
+            action.help = SHARED_HELP.get(name)
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -124,13 +125,42 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="swajax", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--version", action="version", version=f"swajax {swajax.__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log what happens (-v: info, -vv: debug)")  # fmt: skip
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="errors only: no progress bars, no info")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     plan.register(sub)
     simulate.register(sub)
     generate.register(sub)
     _register_tools(sub)
     conformance.register(sub)
+    args_lib.fill_help(parser)
     return parser
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time (tests swap it between commands)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    """The `swajax` loggers' level from -v / --quiet (warnings by default), one handler."""
+    log = logging.getLogger("swajax")
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("swajax: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    log.setLevel(logging.ERROR if quiet else levels.get(verbose, logging.DEBUG))
 
 
 def _warning(command: str, message: str) -> None:
@@ -147,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # a bad argument (one line already printed), or --help
         return e.code if isinstance(e.code, int) else 2
+    _configure_logging(args.verbose, args.quiet)
     try:
         if not getattr(args, "no_compile_cache", True):
             # Programs of an earlier run on this machine are reused; a cache that cannot be

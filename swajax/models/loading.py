@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -18,8 +19,10 @@ from swajax.models.family_specs import model_spec
 from swajax.models.quantization import quantization
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import WeightLoader
+from swajax.progress_bar import progress
 
 ORBAX_DIR = "params"
+LOG = logging.getLogger(__name__)
 
 
 def read_config(path: str | Path) -> dict:
@@ -109,8 +112,13 @@ def load_decoder(
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
     ignore = _ignored(spec, text_config(cfg)[1])
-    loader = WeightLoader(Checkpoint(files, ignore), decoder, quantization(cfg), mesh)
-    decoder.load(loader)
+    checkpoint = Checkpoint(files, ignore)
+    LOG.info("loading %s: %d tensors in %d file(s) as %s", path, len(checkpoint.names()),
+             len(files), dtype)  # fmt: skip
+    parameters = sum(isinstance(node, nnx.Variable) for _, node in nnx.iter_graph(decoder))
+    with progress(parameters, f"loading {path.name}") as advance:
+        loader = WeightLoader(checkpoint, decoder, quantization(cfg), mesh, advance)
+        decoder.load(loader)
     loader.check_complete(decoder)
     return decoder
 

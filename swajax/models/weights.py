@@ -35,8 +35,11 @@ def interleave_halves(w: np.ndarray) -> np.ndarray:
 class WeightLoader:
     """`fill(param, name)` sets one parameter of `module` (an abstract NNX module)."""
 
-    def __init__(self, checkpoint: Checkpoint, module: nnx.Module, quant=None, mesh=None):
+    def __init__(self, checkpoint: Checkpoint, module: nnx.Module, quant=None, mesh=None,
+                 advance=None):  # fmt: skip
+        """`advance(n)`: told after each parameter is filled (a progress bar)."""
         self.checkpoint, self.quant, self.mesh = checkpoint, quant or Quantization(), mesh
+        self._advance = advance or (lambda n=1: None)
         self._paths = {
             id(node): path
             for path, node in nnx.iter_graph(module)
@@ -61,6 +64,7 @@ class WeightLoader:
 
         param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
         self.checkpoint.release()
+        self._advance()
 
     def fill_stacked(self, param: nnx.Variable, names: list[list[str]], transform=None) -> None:
         """Stack per-expert nn.Linear weights: expert j's tensors `names[j]`, each [out, in],
@@ -84,6 +88,7 @@ class WeightLoader:
             jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
         )
         self.checkpoint.release()
+        self._advance()
 
     def fill_joined(self, param: nnx.Variable, names: list[str], transform=None) -> None:
         """Stacked per-expert projections, one tensor per projection [E, out, in] (Step 3.x's
@@ -104,6 +109,7 @@ class WeightLoader:
             jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
         )
         self.checkpoint.release()
+        self._advance()
 
     def _sharding(self, param):
         if self.mesh is None:

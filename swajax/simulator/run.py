@@ -7,9 +7,8 @@ a like-for-like measure of what hybrid SWA memory buys.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
-from swajax import sizing
+from swajax import progress_bar, sizing
 from swajax.api import engine_for
 from swajax.config import HybridConfig
 from swajax.serving.engine import Engine
@@ -50,14 +49,6 @@ class RunSummary:
     itl_s: float = 0.0
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r{label:8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-
-
 def run_workload(
     cfg: HybridConfig,
     sizes: sizing.PoolSizes,
@@ -88,34 +79,32 @@ def run_workload(
         arrivals[rid], submitted[rid], token_times[rid] = arrival, clock, []
 
     finished = set()
-    while True:
-        while pending and (timer is None or pending[0].at <= clock):
-            submit(pending.pop(0))
-        if engine.idle:
-            if not pending:
+    with progress_bar.progress(workload.total, str(sizes.mode.value), shown=progress) as advance:
+        while True:
+            while pending and (timer is None or pending[0].at <= clock):
+                submit(pending.pop(0))
+            if engine.idle:
+                if not pending:
+                    break
+                clock = pending[0].at  # nothing to run until the next arrival
+                continue
+            metrics = engine.step()
+            if metrics is None:
                 break
-            clock = pending[0].at  # nothing to run until the next arrival
-            continue
-        metrics = engine.step()
-        if metrics is None:
-            break
-        if timer is not None:
-            clock += timer.step_seconds(Span(pre, seq) for _, pre, seq, _ in metrics.spans)
-        for rid, _, _, sampled in metrics.spans:
-            if sampled:
-                token_times[rid].append(clock)
-        for rid, arrival in list(arrivals.items()):
-            req = engine.requests[rid]
-            if req.status is Status.FINISHED and rid not in finished:
-                finished.add(rid)
-                nxt = workload.follow_up(arrival, req.output)
-                if nxt is not None:
-                    nxt.at = clock
-                    pending.insert(0, nxt)
-        if progress and len(engine.metrics) % 200 == 0:
-            _progress(len(finished) + len(rejected), workload.total, sizes.mode)
-    if progress:
-        _progress(len(finished) + len(rejected), workload.total, sizes.mode)
+            if timer is not None:
+                clock += timer.step_seconds(Span(pre, seq) for _, pre, seq, _ in metrics.spans)
+            for rid, _, _, sampled in metrics.spans:
+                if sampled:
+                    token_times[rid].append(clock)
+            for rid, arrival in list(arrivals.items()):
+                req = engine.requests[rid]
+                if req.status is Status.FINISHED and rid not in finished:
+                    finished.add(rid)
+                    nxt = workload.follow_up(arrival, req.output)
+                    if nxt is not None:
+                        nxt.at = clock
+                        pending.insert(0, nxt)
+                    advance()
     summary = _summary(engine, sizes, arrivals, finished, len(rejected))
     if timer is None:
         return summary
