@@ -20,8 +20,7 @@ from swajax.config import (
 )
 from swajax.errors import InputError as InputError
 from swajax.presets import load_preset as load_preset
-
-__version__ = "0.1.0"
+from swajax.version import __version__ as __version__
 
 _LAZY = {
     "LLM": "swajax.api",

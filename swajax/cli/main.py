@@ -13,10 +13,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import swajax
 from swajax import compile_cache, sizing
 from swajax.cli import args as args_lib, conformance, generate, plan, simulate
 from swajax.cli.args import UsageError
+from swajax.version import __version__
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -124,7 +124,7 @@ def _register_tools(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="swajax", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    parser.add_argument("--version", action="version", version=f"swajax {swajax.__version__}")
+    parser.add_argument("--version", action="version", version=f"swajax {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log what happens (-v: info, -vv: debug)")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true",
