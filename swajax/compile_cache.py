@@ -15,6 +15,7 @@ the hook here deletes the unreadable entry so that the fresh program takes its p
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -86,7 +87,7 @@ def _replace_unreadable_entries(folder: Path, report: Callable[[str], None]) -> 
         found = _READ_ERROR.search(str(message))
         if found is None:
             return previous(message, category, filename, lineno, file, line)
-        for entry in folder.glob(f"{glob_escape(found.group(1))}-*-cache"):
+        for entry in folder.glob(f"{glob.escape(found.group(1))}-*-cache"):
             if _unreadable(entry):
                 entry.unlink(missing_ok=True)
                 report(f"the compile cache entry {entry.name} was unreadable; replaced")
@@ -95,7 +96,3 @@ def _replace_unreadable_entries(folder: Path, report: Callable[[str], None]) -> 
     if getattr(previous, "swajax_cache_folder", None) != folder:
         show.swajax_cache_folder = folder  # type: ignore[attr-defined]
         warnings.showwarning = show
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)

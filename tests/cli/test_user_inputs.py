@@ -117,12 +117,10 @@ def test_a_missing_draft_folder_is_named_as_the_draft(cli):
     assert code == 2 and "--draft-model must be 'tiny' or a checkpoint directory" in err
 
 
-@pytest.mark.parametrize("command", ["generate", "simulate", "replay"])
-def test_a_non_regular_input_is_refused_before_reading(cli, command, tmp_path):
-    zero = tmp_path / "zero.jsonl"
-    zero.symlink_to("/dev/zero")  # reads forever; a name the workload flag accepts
-    argv = {
-        "generate": ["generate", "--prompts-file", zero],
+def _reading(command: str, path) -> list:
+    """The argv of a command that reads `path` as its input file."""
+    return {
+        "generate": ["generate", "--prompts-file", str(path)],
         "simulate": [
             "simulate",
             "--preset",
@@ -130,11 +128,17 @@ def test_a_non_regular_input_is_refused_before_reading(cli, command, tmp_path):
             "--kv-budget-gib",
             "0.01",
             "--workload",
-            zero,
+            str(path),
         ],  # fmt: skip
-        "replay": ["replay", zero],
+        "replay": ["replay", str(path)],
     }[command]
-    code, _, err = cli(*argv)
+
+
+@pytest.mark.parametrize("command", ["generate", "simulate", "replay"])
+def test_a_non_regular_input_is_refused_before_reading(cli, command, tmp_path):
+    zero = tmp_path / "zero.jsonl"
+    zero.symlink_to("/dev/zero")  # reads forever; a name the workload flag accepts
+    code, _, err = cli(*_reading(command, zero))
     assert code == 2 and "zero.jsonl is not a regular file" in err
 
 
@@ -148,23 +152,11 @@ def test_deeply_nested_json_names_the_line(cli, tmp_path):
 @pytest.mark.parametrize("command", ["generate", "simulate", "replay"])
 def test_an_oversized_line_exits_in_seconds_under_a_memory_limit(tmp_path, command):
     """A 1 GiB line, generated on the fly (a FIFO would be refused; a sparse file costs no
-    disk): each command stops at the line limit with the line named, within 512 MiB."""
+    disk): each command stops at the line limit, naming the line, in a 3 GiB address space."""
     path = tmp_path / "big.jsonl"
     with open(path, "wb") as f:
         f.truncate(1 << 30)  # a sparse 1 GiB line of NUL bytes, no newline
-    argv = {
-        "generate": ["generate", "--prompts-file", str(path)],
-        "simulate": [
-            "simulate",
-            "--preset",
-            "tiny-hybrid",
-            "--kv-budget-gib",
-            "0.01",
-            "--workload",
-            str(path),
-        ],  # fmt: skip
-        "replay": ["replay", str(path)],
-    }[command]
+    argv = _reading(command, path)
     limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
     code = limit + "import sys; from swajax.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = dict(os.environ, SWAJAX_COMPILE_CACHE="off")

@@ -80,7 +80,7 @@ def test_a_hub_cache_snapshot_loads(tmp_path, reference, shards):
     "name",
     [
         "../model-00001-of-00002.safetensors",
-        "/tmp/x.safetensors",
+        "ABSOLUTE",  # an absolute path, made under tmp_path below
         "sub/../../x.safetensors",
         "..\\x.safetensors",
     ],
@@ -89,6 +89,8 @@ def test_an_index_naming_a_file_outside_is_refused(tmp_path, name, symlinks):
     files = _shards(FIXTURES / "qwen3", 2)
     index = json.loads(files["model.safetensors.index.json"])
     first = next(iter(index["weight_map"]))
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "elsewhere" / "x.safetensors")
     index["weight_map"][first] = name
     files["model.safetensors.index.json"] = json.dumps(index).encode()
     if symlinks:
