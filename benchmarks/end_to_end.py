@@ -54,7 +54,7 @@ def prompts(n: int, length: int):
 def run_swajax(batch, a):
     from swajax.api import EngineSpec, generate, make_engine
     from swajax.models import load_decoder
-    from swajax.serving.request import SamplingParams
+    from swajax.serving.sampling_params import SamplingParams
 
     setup = EngineSpec.of(
         kv_budget_gib=0.05,

@@ -22,7 +22,7 @@ from swajax.api import engine_for
 from swajax.demo import demo_decoder
 from swajax.models.decoder import HybridLM
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 def run(decoder, prompts, new: int, k: int):

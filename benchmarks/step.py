@@ -25,7 +25,7 @@ try:  # this layout
     from swajax.api import engine_for
     from swajax.serving.null_model import NullModel
     from swajax.serving.options import EngineOptions
-    from swajax.serving.request import SamplingParams
+    from swajax.serving.sampling_params import SamplingParams
 except ImportError:  # the flat layout before the layered one (engines built their own runner)
     from swajax.engine import Engine as engine_for, EngineOptions  # noqa: F401
     from swajax.null_model import NullModel

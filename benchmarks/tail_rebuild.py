@@ -25,7 +25,7 @@ import numpy as np
 from swajax import sizing
 from swajax.presets import load_preset
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 from swajax.simulator.run import run_workload
 from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
 from swajax.simulator.workloads import Arrival, Workload

@@ -29,8 +29,8 @@ _LAZY = {
     "EngineSpec": "swajax.api",
     "Engine": "swajax.serving.engine",
     "EngineOptions": "swajax.serving.options",
-    "SamplingParams": "swajax.serving.request",
-    "RequestError": "swajax.serving.request",
+    "SamplingParams": "swajax.serving.sampling_params",
+    "RequestError": "swajax.errors",
 }
 
 __all__ = [

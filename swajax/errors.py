@@ -6,3 +6,8 @@ message names the value and the limit it broke. The command line prints it as on
 class InputError(ValueError):
     """A value from outside (argument, request, file) that cannot be used; the message names it
     and the limit."""
+
+
+class RequestError(InputError):
+    """A request (or an engine setting) that cannot be served; the message names the value and
+    the limit."""

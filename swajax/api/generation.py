@@ -7,7 +7,7 @@ import numpy as np
 
 from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.serving.engine import Engine
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):

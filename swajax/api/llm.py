@@ -10,35 +10,40 @@ from collections.abc import Iterator, Sequence
 
 from swajax.api.engine_spec import EngineSpec, load_model, make_engine, model_folder
 from swajax.api.generation import summary
+from swajax.api.stop_strings import StopWatch
 from swajax.errors import InputError
 from swajax.generation_config import stop_token_ids
 from swajax.serving.engine import Engine
-from swajax.serving.request import Request, SamplingParams
+from swajax.serving.request import Request
+from swajax.serving.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 
 
 @dataclasses.dataclass(frozen=True)
 class CompletionOutput:
-    """One finished request."""
+    """One finished sample of one prompt."""
 
-    index: int  # its place among the prompts given
+    index: int  # its prompt's place among the prompts given
     prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str | None  # None when the checkpoint has no tokenizer.json
-    logprobs: list[float]  # of each generated token
+    token_ids: list[int]  # up to the one that completed a stop string, if one did
+    text: str | None  # None when the checkpoint has no tokenizer.json; never the stop string
+    logprobs: list[float]  # of each generated token (the model's raw distribution)
     finish_reason: str  # "stop", "length", or "abort: <why>"
     cached_tokens: int  # prompt tokens the prefix cache supplied at its (last) admission
+    sample: int = 0  # which of the prompt's n samples (SamplingParams.n)
+    top_logprobs: list[dict[int, float]] | None = None  # per token, if SamplingParams.logprobs
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamEvent:
-    """One generated token of one request, as its step finishes."""
+    """One generated token of one sample, as its step finishes."""
 
     index: int  # the prompt's place
     token_id: int
-    text: str | None  # the text this token adds (None without a tokenizer)
-    finish_reason: str | None  # set on the request's last event
+    text: str | None  # the text this event adds (None without a tokenizer)
+    finish_reason: str | None  # set on the sample's last event
+    sample: int = 0
 
 
 class LLM:
@@ -74,45 +79,59 @@ class LLM:
     def generate(
         self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> list[CompletionOutput]:
-        """Run every prompt (text or token ids) together; outputs in the prompts' order."""
-        rids = self._add(prompts, sampling)
-        self.engine.run()
-        return [self._output(i, self.engine.requests[rid]) for i, rid in enumerate(rids)]
+        """Run every prompt (text or token ids) together; outputs in the prompts' order, the
+        n samples of a prompt (`sampling.n`) one after another."""
+        samples = self._add(prompts, sampling)
+        while self._step(samples):
+            pass
+        return [self._output(x) for x in samples]
 
     def stream(
         self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> Iterator[StreamEvent]:
-        """Every generated token of every prompt, as the step that made it finishes."""
-        rids = self._add(prompts, sampling)
-        seen = [0] * len(rids)
-        texts = [""] * len(rids)
+        """Every generated token of every sample, as the step that made it finishes."""
+        samples = self._add(prompts, sampling)
         while True:
-            for i, rid in enumerate(rids):
-                yield from self._new_events(i, self.engine.requests[rid], seen, texts)
-            if all(self.engine.requests[r].done for r in rids):
-                self.engine.flush()  # releases still queued reach the device
+            for x in samples:
+                yield from self._new_events(x)
+            if not self._step(samples):
                 return
-            if self.engine.step() is None:  # the progress guarantee makes this unreachable
-                raise RuntimeError("the engine went idle with requests unfinished")
 
     def summary(self) -> dict:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
         return summary(self.engine)
 
-    def _new_events(self, i: int, req: Request, seen: list[int], texts: list[str]):
-        while seen[i] < len(req.output):
-            token = req.output[seen[i]]
-            seen[i] += 1
-            last = seen[i] == len(req.output) and req.done
-            text = self.tokenizer.decode(req.output[: seen[i]])
-            delta = None if text is None else text[len(texts[i]) :]
-            texts[i] = text or ""
-            yield StreamEvent(i, token, delta, req.finish_reason if last else None)
-        if req.done and not req.output and seen[i] == 0:
-            seen[i] = -1  # an aborted request with no token: one event saying why
-            yield StreamEvent(i, -1, None, req.finish_reason)
+    def _step(self, samples: list[_Sample]) -> bool:
+        """One engine step, then stop strings; False once every sample has ended."""
+        for x in samples:
+            req = self.engine.requests[x.rid]
+            if not req.done and x.watch.check(req.output):
+                self.engine.stop(x.rid)
+        if all(self.engine.requests[x.rid].done for x in samples):
+            self.engine.flush()  # releases still queued reach the device
+            return False
+        if self.engine.step() is None:  # the progress guarantee makes this unreachable
+            raise RuntimeError("the engine went idle with requests unfinished")
+        return True
 
-    def _add(self, prompts, sampling: SamplingParams | None) -> list[int]:
+    def _new_events(self, x: _Sample):
+        req = self.engine.requests[x.rid]
+        out = self._tokens(x, req)
+        while x.seen < len(out):
+            token = out[x.seen]
+            x.seen += 1
+            last = x.seen == len(out) and req.done
+            text = self.tokenizer.decode(out[: x.seen])
+            delta = None
+            if text is not None:
+                shown = x.watch.visible(text, last)
+                delta, x.shown = shown[len(x.shown) :], shown
+            yield StreamEvent(x.index, token, delta, req.finish_reason if last else None, x.sample)
+        if req.done and not out and x.seen == 0:
+            x.seen = -1  # an aborted request with no token: one event saying why
+            yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
+
+    def _add(self, prompts, sampling: SamplingParams | None) -> list[_Sample]:
         batch = [prompts] if _single(prompts) else list(prompts)
         if not batch:
             raise InputError("prompts is empty: give a prompt or a list of prompts")
@@ -120,19 +139,51 @@ class LLM:
         if self.stop_token_ids:
             stops = tuple(dict.fromkeys(params.stop_token_ids + self.stop_token_ids))
             params = dataclasses.replace(params, stop_token_ids=stops)
+        if params.stop and self.tokenizer.missing is not None:
+            raise InputError(f"stop strings {params.stop!r} need the checkpoint's tokenizer.json")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        return [self.engine.add_request(p, params) for p in ids]
+        one = dataclasses.replace(params, n=1)
+        samples = []
+        for index, prompt in enumerate(ids):
+            lead = None
+            for i in range(params.n):
+                seeded = dataclasses.replace(one, seed=params.sample_seed(i))
+                rid = self.engine.add_request(prompt, seeded, follows=lead)
+                lead = rid if lead is None else lead
+                watch = StopWatch(self.tokenizer.decode, params.stop)
+                samples.append(_Sample(index, i, rid, watch))
+        return samples
 
-    def _output(self, index: int, req: Request) -> CompletionOutput:
+    def _tokens(self, x: _Sample, req: Request) -> list[int]:
+        return req.output if x.watch.cut is None else req.output[: x.watch.cut[0]]
+
+    def _output(self, x: _Sample) -> CompletionOutput:
+        req = self.engine.requests[x.rid]
+        out = self._tokens(x, req)
+        text = self.tokenizer.decode(out) if x.watch.cut is None else x.watch.cut[1]
         return CompletionOutput(
-            index=index,
+            index=x.index,
             prompt_token_ids=list(req.prompt),
-            token_ids=list(req.output),
-            text=self.tokenizer.decode(req.output),
-            logprobs=list(req.logprobs),
+            token_ids=list(out),
+            text=text,
+            logprobs=list(req.logprobs[: len(out)]),
             finish_reason=req.finish_reason,
             cached_tokens=req.cached_tokens,
+            sample=x.sample,
+            top_logprobs=list(req.top_logprobs[: len(out)]) if req.params.logprobs else None,
         )
+
+
+@dataclasses.dataclass(eq=False)
+class _Sample:
+    """One sample of one prompt, as the API follows it."""
+
+    index: int
+    sample: int
+    rid: int
+    watch: StopWatch
+    seen: int = 0  # tokens streamed
+    shown: str = ""  # text streamed
 
 
 def _single(prompts) -> bool:

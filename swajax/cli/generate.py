@@ -12,7 +12,7 @@ from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_
 from swajax.api.engine_spec import KV_DTYPE
 from swajax.cli import args as args_lib
 from swajax.json_lines import read_json_lines
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 from swajax.tokenizer import Tokenizer
 
 

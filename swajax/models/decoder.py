@@ -17,10 +17,11 @@ from swajax.memory import pool as pool_lib
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
-from swajax.models.sampling import sample
+from swajax.models.sampling import SampleMode, sample
 from swajax.models.spec import Block, Mlp, ModelSpec
 
 XLA = AttentionMode()
+GREEDY_OR_PLAIN = SampleMode()  # no penalties, no top-N logprobs
 MLPS = {Mlp.GPT_OSS_MOE: GptOssMoE, Mlp.LLAMA4_MOE: Llama4MoE, Mlp.MIMO_MOE: MimoMoE}
 
 
@@ -149,16 +150,15 @@ class Forward:
         model = nnx.merge(self.graphdef, state)
         return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
-    def __call__(self, state, pools, batch, meta, return_logits: bool):
+    def __call__(self, state, pools, batch, meta, return_logits: bool, penalties=None,
+                 mode: SampleMode = GREEDY_OR_PLAIN):  # fmt: skip
+        """(pools, penalties, Sampled): forward the batch, then sample its sampled rows."""
         model = nnx.merge(self.graphdef, state)
         logits, pools = model(
             batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
         )
-        rows = logits[batch.sample_index]
-        tokens, logprobs = sample(
-            rows, batch.temperature, batch.top_p, batch.seeds, batch.sample_positions
-        )
-        return pools, (tokens, logprobs, logits if return_logits else None)
+        sampled, penalties = sample(logits[batch.sample_index], batch, penalties, mode)
+        return pools, penalties, sampled._replace(logits=logits if return_logits else None)
 
 
 _FORWARDS: dict = {}
@@ -169,10 +169,12 @@ def forward_of(graphdef, mode: AttentionMode) -> Forward:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("forward", "return_logits"), donate_argnames=("pools",)
+    jax.jit,
+    static_argnames=("forward", "return_logits", "mode"),
+    donate_argnames=("pools", "penalties"),
 )
-def _forward_and_sample(forward, state, pools, batch, meta, return_logits):
-    return forward(state, pools, batch, meta, return_logits)
+def _forward_and_sample(forward, state, pools, batch, meta, return_logits, penalties, mode):
+    return forward(state, pools, batch, meta, return_logits, penalties, mode)
 
 
 class HybridLM:
@@ -215,15 +217,18 @@ class HybridLM:
             pools = shard_pools(pools, self.mesh)
         return pools
 
-    def forward_and_sample(self, pools, batch, meta, *, return_logits: bool = False):
+    def forward_and_sample(self, pools, batch, meta, *, return_logits: bool = False,
+                           penalties=None, mode: SampleMode = GREEDY_OR_PLAIN):  # fmt: skip
         """One step on device: forward the batch (a padded `ForwardBatch` of device arrays),
-        sample inside the same jit; returns (pools, (tokens, logprobs, logits or None))."""
+        sample inside the same jit; returns (pools, penalties, Sampled)."""
         if self.mesh is not None:  # the batch's metadata is built on one device: replicate it
             from swajax.models.sharding import replicate
 
             meta = replicate(meta, self.mesh)
             batch = replicate(batch, self.mesh)
-        return _forward_and_sample(self.forward, self.state, pools, batch, meta, return_logits)
+            penalties = None if penalties is None else replicate(penalties, self.mesh)
+        return _forward_and_sample(self.forward, self.state, pools, batch, meta, return_logits,
+                                   penalties, mode)  # fmt: skip
 
     @property
     def fused_forward(self) -> Forward | None:

@@ -1,35 +1,147 @@
-"""Token sampling inside the model's jit: greedy, or temperature + top-p keyed by (seed, position).
+"""Token sampling inside the step's jit: penalties, then greedy or temperature / top-k / top-p /
+min-p sampling keyed by (seed, position).
+
+The order and each rule are transformers' (`RepetitionPenaltyLogitsProcessor`, then the
+`Temperature`, `TopK`, `TopP` and `MinP` warpers, in the order `generate` chains them), with
+OpenAI's presence and frequency penalties beside the repetition penalty (vLLM's definition);
+`tests/models/test_sampling.py` checks each against transformers' processors on the same logits.
 
 Keying each draw by the request's seed and the position makes generation reproducible across
 batching and retraction: a recomputed request draws exactly the tokens it drew before.
+
+The penalties need each request's token counts: `Penalties` keeps them on the device, one row per
+`req_to_token` row, seeded once when a request is admitted (its prompt and any output it already
+had) and counted up by every sampled token inside the step, so nothing is re-uploaded per step.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
+F32 = jnp.float32
 
-def sample(logits, temperature, top_p, seeds, positions):
-    """(tokens i32[S], logprobs f32[S]) for logits [S, V]; per-row temperature, top_p, seed
-    (uint32) and position. Traceable: `forward_and_sample` calls it inside its jit."""
-    logits = logits.astype(jnp.float32)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-    def draw(row, t, p, seed, pos):
-        scaled = row / jnp.maximum(t, 1e-6)
-        order = jnp.argsort(-scaled)
-        probs = jax.nn.softmax(scaled[order])
-        keep = jnp.cumsum(probs) - probs < p  # the smallest prefix reaching top_p
-        masked = jnp.where(keep, scaled[order], -jnp.inf)
-        key = jax.random.fold_in(jax.random.key(seed), pos)
-        return order[jax.random.categorical(key, masked)].astype(jnp.int32)
+class SampleMode(NamedTuple):
+    """The static part of a step's sampling (part of the program's identity)."""
+
+    penalize: bool = False  # some sampled request has a penalty: read and count its tokens
+    top_logprobs: int = 0  # N > 0: the N most likely tokens' logprobs of every sampled row
+
+
+class Penalties(NamedTuple):
+    """Per-`req_to_token`-row token counts (device state, allocated when first needed)."""
+
+    output: jax.Array  # i32[rows, V]: occurrences in the output
+    prompt: jax.Array  # bool[rows, V]: occurs in the prompt
+
+
+class Sampled(NamedTuple):
+    """What a step samples (device arrays; `logits` and the top-N only when asked for)."""
+
+    tokens: jax.Array  # i32[S]
+    logprobs: jax.Array  # f32[S]: of the sampled token under the raw distribution
+    logits: jax.Array | None = None  # f32[K, V]: every logit row (teacher forcing)
+    top_ids: jax.Array | None = None  # i32[S, N]
+    top_logprobs: jax.Array | None = None  # f32[S, N]
+
+
+def init_penalties(rows: int, vocab: int) -> Penalties:
+    return Penalties(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool))
+
+
+def seed_penalties(pen: Penalties, reset_rows, rows, tokens, is_output) -> Penalties:
+    """Clear `reset_rows`, then count (row, token) pairs: output tokens into `output`, the rest
+    into `prompt`. Out-of-range rows (padding) are dropped."""
+    drop = pen.output.shape[0]
+    output = pen.output.at[reset_rows].set(0, mode="drop")
+    prompt = pen.prompt.at[reset_rows].set(False, mode="drop")
+    output = output.at[jnp.where(is_output > 0, rows, drop), tokens].add(1, mode="drop")
+    prompt = prompt.at[jnp.where(is_output > 0, drop, rows), tokens].set(True, mode="drop")
+    return Penalties(output, prompt)
+
+
+def penalize(logits, pen: Penalties, rows, repetition, presence, frequency):
+    """Logits [S, V] with each row's penalties applied: repetition (transformers': a logit of a
+    token seen in the prompt or output is divided by the penalty if positive, multiplied if
+    negative), then presence and frequency (OpenAI's: minus presence if the token occurs in
+    the output, minus frequency per occurrence)."""
+    counts = jnp.take(pen.output, rows, axis=0, mode="clip")
+    seen = jnp.take(pen.prompt, rows, axis=0, mode="clip") | (counts > 0)
+    rep = repetition[:, None]
+    x = jnp.where(seen, jnp.where(logits < 0, logits * rep, logits / rep), logits)
+    occurs = (counts > 0).astype(F32)
+    return x - frequency[:, None] * counts.astype(F32) - presence[:, None] * occurs
+
+
+def filtered(scaled, top_k, top_p, min_p):
+    """(masked logits sorted high to low, their token ids): the tokens outside top-k, then
+    outside the smallest prefix reaching top_p, then below min_p times the top probability are
+    -inf. The most likely token always stays. top_k 0, top_p 1 and min_p 0 keep everything."""
+    order = jnp.argsort(-scaled, axis=-1)
+    s = jnp.take_along_axis(scaled, order, axis=-1)
+    kth = jnp.take_along_axis(s, jnp.clip(top_k - 1, 0, s.shape[-1] - 1)[:, None], axis=-1)
+    keep = (top_k[:, None] <= 0) | (s >= kth)  # ties with the k-th stay, as in transformers
+    s = jnp.where(keep, s, -jnp.inf)
+    probs = jax.nn.softmax(s, axis=-1)
+    keep &= (top_p[:, None] >= 1) | (jnp.cumsum(probs, axis=-1) - probs < top_p[:, None])
+    s = jnp.where(keep, s, -jnp.inf)
+    probs = jax.nn.softmax(s, axis=-1)
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    return jnp.where(keep, s, -jnp.inf), order
+
+
+def processed(logits, temperature, top_k, top_p, min_p):
+    """The sampling distribution's logits in vocabulary order (-inf where filtered out)."""
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    s, order = filtered(scaled, top_k, top_p, min_p)
+    rows = jnp.arange(s.shape[0])[:, None]
+    return jnp.full_like(s, -jnp.inf).at[rows, order].set(s)
+
+
+def draw_keys(seeds, positions, salt=None):
+    """One PRNG key per row from (seed, position[, salt]): a draw's identity. `salt` (an int or
+    one per row) tells apart several draws at one position (speculative decoding's)."""
+    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions)
+    if salt is None:
+        return keys
+    salt = jnp.broadcast_to(jnp.asarray(salt, jnp.uint32), positions.shape)
+    return jax.vmap(jax.random.fold_in)(keys, salt)
+
+
+def _draw(x, b):
+    """Temperature rows sampled from the processed distribution of logits x; greedy rows
+    argmax. A greedy-only batch skips the vocabulary sort."""
+    greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
 
     def draw_all(_):
-        sampled = jax.vmap(draw)(logits, temperature, top_p, seeds, positions)
-        return jnp.where(temperature > 0, sampled, greedy)
+        scaled = x / jnp.maximum(b.temperature, 1e-6)[:, None]
+        s, order = filtered(scaled, b.top_k, b.top_p, b.min_p)
+        keys = draw_keys(b.seeds, b.sample_positions)
+        idx = jax.vmap(jax.random.categorical)(keys, s)
+        sampled = jnp.take_along_axis(order, idx[:, None], axis=-1)[:, 0].astype(jnp.int32)
+        return jnp.where(b.temperature > 0, sampled, greedy)
 
-    # A greedy batch skips the sort over the vocabulary that top-p needs.
-    tokens = jax.lax.cond(jnp.any(temperature > 0), draw_all, lambda _: greedy, None)
-    return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return jax.lax.cond(jnp.any(b.temperature > 0), draw_all, lambda _: greedy, None)
+
+
+def sample(logits, b, pen: Penalties | None, mode: SampleMode):
+    """(Sampled, penalties) for logits [S, V] and the batch `b`'s per-row sampling fields
+    (temperature, top_k, top_p, min_p, the three penalties, seeds, sample_positions and
+    sample_rows: each row's req_to_token row). Traceable: the step's program calls it."""
+    raw = logits.astype(F32)
+    logprobs = jax.nn.log_softmax(raw, axis=-1)
+    x = raw
+    if mode.penalize:
+        x = penalize(x, pen, b.sample_rows, b.repetition_penalty, b.presence_penalty,
+                     b.frequency_penalty)  # fmt: skip
+    tokens = _draw(x, b)
+    if mode.penalize:  # count the new token (padding rows are out of range: dropped)
+        pen = pen._replace(output=pen.output.at[b.sample_rows, tokens].add(1, mode="drop"))
+    top_ids = top_lp = None
+    if mode.top_logprobs:
+        top_lp, top_ids = jax.lax.top_k(logprobs, mode.top_logprobs)
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return Sampled(tokens, chosen, None, top_ids, top_lp), pen

@@ -3,9 +3,17 @@
 After `commit_step` has allocated k + 1 positions [p, p + k] for every decoding request (an
 extend), the draft proposes k tokens one position at a time (k + 1 single-token forwards: the
 last one writes the draft's KV of the k-th proposal, so the draft's KV stays in step with the
-target's whatever is accepted), the target verifies all k + 1 rows in one extend, and greedy
-acceptance keeps the longest prefix of proposals that equals the target's own argmax. Both
-models' KV of the rejected positions is simply not used again: the host frees their pages.
+target's whatever is accepted), and the target scores all k + 1 rows in one extend.
+
+Acceptance is speculative sampling (Leviathan et al. 2023, Chen et al. 2023): a proposal d drawn
+from the draft's distribution q is kept with probability min(1, p(d) / q(d)) under the
+target's distribution p (both after temperature, top-k, top-p and min-p); at the first
+rejection the token is drawn from max(p - q, 0), renormalized, and after k acceptances one more
+is drawn from p. The tokens kept are then distributed exactly as the target's own samples. A
+greedy request (temperature 0) is the limit: proposals are the draft's argmax and are kept while
+they equal the target's. Every draw is keyed by (seed, position, role), so a round is
+reproducible. Both models' KV of the rejected positions is simply not used again: the host
+frees their pages.
 
 The draft's KV lives at the same slots as the target's (its layers are part of the cell,
 `sizing.token_bytes(draft=...)`), in its own pool buffers.
@@ -17,10 +25,26 @@ import jax
 import jax.numpy as jnp
 
 from swajax.attention.metadata import MetadataShape, metadata_core
+from swajax.models.sampling import draw_keys, processed
+
+# Salts of the draws at one position: the draft's proposal, the acceptance test, the residual
+# draw after a rejection, the draw after k acceptances.
+DRAFT, ACCEPT, RESIDUAL, FINAL = 1, 2, 3, 4
 
 
 def _argmax(logits):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _params(b, n: int):
+    """The sampling fields of the first n requests (a round has one row per request)."""
+    return b.temperature[:n], b.top_k[:n], b.top_p[:n], b.min_p[:n]
+
+
+def _sample_rows(logits, params, keys):
+    """(tokens, probabilities [N, V]) drawn from each row's processed distribution."""
+    x = processed(logits.astype(jnp.float32), *params)
+    return jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32), jax.nn.softmax(x, -1)
 
 
 def verify_round(
@@ -33,27 +57,35 @@ def verify_round(
     r2t,
     alloc,
     meta,
-    tokens,
+    batch,
     rows,
     *,
     k: int,
     draft_shapes: tuple[MetadataShape, ...],
 ):
-    """One round (traced inside the runner's jit). `tokens` is the extend's flat token array,
-    each request's pending token at row r (k + 1); returns (pools, draft pools, greedy i32[R, k+1],
-    logprobs f32[R, k+1], accepted i32[R])."""
+    """One round (traced inside the runner's jit). `batch` is the extend's `ForwardBatch`: its
+    flat tokens hold each request's pending token at row r (k + 1), its sampling fields one
+    entry per request. Returns (pools, draft pools, (tokens i32[R, k+1], their logprobs under
+    the target f32[R, k+1], accepted i32[R]))."""
     n_rows, prefix_lens = rows.shape[0], meta.prefix_lens
+    params = _params(batch, n_rows)
+    temp, seeds = params[0], batch.seeds[:n_rows]
+    sampling = temp > 0
     real = (meta.seq_lens > prefix_lens).astype(jnp.int32)  # padding rows extend nothing
-    first = jnp.take(tokens, jnp.arange(n_rows) * (k + 1), mode="clip")  # pending tokens
-    current, proposals = first, []
+    first = jnp.take(batch.tokens, jnp.arange(n_rows) * (k + 1), mode="clip")  # pending tokens
+    current, proposals, q_probs = first, [], []
     for j, shape in enumerate(draft_shapes):  # k + 1 single-token draft forwards
         pre = prefix_lens + j * real
         m = metadata_core(r2t, alloc, rows, pre, pre + real, shape)
-        step_tokens = current[: shape.num_tokens]
-        rows_j = jnp.arange(shape.num_tokens, dtype=jnp.int32)
-        logits, d_pools = draft.logits(d_state, d_pools, step_tokens, m, rows_j)
-        nxt = jnp.zeros(n_rows, jnp.int32).at[: shape.num_tokens].set(_argmax(logits))
+        n = shape.num_tokens
+        rows_j = jnp.arange(n, dtype=jnp.int32)
+        logits, d_pools = draft.logits(d_state, d_pools, current[:n], m, rows_j)
+        keys = draw_keys(seeds[:n], prefix_lens[:n] + 1 + j, DRAFT)
+        drawn, q = _sample_rows(logits, [x[:n] for x in params], keys)
+        pick = jnp.where(sampling[:n], drawn, _argmax(logits))
+        nxt = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
         proposals.append(nxt)
+        q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
         current = nxt
     proposed = jnp.stack(proposals[:k], axis=1)  # [R, k]: d1 .. dk
     flat = jnp.concatenate([first[:, None], proposed], axis=1)  # t, d1 .. dk per request
@@ -62,12 +94,48 @@ def verify_round(
     logits, pools = target.logits(
         t_state, pools, verify_tokens[:t], meta, jnp.arange(t, dtype=jnp.int32)
     )
-    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    greedy = _argmax(logits)
-    lp = jnp.take_along_axis(logprobs, greedy[:, None], axis=-1)[:, 0]
-    size = n_rows * (k + 1)
-    greedy = jnp.zeros(max(t, size), jnp.int32).at[:t].set(greedy)[:size].reshape(n_rows, k + 1)
-    lp = jnp.zeros(max(t, size), jnp.float32).at[:t].set(lp)[:size].reshape(n_rows, k + 1)
+    size, v = n_rows * (k + 1), logits.shape[-1]
+    logits = jnp.zeros((max(t, size), v), jnp.float32).at[:t].set(logits.astype(jnp.float32))
+    logits = logits[:size].reshape(n_rows, k + 1, v)
+    greedy = _argmax(logits)  # [R, k + 1]
+    tokens, accepted = _accept(logits, greedy, proposed, q_probs[:k], params, seeds,
+                               prefix_lens[:n_rows], k)  # fmt: skip
+    tokens = jnp.where(sampling[:, None], tokens, greedy)
     agree = (proposed == greedy[:, :k]).astype(jnp.int32)
-    accepted = jnp.sum(jnp.cumprod(agree, axis=1), axis=1).astype(jnp.int32)
-    return pools, d_pools, (greedy, lp, accepted)
+    accepted = jnp.where(sampling, accepted, jnp.sum(jnp.cumprod(agree, axis=1), axis=1))
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    lp = jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0]
+    return pools, d_pools, (tokens, lp, accepted.astype(jnp.int32))
+
+
+def _accept(logits, greedy, proposed, q_probs, params, seeds, prefix, k: int):
+    """Speculative sampling of every row as if it sampled: (tokens [R, k + 1], accepted [R]),
+    where tokens[:a] are the kept proposals and tokens[a] the residual (or final) draw."""
+    n_rows = logits.shape[0]
+    rep = lambda x: jnp.repeat(x, k + 1, axis=0)  # noqa: E731 - per request -> per row
+    flat = logits.reshape(n_rows * (k + 1), -1)
+    p = jax.nn.softmax(processed(flat, *(rep(x) for x in params)), -1)
+    p = p.reshape(n_rows, k + 1, -1)
+    q = jnp.stack(q_probs, axis=1) if k else p[:, :0]  # [R, k, V]
+    pos = prefix[:, None] + 1 + jnp.arange(k + 1)  # position of each row's token
+    seed_rows = jnp.repeat(seeds[:, None], k + 1, axis=1)
+
+    def keys(salt):
+        return draw_keys(seed_rows.reshape(-1), pos.reshape(-1), salt)
+
+    u = jax.vmap(jax.random.uniform)(keys(ACCEPT)).reshape(n_rows, k + 1)[:, :k]
+    p_d = jnp.take_along_axis(p[:, :k], proposed[..., None], axis=-1)[..., 0]
+    q_d = jnp.take_along_axis(q, proposed[..., None], axis=-1)[..., 0]
+    keep = (u * q_d < p_d).astype(jnp.int32)  # u < p / q without dividing by q
+    accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1)
+    residual = jnp.maximum(p[:, :k] - q, 0.0)
+    empty = jnp.sum(residual, axis=-1, keepdims=True) <= 0  # p == q: draw from p itself
+    residual = jnp.where(empty, p[:, :k], residual)
+    # The k + 1 candidate draws: a residual at each proposal, from p after the last.
+    dist = jnp.concatenate([residual, p[:, k:]], axis=1).reshape(n_rows * (k + 1), -1)
+    salts = jnp.tile(jnp.where(jnp.arange(k + 1) < k, RESIDUAL, FINAL), n_rows)
+    draws = jax.vmap(jax.random.categorical)(keys(salts), jnp.log(dist)).reshape(n_rows, k + 1)
+    j = jnp.arange(k + 1)[None, :]
+    padded = jnp.concatenate([proposed, jnp.zeros((n_rows, 1), jnp.int32)], axis=1)
+    tokens = jnp.where(j < accepted[:, None], padded, draws.astype(jnp.int32))
+    return tokens, accepted

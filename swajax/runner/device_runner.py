@@ -22,6 +22,7 @@ from swajax.memory import allocator as A
 from swajax.memory.compilations import compilation_count
 from swajax.memory.padding import bucket, pad
 from swajax.memory.req_to_token import ReqToToken
+from swajax.models.sampling import SampleMode, init_penalties, seed_penalties
 from swajax.models.speculative import verify_round
 from swajax.runner.commit import (
     FREE_FULL,
@@ -36,10 +37,11 @@ from swajax.runner.commit import (
     commit_step,
 )
 from swajax.runner.packing import pack
+from swajax.runner.step_inputs import MIN_TOKENS, SEEDS, offset, pad_forward, seed_arrays
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
-MIN_REQS, MIN_TOKENS, MIN_EDITS = 8, 64, 64
+MIN_REQS, MIN_EDITS = 8, 64
 
 
 _COMMIT = ("layout", "decode", "num_tokens", "meta_shape")
@@ -65,70 +67,56 @@ def _fill_placeholders(packed, prev_tokens, *, start: int, size: int):
     return packed.at[start : start + size].set(jnp.where(tokens < 0, prev_tokens[row], tokens))
 
 
+def _seeded(pen, extra: dict):
+    """The penalty counts with a step's seeds loaded (if it carries any)."""
+    if SEEDS[0] not in extra:
+        return pen
+    return seed_penalties(pen, *(extra.pop(name) for name in SEEDS))
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("forward", "draft", "return_logits", *_COMMIT),
-    donate_argnums=(0, 1, 2, 3),
+    static_argnames=("forward", "draft", "return_logits", "mode", *_COMMIT),
+    donate_argnums=(0, 1, 2, 3, 4),
 )
-def _fused_step(alloc, r2t, pools, d_pools, packed, weights, d_weights, *, forward, draft,
-                return_logits, **commit):  # fmt: skip
-    """commit_step then the model's forward (a static `Forward`), traced into one program; a
-    speculative draft (`draft`, or None) writes its KV of the same tokens."""
+def _fused_step(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
+                return_logits, mode, **commit):  # fmt: skip
+    """commit_step then the model's forward (a static `Forward`) and sampling, traced into one
+    program; a speculative draft (`draft`, or None) writes its KV of the same tokens."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
     extra.pop("verify_rows", None)
+    pen = _seeded(pen, extra)
     batch = ForwardBatch(**extra)
-    pools, sampled = forward(weights, pools, batch, meta, return_logits)
+    pools, pen, sampled = forward(weights, pools, batch, meta, return_logits, pen, mode)
     if draft is not None:
         _, d_pools = draft.logits(d_weights, d_pools, batch.tokens, meta, batch.logit_index[:1])
-    return alloc, r2t, pools, d_pools, out, sampled
+    return alloc, r2t, pools, d_pools, pen, out, sampled
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("forward", "draft", "k", "draft_shapes", *_COMMIT),
-    donate_argnums=(0, 1, 2, 3),
+    static_argnames=("forward", "draft", "k", "draft_shapes", "mode", *_COMMIT),
+    donate_argnums=(0, 1, 2, 3, 4),
 )
-def _fused_verify(alloc, r2t, pools, d_pools, packed, weights, d_weights, *, forward, draft, k,
-                  draft_shapes, **commit):  # fmt: skip
+def _fused_verify(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
+                  k, draft_shapes, mode, **commit):  # fmt: skip
     """commit_step (k + 1 positions per decoding request) then a speculative round."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
+    rows = extra.pop("verify_rows")
     pools, d_pools, verified = verify_round(
         forward, draft, weights, d_weights, pools, d_pools, r2t, alloc, meta,
-        extra["tokens"], extra["verify_rows"], k=k, draft_shapes=draft_shapes,
+        ForwardBatch(**extra), rows, k=k, draft_shapes=draft_shapes,
     )  # fmt: skip
-    return alloc, r2t, pools, d_pools, out, verified
+    return alloc, r2t, pools, d_pools, pen, out, verified
 
 
-def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
-    out = np.full(n, fill, dtype)
-    out[: len(x)] = x
-    return out
+@jax.jit
+def _seed_only(pen, reset_rows, rows, tokens, is_output):
+    return seed_penalties(pen, reset_rows, rows, tokens, is_output)
 
 
-def pad_forward(fwd: ForwardBatch, num_tokens: int, min_rows: int = 1) -> ForwardBatch:
-    """The forward inputs padded to bucket shapes (padding rows sample row 0, and are dropped)."""
-    k = bucket(len(fwd.logit_index), min_rows)
-    s = bucket(len(fwd.sample_index), min_rows)
-    return ForwardBatch(
-        tokens=_pad_to(fwd.tokens, num_tokens, np.int32),
-        logit_index=_pad_to(fwd.logit_index, k, np.int32),
-        sample_index=_pad_to(fwd.sample_index, s, np.int32),
-        temperature=_pad_to(fwd.temperature, s, np.float32),
-        top_p=_pad_to(fwd.top_p, s, np.float32, 1.0),
-        seeds=_pad_to(fwd.seeds, s, np.uint32),
-        sample_positions=_pad_to(fwd.sample_positions, s, np.int32),
-    )
-
-
-def _offset(layout, name: str) -> tuple[int, int]:
-    """(start, size) of one array in a packed buffer."""
-    start = 0
-    for key, shape, _ in layout:
-        size = int(np.prod(shape))
-        if key == name:
-            return start, size
-        start += size
-    raise KeyError(name)
+def _mode(plan: StepPlan) -> SampleMode:
+    return SampleMode(plan.penalize, plan.top_logprobs)
 
 
 class DeviceRunner:
@@ -145,6 +133,8 @@ class DeviceRunner:
         self.pools = model.init_pools(sizes) if model.needs_kv else None
         # The draft's KV sits at the same slots, in buffers of its own layers.
         self.draft_pools = draft.init_pools(sizes) if draft is not None else None
+        # Per-row token counts for the penalties: allocated by the first step that needs them.
+        self.penalties, self._rows = None, max_running
         self._compiles0 = compilation_count()
 
     def compilations(self) -> int:
@@ -238,7 +228,8 @@ class DeviceRunner:
             packed, commit = self._prepare(plan, last)
             draft = self.draft.fused_forward if self.draft is not None else None
             d_state = self.draft.state if self.draft is not None else None
-            state = (self.alloc, self.r2t, self.pools, self.draft_pools)
+            pen = self._penalties(plan)
+            state = (self.alloc, self.r2t, self.pools, self.draft_pools, pen)
             if plan.lookahead:
                 step = functools.partial(
                     _fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
@@ -246,16 +237,27 @@ class DeviceRunner:
             else:
                 step = functools.partial(_fused_step, return_logits=plan.return_logits)
             if after is not None:
-                start, size = _offset(commit["layout"], "tokens")
+                start, size = offset(commit["layout"], "tokens")
                 packed = _fill_placeholders(packed, after.sampled[0], start=start, size=size)
             *state, out, sampled = step(
-                *state, packed, self.model.state, d_state, forward=fused, draft=draft, **commit
-            )
-            self.alloc, self.r2t, self.pools, self.draft_pools = state
+                *state, packed, self.model.state, d_state, forward=fused, draft=draft,
+                mode=_mode(plan), **commit,
+            )  # fmt: skip
+            self.alloc, self.r2t, self.pools, self.draft_pools, pen = state
+            if pen is not None:
+                self.penalties = pen
         except Exception:  # raised before the program ran: the device state is untouched
             self.apply_releases((last,))
             raise
         return Dispatched(plan, out, sampled)
+
+    def _penalties(self, plan: StepPlan):
+        """The token counts if this step penalizes (made on first use), else None."""
+        if not plan.penalize or self.model.vocab_size is None:
+            return None
+        if self.penalties is None:
+            self.penalties = init_penalties(self._rows, self.model.vocab_size)
+        return self.penalties
 
     def _run_unfused(self, plan: StepPlan) -> Dispatched:
         """A model outside the fused program (under a mesh, or without KV: the null model)."""
@@ -263,7 +265,7 @@ class DeviceRunner:
         if self.draft is not None:
             raise ValueError("a speculative draft needs the fused step (no mesh)")
         try:
-            out, meta, fwd = self._commit(plan, last)
+            out, meta, fwd, seeds = self._commit(plan, last)
         except Exception:
             self.apply_releases((last,))
             raise
@@ -272,13 +274,18 @@ class DeviceRunner:
                 out = jax.device_get(out)
                 sampled = self.model.verify(plan, plan.lookahead)
             elif self.model.needs_kv:
-                self.pools, sampled = self.model.forward_and_sample(
-                    self.pools, fwd, meta, return_logits=plan.return_logits
-                )
+                pen = self._penalties(plan)
+                if seeds is not None:
+                    pen = _seed_only(pen, *seeds)
+                self.pools, pen, sampled = self.model.forward_and_sample(
+                    self.pools, fwd, meta, return_logits=plan.return_logits, penalties=pen,
+                    mode=_mode(plan),
+                )  # fmt: skip
+                self.penalties = pen if pen is not None else self.penalties
                 out, sampled = jax.device_get((out, sampled))  # the step's one read
             else:
                 out = jax.device_get(out)
-                sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[1]
+                sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[2]
         except Exception:
             self._roll_back(plan, out)
             raise
@@ -304,7 +311,7 @@ class DeviceRunner:
                 free_full=int(out[OUT_FREE_FULL]), free_swa=int(out[OUT_FREE_SWA]),
                 tokens=tokens, logprobs=logprobs, accepted=accepted,
             )  # fmt: skip
-        tokens, logprobs, logits = sampled
+        tokens, logprobs, logits, top_ids, top_lp = sampled
         s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
         return StepResult(
             status=int(out[OUT_STATUS]),
@@ -314,6 +321,8 @@ class DeviceRunner:
             tokens=np.asarray(tokens)[:s],
             logprobs=np.asarray(logprobs)[:s],
             logits=None if logits is None else np.asarray(logits)[:k],
+            top_ids=None if top_ids is None else np.asarray(top_ids)[:s],
+            top_logprobs=None if top_lp is None else np.asarray(top_lp)[:s],
         )
 
     def _prepare(self, plan: StepPlan, last: Releases):
@@ -333,7 +342,7 @@ class DeviceRunner:
         fwd = pad_forward(
             plan.forward,
             shape.num_tokens if shape else len(plan.forward.tokens),
-            self.min_reqs if decode else 1,
+            self.min_reqs if decode or plan.lookahead else 1,  # a round: one row per request
         )
         arrays = self._inputs(plan, last)
         if self.model.needs_kv:  # the model's inputs ride in the same buffer
@@ -342,6 +351,7 @@ class DeviceRunner:
                 arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
             if plan.lookahead:
                 arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
+            arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
         return jax.device_put(packed), commit
@@ -350,8 +360,9 @@ class DeviceRunner:
         packed, commit = self._prepare(plan, last)
         self.alloc, self.r2t, out, meta, extra = commit_step(self.alloc, self.r2t, packed, **commit)
         if self.model.needs_kv:
-            return out, meta, ForwardBatch(**extra)
-        return out, meta, pad_forward(plan.forward, len(plan.forward.tokens))
+            seeds = [extra.pop(n) for n in SEEDS] if SEEDS[0] in extra else None
+            return out, meta, ForwardBatch(**extra), seeds
+        return out, meta, pad_forward(plan.forward, len(plan.forward.tokens)), None
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""

@@ -80,10 +80,46 @@ class ForwardBatch(NamedTuple):
     tokens: np.ndarray  # i32[T]: new tokens, request after request
     logit_index: np.ndarray  # i32[K]: flat rows whose logits are computed
     sample_index: np.ndarray  # i32[S]: rows of logit_index that are sampled
-    temperature: np.ndarray  # f32[S]
+    temperature: np.ndarray  # f32[S] (a verify round: per request, like every field below)
     top_p: np.ndarray  # f32[S]
     seeds: np.ndarray  # u32[S]
     sample_positions: np.ndarray  # i32[S]: position of the token being drawn (keys the draw)
+    top_k: np.ndarray  # i32[S]: 0 = off
+    min_p: np.ndarray  # f32[S]
+    repetition_penalty: np.ndarray  # f32[S]: 1 = off
+    presence_penalty: np.ndarray  # f32[S]
+    frequency_penalty: np.ndarray  # f32[S]
+    sample_rows: np.ndarray  # i32[S]: req_to_token row of each sampled request (its counts)
+
+
+# The neutral value of each per-sample field: what padding rows carry.
+SAMPLE_PADDING = {"top_p": 1.0, "repetition_penalty": 1.0, "sample_rows": 2**30}
+SAMPLE_FIELDS = ForwardBatch._fields[3:]
+
+
+def sampling_fields(params, positions, rows) -> dict[str, np.ndarray]:
+    """The per-sample fields of a ForwardBatch for requests sampling with `params` (their
+    `SamplingParams`) the tokens at `positions`, from `req_to_token` rows `rows`."""
+    f32 = lambda name: np.asarray([getattr(p, name) for p in params], np.float32)  # noqa: E731
+    return dict(
+        temperature=f32("temperature"), top_p=f32("top_p"),
+        seeds=np.asarray([p.seed for p in params], np.uint32),
+        sample_positions=np.asarray(positions, np.int32),
+        top_k=np.asarray([p.top_k for p in params], np.int32), min_p=f32("min_p"),
+        repetition_penalty=f32("repetition_penalty"), presence_penalty=f32("presence_penalty"),
+        frequency_penalty=f32("frequency_penalty"), sample_rows=np.asarray(rows, np.int32),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class PenaltySeeds:
+    """Token counts to load for requests whose penalties start this step (admitted, or
+    re-admitted after a retraction): their rows are cleared, then every (row, token) counted."""
+
+    reset_rows: np.ndarray  # i32[r]
+    rows: np.ndarray  # i32[n]
+    tokens: np.ndarray  # i32[n]
+    is_output: np.ndarray  # i32[n]: 1 for an output token, 0 for a prompt token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +145,11 @@ class StepPlan:
     # (full, SWA) tokens its releases give back: counted on the host when it was planned, on
     # the device only when it runs (overlap scheduling checks the previous step against it).
     released: tuple[int, int] = (0, 0)
+    # Sampling: some sampled request has penalties (the device reads and counts its tokens),
+    # the counts to load first, and N of the top-N logprobs to return (0: none).
+    penalize: bool = False
+    penalty_seeds: PenaltySeeds | None = None
+    top_logprobs: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -131,9 +172,12 @@ class StepResult:
     tokens: np.ndarray  # i32[S]: sampled tokens
     logprobs: np.ndarray  # f32[S]
     logits: np.ndarray | None = None  # f32[K, V] if the plan asked for them
-    # A verify round: tokens / logprobs are [R, k + 1] (the target's greedy choice at each
-    # position) and `accepted` [R] counts the leading draft tokens that matched.
+    # A verify round: tokens / logprobs are [R, k + 1] (the accepted draft tokens, then the
+    # target's own at the first rejection or after the last) and `accepted` [R] counts the
+    # leading draft tokens kept.
     accepted: np.ndarray | None = None
+    top_ids: np.ndarray | None = None  # i32[S, N] if the plan asked for top-N logprobs
+    top_logprobs: np.ndarray | None = None  # f32[S, N]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +217,9 @@ class Model(Protocol):
     fused_forward: object | None
 
     def init_pools(self, sizes): ...
-    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False):
-        """(pools, (tokens, logprobs, logits or None)) for the batch's sampled rows."""
+    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,
+                           penalties=None, mode=None):  # fmt: skip
+        """(pools, penalties, `models.sampling.Sampled`) for the batch's sampled rows."""
 
 
 class Runner(Protocol):

@@ -14,13 +14,15 @@ import dataclasses
 import itertools
 
 from swajax.config import HybridConfig
+from swajax.errors import RequestError
 from swajax.prefix_cache import make_prefix_cache
 from swajax.prefix_cache.policy import policy_of
 from swajax.serving import tail_rebuild
 from swajax.serving.batch import Model, PoolMode, Runner, StepMetrics, StepPlan
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.options import EngineOptions, SchedulerConfig, is_int
-from swajax.serving.request import Request, RequestError, SamplingParams
+from swajax.serving.request import Request, Status
+from swajax.serving.sampling_params import SamplingParams
 from swajax.serving.scheduler import Scheduler
 from swajax.sizing import PoolSizes
 
@@ -96,10 +98,17 @@ class Engine:
         return request_capacity(self.sizes, self.options.chunk_size)
 
     def add_request(
-        self, prompt, params: SamplingParams | None = None, *, keep_logits: bool = False
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        *,
+        keep_logits: bool = False,
+        follows: int | None = None,
     ) -> int:
         """Queue a request; raises RequestError (naming the value and the limit) if it can never
-        be served. Other requests are unaffected either way."""
+        be served. Other requests are unaffected either way. `follows`: the id of a request
+        with the same prompt whose prefill this one waits for, to take the prompt's KV from
+        the prefix cache (another sample of it; `swajax.LLM` does this for `n > 1`)."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -124,23 +133,63 @@ class Engine:
                 f" = {total + k} tokens cannot fit in the KV pools ({self.capacity()} "
                 "tokens per request, a page kept spare; raise kv_budget_gib, --kv-budget-gib)"
             )
-        if self.options.num_speculative_tokens and (params.temperature > 0 or keep_logits):
-            raise RequestError(
-                f"speculative decoding verifies greedily: temperature must be 0 (got "
-                f"{params.temperature}) and logits are not kept (keep_logits={keep_logits})"
-            )
+        self._check_sampling(params, keep_logits)
+        lead = self._lead(follows, prompt)
         rid = next(self._ids)
-        req = Request(rid, prompt, params, keep_logits=keep_logits)
+        req = Request(rid, prompt, params, keep_logits=keep_logits, follows=lead)
+        if lead is not None:
+            lead.leads = True
         self.requests[rid] = req
         self.scheduler.waiting.append(req)
         return rid
 
+    def _check_sampling(self, params: SamplingParams, keep_logits: bool) -> None:
+        if params.n != 1:
+            raise RequestError(
+                f"n must be 1 for one engine request, got {params.n} (swajax.LLM samples n "
+                "per prompt; or add each sample with follows=)"
+            )
+        limit = self.options.max_logprobs
+        if params.logprobs > limit:
+            raise RequestError(f"logprobs {params.logprobs} exceeds max_logprobs {limit}")
+        if self.options.num_speculative_tokens and (
+            keep_logits or params.penalized or params.logprobs
+        ):  # a round's draft tokens are neither counted nor ranked on the device
+            raise RequestError(
+                "speculative decoding takes no penalties, top-N logprobs or kept logits (got "
+                f"repetition_penalty={params.repetition_penalty}, presence_penalty="
+                f"{params.presence_penalty}, frequency_penalty={params.frequency_penalty}, "
+                f"logprobs={params.logprobs}, keep_logits={keep_logits})"
+            )
+
+    def _lead(self, follows, prompt: list[int]) -> Request | None:
+        if follows is None:
+            return None
+        lead = self.requests.get(follows) if is_int(follows) else None
+        if lead is None:
+            raise RequestError(f"follows={follows!r}: no request has that id")
+        if lead.prompt != prompt:
+            raise RequestError(f"follows={follows}: request {follows} has another prompt")
+        return lead
+
     def abort(self, rid: int) -> None:
         """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
+        self.scheduler.abort(self._request(rid))
+
+    def stop(self, rid: int) -> None:
+        """Finish request `rid` now with reason "stop" (a stop string the caller matched): a
+        running one hands its KV to the prefix cache as if it had sampled a stop token."""
+        req = self._request(rid)
+        if req.status is Status.RUNNING:
+            self.scheduler.finish(req, "stop")
+        else:  # waiting (retracted) or ended: nothing of it is held
+            self.scheduler.abort(req, "stop")
+
+    def _request(self, rid: int) -> Request:
         req = self.requests.get(rid) if is_int(rid) else None
         if req is None:
             raise RequestError(f"no request has the id {rid!r} (ids come from add_request)")
-        self.scheduler.abort(req)
+        return req
 
     @property
     def idle(self) -> bool:

@@ -47,11 +47,13 @@ class NullModel:
         accepted = np.cumprod(draws < self.acceptance, axis=1).sum(axis=1).astype(np.int32)
         return greedy, np.zeros(greedy.shape, np.float32), accepted
 
-    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False):
-        """`next_token` of each sampled row, with logprob 0 (all the mass on it); host only."""
+    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,
+                           penalties=None, mode=None):  # fmt: skip
+        """`next_token` of each sampled row, with logprob 0 (all the mass on it); host only.
+        Returns (pools, penalties, (tokens, logprobs, logits, top ids, top logprobs))."""
         if return_logits:
             raise ValueError("the null model computes no logits")
         rows = batch.logit_index[batch.sample_index]
         # The sampled row is the token at position sample_position - 1.
         tokens = self.next_token(batch.tokens[rows], batch.sample_positions - 1).astype(np.int32)
-        return pools, (tokens, np.zeros(len(tokens), np.float32), None)
+        return pools, None, (tokens, np.zeros(len(tokens), np.float32), None, None, None)

@@ -8,8 +8,8 @@ import dataclasses
 
 import numpy as np
 
+from swajax.errors import RequestError
 from swajax.prefix_cache.policy import DEFAULT, SWAJAX, CachePolicy, policy_of
-from swajax.serving.request import RequestError
 from swajax.sizing import PoolMode
 
 
@@ -33,11 +33,14 @@ class EngineOptions:
     # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
     # where the runner can launch a step without reading the previous one (a fused model).
     overlap: bool = True
+    # The most top-N logprobs a request may ask for (SamplingParams.logprobs), vLLM's default.
+    max_logprobs: int = 20
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
         for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
-                         ("num_speculative_tokens", 0), ("chunk_size", 1)):  # fmt: skip
+                         ("num_speculative_tokens", 0), ("chunk_size", 1),
+                         ("max_logprobs", 0)):  # fmt: skip
             value = getattr(self, name)
             optional = name in ("chunk_size", "max_context")
             if optional and value is None:

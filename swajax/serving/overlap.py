@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 import numpy as np
 
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
-from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan
+from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
+from swajax.serving.planning import top_logprobs
 from swajax.serving.request import Request, Status
 
 
@@ -87,10 +88,9 @@ def build(reqs: list[Request], prev: StepPlan, releases, released) -> StepPlan:
             tokens=np.asarray([-1 - row_in_prev[id(r)] for r in reqs], np.int32),
             logit_index=np.arange(n, dtype=np.int32),
             sample_index=np.arange(n, dtype=np.int32),
-            temperature=np.asarray([p.temperature for p in params], np.float32),
-            top_p=np.asarray([p.top_p for p in params], np.float32),
-            seeds=np.asarray([p.seed for p in params], np.uint32),
-            sample_positions=pre + 1,
+            **sampling_fields(params, pre + 1, [r.row for r in reqs]),
         ),
+        penalize=any(p.penalized for p in params),
+        top_logprobs=top_logprobs(reqs),
         released=released,
     )

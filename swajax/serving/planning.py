@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.serving.batch import ForwardBatch, Releases, Repoint, StepKind, StepPlan
+from swajax.serving.batch import (
+    ForwardBatch,
+    PenaltySeeds,
+    Releases,
+    Repoint,
+    StepKind,
+    StepPlan,
+    sampling_fields,
+)
 from swajax.serving.request import Request
 
 
@@ -47,16 +55,40 @@ def build_plan(batch, releases: tuple[Releases, ...], lookahead: int = 0) -> Ste
         return_logits=any(r.keep_logits for r in reqs),
         full_src=full_sources(reqs, lens),
         lookahead=spec,
+        penalize=any(r.params.penalized for r in reqs),
+        penalty_seeds=penalty_seeds(reqs),
+        top_logprobs=top_logprobs(reqs),
     )
+
+
+def top_logprobs(reqs) -> int:
+    """N of the top-N logprobs a step returns: the most any of its requests asks for, as a
+    power of two (fewer programs); 0 when none asks."""
+    n = max((r.params.logprobs for r in reqs), default=0)
+    return 1 << (n - 1).bit_length() if n else 0
+
+
+def penalty_seeds(reqs: list[Request]) -> PenaltySeeds | None:
+    """The counts of penalized requests that start in this step's rows (not yet seeded)."""
+    fresh = [r for r in reqs if r.params.penalized and not r.penalties_seeded]
+    if not fresh:
+        return None
+    rows = np.concatenate([np.full(r.num_tokens, r.row, np.int32) for r in fresh])
+    tokens = np.concatenate([np.asarray(r.tokens, np.int32) for r in fresh])
+    out = np.concatenate([np.arange(r.num_tokens) >= len(r.prompt) for r in fresh])
+    reset = np.asarray([r.row for r in fresh], np.int32)
+    return PenaltySeeds(reset, rows, tokens, out.astype(np.int32))
 
 
 def verify_batch(reqs: list[Request], k: int) -> ForwardBatch:
     """A verify round's tokens: each request's pending token, then k places the draft fills."""
     tokens = np.zeros(len(reqs) * (k + 1), np.int32)
     tokens[:: k + 1] = [r.output[-1] for r in reqs]
-    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-    return ForwardBatch(tokens, empty_i, empty_i, empty_f, empty_f, np.zeros(0, np.uint32),
-                        empty_i)  # fmt: skip
+    empty = np.zeros(0, np.int32)
+    # Per request: its sampling fields, keyed from the position of its pending token's successor.
+    fields = sampling_fields([r.params for r in reqs], [r.num_tokens for r in reqs],
+                             [r.row for r in reqs])  # fmt: skip
+    return ForwardBatch(tokens=tokens, logit_index=empty, sample_index=empty, **fields)
 
 
 def full_sources(reqs: list[Request], lens: list[int]) -> np.ndarray | None:
@@ -84,13 +116,11 @@ def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
                 logit_index.append(len(tokens) - 1)
             sample_index.append(len(logit_index) - 1)
             sampled.append((req, end))
-    p = [r.params for r, _ in sampled]
     return ForwardBatch(
         tokens=np.asarray(tokens, np.int32),
         logit_index=np.asarray(logit_index, np.int32),
         sample_index=np.asarray(sample_index, np.int32),
-        temperature=np.asarray([x.temperature for x in p], np.float32),
-        top_p=np.asarray([x.top_p for x in p], np.float32),
-        seeds=np.asarray([x.seed for x in p], np.uint32),
-        sample_positions=np.asarray([end for _, end in sampled], np.int32),
+        **sampling_fields(
+            [r.params for r, _ in sampled], [end for _, end in sampled], [r.row for r, _ in sampled]
+        ),  # fmt: skip
     )

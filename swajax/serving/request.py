@@ -4,61 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from swajax.errors import InputError
-
-
-class RequestError(InputError):
-    """A request that cannot be served; the message names the value and the limit."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples and stops: `max_new_tokens`, `temperature` (0: greedy),
-    `top_p`, `seed` (with the position, the sample is reproducible), `stop_token_ids`."""
-
-    max_new_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if (
-            isinstance(self.max_new_tokens, bool)
-            or not isinstance(self.max_new_tokens, int)
-            or (self.max_new_tokens < 1)
-        ):
-            raise RequestError(
-                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}"
-            )
-        for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
-                raise RequestError(f"{name} must be a number, got {value!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise RequestError(f"temperature must be finite and >= 0, got {self.temperature!r}")
-        if not (0 < self.top_p <= 1):
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not (0 <= self.seed < 2**32)
-        ):
-            raise RequestError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
-        if isinstance(self.stop_token_ids, str | bytes) or not hasattr(
-            self.stop_token_ids, "__iter__"
-        ):
-            raise RequestError(f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
-        stops = tuple(self.stop_token_ids)
-        bad = [t for t in stops if isinstance(t, bool) or not isinstance(t, int | np.integer)]
-        bad += [t for t in stops if not bad and t < 0]
-        if bad:
-            raise RequestError(f"stop_token_ids must be integers >= 0, got {bad[0]!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+if TYPE_CHECKING:
+    from swajax.serving.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):
@@ -96,6 +47,13 @@ class Request:
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied at its last admission
     suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
+    penalties_seeded: bool = False  # its row's device token counts hold its tokens
+    # Per generated token, the N most likely tokens and their logprobs (if params.logprobs).
+    top_logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
+    # n > 1: the first sample of the same prompt, whose prefill this one waits for (to take
+    # the prompt's KV from the prefix cache); `leads` is set on that first one.
+    follows: Request | None = None
+    leads: bool = False
     logits: list = dataclasses.field(default_factory=list)  # per computed position, if kept
 
     @property
@@ -156,10 +114,19 @@ class Request:
     def done(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
 
-    def take_token(self, token: int, logprob: float) -> None:
-        """A sampled token and its logprob become part of the output."""
+    def take_token(self, token: int, logprob: float, top: dict[int, float] | None = None) -> None:
+        """A sampled token and its logprob (and the top-N, if asked) join the output."""
         self.output.append(token)
         self.logprobs.append(logprob)
+        if top is not None:
+            self.top_logprobs.append(top)
+
+    @property
+    def startable(self) -> bool:
+        """Whether it may be admitted: a sample that follows another waits until that one's
+        prompt is computed (and in the prefix cache) or it has ended."""
+        lead = self.follows
+        return lead is None or bool(lead.output) or lead.done
 
     def add_logits(self, rows) -> None:
         self.logits += list(rows)
@@ -177,6 +144,7 @@ class Request:
     def reset_kv(self) -> None:
         """Forget every slot (after they were given back): the request starts over."""
         self.row, self.handle, self.stale, self.rebuild = None, None, None, None
+        self.penalties_seeded = False
         self.logits = []
         self.kv_len = 0
         self.cache_protected_len = self.swa_evicted_seqlen = 0

@@ -59,15 +59,33 @@ def take(
         if req.kv_len == req.num_tokens:
             row += not req.keep_logits
             sampled.append(req)
-    for req, token, logprob in zip(sampled, result.tokens.tolist(), result.logprobs.tolist()):
-        _guarded(sched, req, _take_token, sched, req, token, logprob)
+    tops = _top_logprobs(sampled, result)
+    for req, token, logprob, top in zip(
+        sampled, result.tokens.tolist(), result.logprobs.tolist(), tops
+    ):
+        _guarded(sched, req, _take_token, sched, req, token, logprob, top)
     last_chunk = sched.cfg.policy.checkpoint_last_chunk
     for req in plan.requests:
         if req.status is not Status.RUNNING or not sched.options.prefix_cache:
             continue
-        # A chunk checkpoint between prefill chunks; SGLang also takes one after the last.
-        if not req.decoding or (last_chunk and req in sampled and len(req.output) == 1):
+        # A chunk checkpoint between prefill chunks; SGLang also takes one after the last, and
+        # so does the first of n samples (the others take the prompt's KV from the cache).
+        after_last = (last_chunk or req.leads) and req in sampled and len(req.output) == 1
+        if not req.decoding or after_last:
             _guarded(sched, req, _cache_chunk, sched, req)
+
+
+def _top_logprobs(sampled: list[Request], result: StepResult) -> list:
+    """Each sampled request's top-N {token: logprob} (N its own), or None if it asked none."""
+    if result.top_ids is None:
+        return [None] * len(sampled)
+    ids, lps = result.top_ids.tolist(), result.top_logprobs.tolist()
+    return [
+        dict(zip(ids[i][: r.params.logprobs], lps[i][: r.params.logprobs]))
+        if r.params.logprobs
+        else None
+        for i, r in enumerate(sampled)
+    ]
 
 
 def _without_ended(sched: SchedulerView, plan: StepPlan, result: StepResult):
@@ -88,9 +106,14 @@ def _without_ended(sched: SchedulerView, plan: StepPlan, result: StepResult):
         prefix_lens=plan.prefix_lens[keep],
         seq_lens=plan.seq_lens[keep],
     )
+    top = (
+        {}
+        if result.top_ids is None
+        else dict(top_ids=result.top_ids[keep], top_logprobs=result.top_logprobs[keep])
+    )
     result = dataclasses.replace(
         result, slots=result.slots[keep], tokens=result.tokens[keep],
-        logprobs=result.logprobs[keep],
+        logprobs=result.logprobs[keep], **top,
     )  # fmt: skip
     return plan, result, extra
 
@@ -123,12 +146,13 @@ def _guarded_token(sched: SchedulerView, req: Request, token: int, logprob: floa
         _guarded(sched, req, _take_token, sched, req, token, logprob)
 
 
-def _take_token(sched: SchedulerView, req: Request, token: int, logprob: float) -> None:
+def _take_token(sched: SchedulerView, req: Request, token: int, logprob: float,
+                top: dict | None = None) -> None:  # fmt: skip
     if math.isnan(logprob):  # NaN logits: the sampled token means nothing
         sched.abort(req, f"error: the model's logits are NaN at position {req.num_tokens} "
                          "(non-finite weights or an overflow in the compute dtype)")  # fmt: skip
         return
-    req.take_token(token, logprob)
+    req.take_token(token, logprob, top)
     if token in req.params.stop_token_ids:
         sched.finish(req, "stop")
     elif len(req.output) >= req.params.max_new_tokens:

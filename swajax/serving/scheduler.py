@@ -80,6 +80,8 @@ class Scheduler:
                     reqs.append(req)
                     lens.append(n)
         while self.waiting and len(self.running) < self.options.max_running:
+            if not self.waiting[0].startable:  # in order: it waits for its prompt's prefill
+                break
             n = self.admit(self.waiting[0], budget)
             if not n:
                 break
@@ -120,6 +122,7 @@ class Scheduler:
         )
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
+            req.penalties_seeded = True  # and loads its token counts, if it has penalties
         return plan
 
     def _continue(self, req: Request, budget: Budget) -> int:

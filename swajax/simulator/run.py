@@ -11,10 +11,11 @@ import dataclasses
 from swajax import progress_bar, sizing
 from swajax.api import engine_for
 from swajax.config import HybridConfig
+from swajax.errors import RequestError
 from swajax.serving.engine import Engine
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import RequestError, Status
+from swajax.serving.request import Status
 from swajax.simulator.step_time import Span, StepTimeModel
 from swajax.simulator.workloads import Workload, workload_of
 

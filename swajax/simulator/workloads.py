@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from swajax.json_lines import read_json_lines
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 WORKLOADS = ("long-context", "multi-turn", "mixed")
 

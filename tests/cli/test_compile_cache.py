@@ -9,7 +9,7 @@ import sys
 from swajax.api import EngineSpec, generate, make_engine
 from swajax.compile_cache import default_dir
 from swajax.demo import demo_decoder
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 def test_a_second_engine_compiles_nothing_new():

@@ -88,7 +88,7 @@ def _trace_bytes(prompt_len, tmp_path):
     from swajax.presets import load_preset
     from swajax.serving.null_model import NullModel
     from swajax.serving.options import EngineOptions
-    from swajax.serving.request import SamplingParams
+    from swajax.serving.sampling_params import SamplingParams
     from swajax.trace.recorder import Tracer
 
     cfg = load_preset("tiny-hybrid")

@@ -17,7 +17,7 @@ from swajax.api import engine_for
 from swajax.config import ConfigError
 from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).

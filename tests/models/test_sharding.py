@@ -11,7 +11,7 @@ from swajax.api import engine_for
 from swajax.models import HybridLM, load_decoder
 from swajax.models.sharding import kv_mesh
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 def run(path, mesh, attention="xla"):

@@ -12,7 +12,7 @@ from swajax.prefix_cache.policy import PROFILES, SWAJAX, CachePolicy, policy_of
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 from swajax.serving.window import eviction_frontier
 
 CFG = load_preset("tiny-hybrid")  # W = 7

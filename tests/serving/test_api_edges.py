@@ -11,7 +11,7 @@ from swajax.errors import InputError
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 CFG = load_preset("tiny-hybrid")
 
@@ -53,10 +53,19 @@ def test_numpy_token_ids_are_token_ids(engine):
 BAD_PARAMS = [
     (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
     (dict(max_new_tokens=2.5), "max_new_tokens must be an integer >= 1, got 2.5"),
-    (dict(temperature="hot"), "temperature must be a number, got 'hot'"),
-    (dict(temperature=float("nan")), "temperature must be finite"),
+    (dict(temperature="hot"), "temperature must be a finite number, got 'hot'"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=None), "top_p must be a number, got None"),
+    (dict(top_p=None), "top_p must be a finite number, got None"),
+    (dict(top_k=-1), "top_k must be an integer >= 0, got -1"),
+    (dict(min_p=1.5), r"min_p must be in \[0, 1\], got 1.5"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0 \(1: off\), got 0.0"),
+    (dict(presence_penalty=float("inf")), "presence_penalty must be a finite number"),
+    (dict(n=0), "n must be an integer >= 1, got 0"),
+    (dict(logprobs=-1), "logprobs must be an integer >= 0, got -1"),
+    (dict(stop=[""]), "stop strings must be non-empty strings, got ''"),
+    (dict(stop=5), "stop must be a string or strings, got 5"),
     (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*32\)"),
     (dict(stop_token_ids=5), "stop_token_ids must be token ids, got 5"),
     (dict(stop_token_ids=[1.5]), "stop_token_ids must be integers >= 0, got 1.5"),

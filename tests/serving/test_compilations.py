@@ -2,7 +2,7 @@
 
 from swajax.demo import demo_decoder
 from swajax.models import HybridLM
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 def test_a_2000_token_generation_compiles_a_bounded_number_of_programs(tiny_engine):

@@ -5,13 +5,15 @@ import pytest
 
 from swajax import sizing
 from swajax.api import engine_for
+from swajax.errors import RequestError
 from swajax.memory import allocator as A
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
 from swajax.serving import window
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import RequestError, SamplingParams, Status
+from swajax.serving.request import Status
+from swajax.serving.sampling_params import SamplingParams
 
 CFG = load_preset("tiny-hybrid")  # W = 7
 

@@ -12,7 +12,7 @@ from helpers import FIXTURES
 
 from swajax.api import EngineSpec, make_engine
 from swajax.models import load_decoder
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 BASE = EngineSpec.of(
     kv_budget_gib=0.0005, page_size=4, chunk_size=16, eviction_interval=1, max_context=128

@@ -16,7 +16,7 @@ from swajax.api import engine_for
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(5)]
 PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit

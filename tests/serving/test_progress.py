@@ -9,11 +9,13 @@ from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
 from swajax.api import engine_for
+from swajax.errors import RequestError
 from swajax.prefix_cache.policy import PROFILES
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import RequestError, SamplingParams, Status
+from swajax.serving.request import Status
+from swajax.serving.sampling_params import SamplingParams
 
 CFG = load_preset("tiny-hybrid")  # W = 7
 
@@ -111,7 +113,7 @@ class Flaky(NullModel):
         super().__init__()
         self.calls, self.fail_calls, self.poison = 0, set(fail_calls), poison
 
-    def forward_and_sample(self, pools, batch, meta, *, return_logits=False):
+    def forward_and_sample(self, pools, batch, meta, *, return_logits=False, **sampling):
         self.calls += 1
         if self.calls in self.fail_calls:
             raise RuntimeError(f"injected fault at call {self.calls}")
@@ -173,11 +175,11 @@ class NanLogits(NullModel):
         super().__init__()
         self.poison = poison
 
-    def forward_and_sample(self, pools, batch, meta, *, return_logits=False):
-        pools, (tokens, logprobs, logits) = super().forward_and_sample(pools, batch, meta)
+    def forward_and_sample(self, pools, batch, meta, *, return_logits=False, **sampling):
+        pools, pen, (tokens, logprobs, *rest) = super().forward_and_sample(pools, batch, meta)
         rows = batch.logit_index[batch.sample_index]
         bad = np.asarray(batch.tokens)[rows] == self.poison
-        return pools, (tokens, np.where(bad, np.nan, logprobs).astype(np.float32), logits)
+        return pools, pen, (tokens, np.where(bad, np.nan, logprobs).astype(np.float32), *rest)
 
 
 def test_nan_logits_fail_only_their_request_with_the_reason():

@@ -15,12 +15,14 @@ from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
 from swajax.api import engine_for
+from swajax.errors import RequestError
 from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import RequestError, SamplingParams, Status
+from swajax.serving.request import Status
+from swajax.serving.sampling_params import SamplingParams
 
 PROMPTS = [[(5 * i + 3 * j) % 120 + 1 for i in range(18 + 9 * j)] for j in range(3)]
 PARAMS = SamplingParams(max_new_tokens=14)
@@ -94,8 +96,9 @@ def test_bad_speculative_setups_are_refused(target):
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 0"):
         EngineOptions(num_speculative_tokens=-1)
     engine = engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2), draft=model)
-    with pytest.raises(RequestError, match="verifies greedily: temperature must be 0"):
-        engine.add_request([1, 2, 3], SamplingParams(temperature=0.7))
+    for bad in (dict(repetition_penalty=1.2), dict(frequency_penalty=0.5), dict(logprobs=2)):
+        with pytest.raises(RequestError, match="speculative decoding takes no penalties"):
+            engine.add_request([1, 2, 3], SamplingParams(**bad))
     with pytest.raises(RequestError, match=r"\+ 2 speculative positions = 4097 exceeds"):
         engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4092))
     assert not engine.requests  # refused: nothing queued, the engine serves the others

@@ -12,7 +12,7 @@ from swajax.demo import demo_decoder
 from swajax.models import HybridLM
 from swajax.serving.batch import StepResult
 from swajax.serving.ledger import LedgerMismatch
-from swajax.serving.request import SamplingParams
+from swajax.serving.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

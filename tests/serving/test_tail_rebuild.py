@@ -20,7 +20,8 @@ from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
-from swajax.serving.request import SamplingParams, Status
+from swajax.serving.request import Status
+from swajax.serving.sampling_params import SamplingParams
 
 SETUP = EngineSpec.of(
     kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256

@@ -1,0 +1,52 @@
+"""Stop strings (host code): a request's output watched as text, cut where a stop string starts.
+
+The output is decoded after every step; a stop string completed by the new tokens ends the
+request. The text keeps everything before the stop string (vLLM's and transformers' default:
+the string itself is not returned), the tokens keep up to the one that completed it (the rest
+of a speculative round, or a step launched ahead, is dropped). For streaming, text that could
+still turn into a stop string (a tail as long as the longest one, less a character) is held
+back until the next tokens decide it.
+"""
+
+from __future__ import annotations
+
+
+class StopWatch:
+    """One request's stop strings over its growing output."""
+
+    def __init__(self, decode, stops: tuple[str, ...]):
+        self.decode, self.stops = decode, stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.searched = 0  # text before this offset holds no stop string
+        self.cut: tuple[int, str] | None = None  # (tokens kept, text) once a stop matched
+
+    def check(self, output: list[int]) -> bool:
+        """Whether a stop string has now appeared in the decoded `output` (sets `cut`)."""
+        if self.cut is not None:
+            return True
+        if not self.stops or not output:
+            return False
+        text = self.decode(output)
+        start = max(0, self.searched - self.hold)
+        found = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        self.searched = len(text)
+        if not found:
+            return False
+        at = min(found)
+        # The fewest tokens whose text reaches past the start of the stop string that matched
+        # first: later tokens only add to the text (decoding is prefix-stable at a token).
+        kept = next(
+            m for m in range(1, len(output) + 1)
+            if any(self.decode(output[:m]).find(s, at) == at for s in self.stops)
+        )  # fmt: skip
+        self.cut = (kept, text[:at])
+        return True
+
+    def visible(self, text: str, done: bool) -> str:
+        """The part of `text` a stream may show now: all of it once the request is done (cut
+        at the stop string), else all but the tail that could begin one."""
+        if self.cut is not None:
+            return self.cut[1]
+        if done or not self.stops:
+            return text
+        return text[: max(0, len(text) - self.hold)]

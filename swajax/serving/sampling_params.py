@@ -1,0 +1,118 @@
+"""`SamplingParams`: how one request samples and when it stops (host code, validated on
+construction; a bad value is a `RequestError` naming the field and its limit).
+
+The fields and their meaning follow vLLM's and transformers' names: the processing order is
+transformers' (repetition penalty, presence / frequency penalties on the raw logits, then
+temperature, top-k, top-p, min-p); `models/sampling.py` applies them inside the step's jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from swajax.errors import RequestError
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and stops.
+
+    `temperature` 0 is greedy (the penalties still apply); `top_k` 0 and `top_p` 1 and `min_p` 0
+    keep every token; `repetition_penalty` (transformers': divides a positive logit, multiplies
+    a negative one, of every token in the prompt or the output) 1 is off; `presence_penalty`
+    and `frequency_penalty` (OpenAI's: subtract per output occurrence) 0 are off. `seed` and the
+    position key every draw, so a request samples the same tokens however it is batched.
+    `stop_token_ids` and `stop` (strings, matched on the detokenized text by `swajax.LLM`; the
+    text stops before the string, the tokens after the one that completed it are dropped)
+    finish the request. `n` samples per prompt share the prompt's KV (one prefill); `logprobs`
+    N > 0 returns the N most likely tokens' logprobs at every generated position (logprobs
+    are always of the model's raw distribution, before any processing)."""
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    logprobs: int = 0  # top-N logprobs per generated token (0: none)
+
+    def __post_init__(self):
+        for name, lo in (("max_new_tokens", 1), ("top_k", 0), ("n", 1), ("logprobs", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < lo:
+                raise RequestError(f"{name} must be an integer >= {lo}, got {value!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):  # fmt: skip
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise RequestError(f"{name} must be a finite number, got {value!r}")
+        if self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (0 < self.top_p <= 1):
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (0 <= self.min_p <= 1):
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.repetition_penalty <= 0:
+            raise RequestError(
+                f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty!r}"
+            )
+        if not _is_int(self.seed) or not (0 <= self.seed < 2**32):
+            raise RequestError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty needs the request's token counts on the device."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    def sample_seed(self, i: int) -> int:
+        """The seed of the i-th of `n` samples: the request's own for the first, a distinct
+        mix of (seed, i) for the others."""
+        if i == 0:
+            return self.seed
+        mixed = (self.seed * 0x9E3779B1 + i * 0x85EBCA77) & 0xFFFFFFFF
+        return mixed ^ (mixed >> 15)
+
+
+def _stop_ids(stops) -> tuple[int, ...]:
+    if isinstance(stops, str | bytes) or not hasattr(stops, "__iter__"):
+        raise RequestError(f"stop_token_ids must be token ids, got {stops!r}")
+    stops = tuple(stops)
+    bad = [t for t in stops if not _is_int(t)]
+    bad += [t for t in stops if not bad and t < 0]
+    if bad:
+        raise RequestError(f"stop_token_ids must be integers >= 0, got {bad[0]!r}")
+    return tuple(int(t) for t in stops)
+
+
+def _stop_strings(stop) -> tuple[str, ...]:
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not hasattr(stop, "__iter__"):
+        raise RequestError(f"stop must be a string or strings, got {stop!r}")
+    stop = tuple(stop)
+    bad = [s for s in stop if not isinstance(s, str) or not s]
+    if bad:
+        raise RequestError(f"stop strings must be non-empty strings, got {bad[0]!r}")
+    return stop
