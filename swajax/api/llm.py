@@ -82,8 +82,9 @@ class LLM:
         """Run every prompt (text or token ids) together; outputs in the prompts' order, the
         n samples of a prompt (`sampling.n`) one after another."""
         samples = self._add(prompts, sampling)
+        self._stop_strings(samples)
         while self._step(samples):
-            pass
+            self._stop_strings(samples)
         return [self._output(x) for x in samples]
 
     def stream(
@@ -92,6 +93,7 @@ class LLM:
         """Every generated token of every sample, as the step that made it finishes."""
         samples = self._add(prompts, sampling)
         while True:
+            self._stop_strings(samples)
             for x in samples:
                 yield from self._new_events(x)
             if not self._step(samples):
@@ -101,12 +103,15 @@ class LLM:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
         return summary(self.engine)
 
-    def _step(self, samples: list[_Sample]) -> bool:
-        """One engine step, then stop strings; False once every sample has ended."""
+    def _stop_strings(self, samples: list[_Sample]) -> None:
+        """End the samples whose output now holds a stop string."""
         for x in samples:
             req = self.engine.requests[x.rid]
             if not req.done and x.watch.check(req.output):
                 self.engine.stop(x.rid)
+
+    def _step(self, samples: list[_Sample]) -> bool:
+        """One engine step unless every sample has ended (then False)."""
         if all(self.engine.requests[x.rid].done for x in samples):
             self.engine.flush()  # releases still queued reach the device
             return False

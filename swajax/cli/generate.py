@@ -122,11 +122,11 @@ def run_generate(args) -> int:
               draft_model=args.draft_model, **fields)  # fmt: skip
     prompts = _prompts(args, llm.tokenizer)
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=args.seed, stop=tuple(args.stop or ()), n=args.n, logprobs=args.logprobs,
+    )  # fmt: skip
     outputs = llm.generate(prompts, params)
     summary = llm.summary()
     if args.json:
@@ -138,12 +138,18 @@ def run_generate(args) -> int:
                 text=out.text,
                 finish_reason=out.finish_reason,
                 cached_tokens=out.cached_tokens,
+                sample=out.sample,
             )
+            if out.top_logprobs is not None:  # JSON keys are strings: [[id, logprob], ...]
+                line["top_logprobs"] = [
+                    [[t, v if math.isfinite(v) else None] for t, v in top.items()]
+                    for top in out.top_logprobs
+                ]
             print(json.dumps(line, allow_nan=False))
         print(json.dumps(dict(summary=summary), allow_nan=False))
     else:
         for out in outputs:
-            _print_output(out, len(outputs), args.show_ids)
+            _print_output(out, len(prompts), args.n, args.show_ids)
         print(
             f"memory: peak full {summary['peak_full_used']}/{summary['full_tokens']} tokens, "
             f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
@@ -154,10 +160,11 @@ def run_generate(args) -> int:
     return 0 if all(o.finish_reason in ("length", "stop") for o in outputs) else 1
 
 
-def _print_output(out, count: int, show_ids: bool) -> None:
+def _print_output(out, count: int, n: int, show_ids: bool) -> None:
     """The continuation as text first (ids when there is no tokenizer), then a labelled line."""
-    if count > 1:
-        print(f"=== prompt {out.index + 1} of {count} ===")
+    if count > 1 or n > 1:
+        sample = f", sample {out.sample + 1} of {n}" if n > 1 else ""
+        print(f"=== prompt {out.index + 1} of {count}{sample} ===")
     print(out.text if out.text is not None else f"token ids: {out.token_ids}")
     cached = f", {out.cached_tokens} from the prefix cache" if out.cached_tokens else ""
     print(f"[finish: {out.finish_reason}; {len(out.token_ids)} tokens generated from "
@@ -221,6 +228,27 @@ def _add_model_args(p) -> None:
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
 
 
+def _add_sampling_args(p) -> None:
+    """SamplingParams' fields (transformers' order: penalties, temperature, top-k, top-p, min-p)."""
+    p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0,
+                   help="0: greedy (the penalties still apply)")  # fmt: skip
+    p.add_argument("--top-k", type=args_lib.int_at_least(0), default=0, help="0: off")
+    p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
+    p.add_argument("--min-p", type=args_lib.float_in(0.0, 1.0), default=0.0, help="0: off")
+    p.add_argument("--repetition-penalty", type=args_lib.float_in(0.0, 1e4, lo_open=True),
+                   default=1.0, help="transformers': prompt and output tokens; 1: off")  # fmt: skip
+    for name in ("presence", "frequency"):
+        p.add_argument(f"--{name}-penalty", type=args_lib.float_in(-1e4, 1e4), default=0.0,
+                       help="OpenAI's, over output tokens; 0: off")  # fmt: skip
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop when the text holds TEXT (not returned); may repeat")  # fmt: skip
+    p.add_argument("--n", type=args_lib.int_at_least(1, 1024), default=1,
+                   help="samples per prompt (they share the prompt's prefill)")  # fmt: skip
+    p.add_argument("--logprobs", type=args_lib.int_at_least(0, 20), default=0,
+                   help="with --json: the N likeliest tokens' logprobs per position")  # fmt: skip
+    p.add_argument("--seed", type=args_lib.SEED, default=0)
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
     _add_model_args(p)
@@ -229,14 +257,13 @@ def register(sub) -> None:
                    help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
                    "else config.json)")  # fmt: skip
     p.add_argument("--draft-model", help="speculative decoding: 'tiny' or a checkpoint folder "
-                   "with the target's vocabulary (greedy verification)")  # fmt: skip
+                   "with the target's vocabulary (rejection sampling keeps the target's "
+                   "distribution; greedy with temperature 0)")  # fmt: skip
     p.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(1, 64),
                    help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
-    p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0)
-    p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
-    p.add_argument("--seed", type=args_lib.SEED, default=0)
+    _add_sampling_args(p)
     p.add_argument("--json", action="store_true",
                    help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip
     p.add_argument("--show-ids", action="store_true",

@@ -31,8 +31,14 @@ def _run_convert(args: argparse.Namespace) -> int:
     from swajax.models.loading import checkpoint_dtype
 
     dtype = args.dtype or checkpoint_dtype(args.source)  # keep the checkpoint's own
-    save_orbax(load_decoder(args.source, dtype=dtype), args.source, args.out, force=args.force)
-    print(f"wrote {args.out} ({dtype})")
+    decoder = load_decoder(args.source, dtype=dtype)
+    if args.to == "hf":
+        from swajax.models.export import save_hf
+
+        save_hf(decoder, args.source, args.out, dtype=dtype, force=args.force)
+    else:
+        save_orbax(decoder, args.source, args.out, force=args.force)
+    print(f"wrote {args.out} ({args.to}, {dtype})")
     return 0
 
 
@@ -87,9 +93,13 @@ def _run_replay(args: argparse.Namespace) -> int:
 def _register_tools(sub) -> None:
     from swajax.simulator.workloads import WORKLOADS
 
-    p = sub.add_parser("convert", help="save a Hugging Face checkpoint's params as orbax")
-    p.add_argument("source", metavar="DIR", help="config.json + *.safetensors")
-    p.add_argument("out", metavar="OUT", help="output folder (config.json + params/)")
+    p = sub.add_parser("convert", help="a checkpoint's params as orbax, or back to Hugging Face")
+    p.add_argument("source", metavar="DIR",
+                   help="config.json + *.safetensors, or a folder this command wrote")  # fmt: skip
+    p.add_argument("out", metavar="OUT", help="output folder")
+    p.add_argument("--to", choices=("orbax", "hf"), default="orbax",
+                   help="orbax: config.json + params/; hf: config.json + .safetensors that "
+                   "transformers loads (quantized weights come back dequantized)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="the params' dtype (default: the checkpoint's own)")  # fmt: skip

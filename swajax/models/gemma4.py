@@ -27,7 +27,7 @@ from swajax.models.layers import (
 )
 from swajax.models.rope import apply_rope
 from swajax.models.spec import ModelSpec
-from swajax.models.weights import interleave_halves
+from swajax.models.weights import SWAPPED, SWAPPED_PAIRED
 
 
 class Gemma4Attention(nnx.Module):
@@ -113,9 +113,9 @@ class Gemma4MoE(nnx.Module):
         w.fill(
             self.gate_up,
             f"{prefix}.experts.gate_up_proj",
-            transform=lambda a: interleave_halves(a.swapaxes(1, 2)),
+            transform=SWAPPED_PAIRED,
         )
-        w.fill(self.down, f"{prefix}.experts.down_proj", transform=lambda a: a.swapaxes(1, 2))
+        w.fill(self.down, f"{prefix}.experts.down_proj", transform=SWAPPED)
 
     def __call__(self, router_in, x):
         spec = self.spec

@@ -111,7 +111,7 @@ def load_decoder(
     files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
-    ignore = _ignored(spec, text_config(cfg)[1])
+    ignore = ignored_patterns(spec, cfg)
     checkpoint = Checkpoint(files, ignore)
     LOG.info("loading %s: %d tensors in %d file(s) as %s", path, len(checkpoint.names()),
              len(files), dtype)  # fmt: skip
@@ -123,7 +123,9 @@ def load_decoder(
     return decoder
 
 
-def _ignored(spec: ModelSpec, text) -> tuple[str, ...]:
+def ignored_patterns(spec: ModelSpec, cfg: dict) -> tuple[str, ...]:
+    """Patterns of the checkpoint tensors a model of `spec` (config `cfg`) knowingly skips."""
+    text = text_config(cfg)[1]
     ignore = IGNORED + IGNORED_BY_FAMILY.get(spec.family, ())
     # Step 3.x numbers its multi-token-prediction layers after the decoder's (transformers
     # ignores them; the decoder never runs them).

@@ -16,7 +16,7 @@ from flax import nnx
 from swajax.models import experts as ex
 from swajax.models.layers import F32, DenseMLP, Linear, param
 from swajax.models.spec import Act, ModelSpec
-from swajax.models.weights import interleave_halves
+from swajax.models.weights import PAIRED, SWAPPED
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
@@ -25,7 +25,7 @@ def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
 
 
 def _swiglu_pairs(h):
-    """SiLU(gate) * up over interleaved (gate, up) columns (see `interleave_halves`)."""
+    """SiLU(gate) * up over interleaved (gate, up) columns (see `weights.interleave_halves`)."""
     return jax.nn.silu(h[..., 0::2]) * h[..., 1::2]
 
 
@@ -78,7 +78,7 @@ class Llama4MoE(nnx.Module):
 
     def load(self, w, prefix):
         self.router.load(w, f"{prefix}.router")
-        w.fill(self.gate_up, f"{prefix}.experts.gate_up_proj", transform=interleave_halves)
+        w.fill(self.gate_up, f"{prefix}.experts.gate_up_proj", transform=PAIRED)
         w.fill(self.down, f"{prefix}.experts.down_proj")
         self.shared_expert.load(w, f"{prefix}.shared_expert")
 
@@ -105,7 +105,7 @@ class MimoMoE(nnx.Module):
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
         experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
         pairs = [[f"{e}.gate_proj.weight", f"{e}.up_proj.weight"] for e in experts]
-        w.fill_stacked(self.gate_up, pairs, transform=interleave_halves)
+        w.fill_stacked(self.gate_up, pairs, transform=PAIRED)
         w.fill_stacked(self.down, [[f"{e}.down_proj.weight"] for e in experts])
 
     def __call__(self, x):
@@ -140,8 +140,8 @@ class Step3MoE(nnx.Module):
         w.fill(self.correction, f"{prefix}.moe.router_bias")
         # gate_proj / up_proj [E, I, H] -> one [E, H, 2I], interleaved; down [E, H, I] -> [E, I, H]
         names = [f"{prefix}.moe.gate_proj.weight", f"{prefix}.moe.up_proj.weight"]
-        w.fill_joined(self.gate_up, names, transform=interleave_halves)
-        w.fill(self.down, f"{prefix}.moe.down_proj.weight", transform=lambda a: a.swapaxes(1, 2))
+        w.fill_joined(self.gate_up, names, transform=PAIRED)
+        w.fill(self.down, f"{prefix}.moe.down_proj.weight", transform=SWAPPED)
         self.share_expert.load(w, f"{prefix}.share_expert")
 
     def _act(self, h):

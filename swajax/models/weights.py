@@ -9,6 +9,9 @@ dequantized whole, still one at a time), never the checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import numpy as np
 from flax import nnx
@@ -30,6 +33,33 @@ def interleave_halves(w: np.ndarray) -> np.ndarray:
     out = np.empty(w.shape, w.dtype)
     out[..., 0::2], out[..., 1::2] = w[..., :i], w[..., i:]
     return out
+
+
+def split_halves(w: np.ndarray) -> np.ndarray:
+    """The inverse of `interleave_halves`: [..., g0, u0, g1, u1, ...] -> [..., gate | up]."""
+    return np.concatenate([w[..., 0::2], w[..., 1::2]], axis=-1)
+
+
+class Layout(NamedTuple):
+    """How a checkpoint tensor becomes a parameter (`forward`) and back (`inverse`, which
+    `swajax convert --to hf` writes): every rearrangement a load does must be invertible."""
+
+    forward: Callable[[np.ndarray], np.ndarray]
+    inverse: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        return self.forward(a)
+
+
+def _swap_expert_axes(a: np.ndarray) -> np.ndarray:
+    return a.swapaxes(1, 2)
+
+
+PAIRED = Layout(interleave_halves, split_halves)  # gate | up -> interleaved pairs
+SWAPPED = Layout(_swap_expert_axes, _swap_expert_axes)  # [E, out, in] <-> [E, in, out]
+SWAPPED_PAIRED = Layout(
+    lambda a: interleave_halves(a.swapaxes(1, 2)), lambda a: split_halves(a).swapaxes(1, 2)
+)
 
 
 class WeightLoader:

@@ -148,3 +148,21 @@ def test_a_missing_hf_extra_is_named(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
     code, _, err = cli("generate", "--model", folder, "--prompt", "hello")
     assert code != 0 and "swajax[hf]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sampling_flags_reach_every_sample(cli):
+    """--n samples per prompt (sharing its prefill), --stop cuts the text, --logprobs ranks."""
+    code, out, _ = cli("generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "24",
+                       "--temperature", "0.9", "--top-k", "30", "--min-p", "0.01",
+                       "--repetition-penalty", "1.2", "--frequency-penalty", "0.3", "--n", "3",
+                       "--stop", "\n\n", "--logprobs", "2", "--json")  # fmt: skip
+    assert code == 0
+    *lines, summary = [json.loads(x) for x in out.splitlines()]
+    assert [x["sample"] for x in lines] == [0, 1, 2]
+    assert summary["summary"]["prefix_hit_tokens"] > 0  # samples 2 and 3 reuse the prompt
+    for line in lines:
+        assert "\n\n" not in line["text"]
+        assert len(line["top_logprobs"]) == len(line["tokens"])
+        assert all(len(top) == 2 for top in line["top_logprobs"])
+    code, out, _ = cli("generate", "--prompt", "x", "--n", "2", "--max-new-tokens", "2")
+    assert code == 0 and "=== prompt 1 of 1, sample 2 of 2 ===" in out

@@ -1,0 +1,106 @@
+"""Sampling and stopping through the public API (`import swajax` only, plus the engine for
+retraction): stop strings, n samples sharing one prefill, penalties counted on the device
+across retraction and overlap, top-N logprobs."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import swajax
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "gpt_oss"
+PROMPT = json.loads((FIXTURE / "greedy.json").read_text())["prompt"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return swajax.LLM("tiny", ignore_eos=True, max_context=512)
+
+
+def test_a_stop_string_cuts_text_and_tokens(tiny):
+    prompt = "def fibonacci(n):"
+    (free,) = tiny.generate(prompt, swajax.SamplingParams(max_new_tokens=40))
+    stop = free.text[12:15]
+    at = free.text.find(stop)
+    (out,) = tiny.generate(prompt, swajax.SamplingParams(max_new_tokens=40, stop=[stop, "@@@"]))
+    assert out.finish_reason == "stop" and out.text == free.text[:at]
+    # The tokens end with the one that completed the stop string.
+    m = len(out.token_ids)
+    assert out.token_ids == free.token_ids[:m]
+    assert stop in tiny.tokenizer.decode(free.token_ids[:m])
+    assert stop not in tiny.tokenizer.decode(free.token_ids[: m - 1])
+    events = list(tiny.stream(prompt, swajax.SamplingParams(max_new_tokens=40, stop=stop)))
+    assert "".join(e.text for e in events) == out.text  # the stop string never streamed
+    assert events[-1].finish_reason == "stop"
+
+
+def test_n_samples_share_one_prefill(tiny):
+    prompt = "the quick brown fox jumps over the lazy dog " * 3  # 132 tokens
+    n = 4
+    before = len(tiny.engine.metrics)
+    outs = tiny.generate(prompt, swajax.SamplingParams(max_new_tokens=6, temperature=1.0,
+                                                       seed=3, n=n))  # fmt: skip
+    assert [(o.index, o.sample) for o in outs] == [(0, i) for i in range(n)]
+    assert len({tuple(o.token_ids) for o in outs}) > 1  # distinct samples
+    prefill = sum(m.new_tokens for m in tiny.engine.metrics[before:] if m.kind == "extend")
+    page = tiny.engine.sizes.page_size
+    assert prefill <= len(outs[0].prompt_token_ids) + (n - 1) * (page + 1)
+    assert all(o.cached_tokens >= len(o.prompt_token_ids) - page - 1 for o in outs[1:])
+    (alone,) = tiny.generate(prompt, swajax.SamplingParams(max_new_tokens=6, temperature=1.0,
+                                                           seed=3))  # fmt: skip
+    assert alone.token_ids == outs[0].token_ids  # sample 0 is the request's own seed
+
+
+def penalized(logits: np.ndarray, prompt, output, rep, presence, frequency) -> np.ndarray:
+    """transformers' repetition penalty, then OpenAI's presence / frequency penalties."""
+    x = logits.astype(np.float64).copy()
+    seen = sorted(set(prompt) | set(output))
+    x[seen] = np.where(x[seen] < 0, x[seen] * rep, x[seen] / rep)
+    counts = np.bincount(np.asarray(output, int), minlength=len(x)) if output else 0 * x
+    return x - frequency * counts - presence * (counts > 0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return swajax.LLM(str(FIXTURE), max_context=256, page_size=4, ignore_eos=True)
+
+
+PENALTIES = dict(repetition_penalty=1.6, presence_penalty=0.4, frequency_penalty=0.9)
+
+
+def test_penalties_match_the_reference_after_a_retraction(model):
+    engine = model.engine
+    params = swajax.SamplingParams(max_new_tokens=14, **PENALTIES)
+    rid = engine.add_request(PROMPT, params, keep_logits=True)
+    plain = engine.add_request(PROMPT[:11], swajax.SamplingParams(max_new_tokens=14))
+    for _ in range(6):
+        engine.step()
+    req = engine.requests[rid]
+    assert 0 < len(req.output) < 14
+    engine.scheduler.retract(req)  # its counts are reloaded from the host at re-admission
+    engine.run()
+    out = req.output
+    assert len(out) == 14
+    for i, token in enumerate(out):
+        row = np.asarray(req.logits[len(PROMPT) - 1 + i])
+        expected = penalized(row, PROMPT, out[:i], 1.6, 0.4, 0.9)
+        assert token == int(np.argmax(expected)), i
+    (ref,) = model.generate([PROMPT[:11]], swajax.SamplingParams(max_new_tokens=14))
+    assert engine.requests[plain].output == ref.token_ids  # a neighbour is not penalized
+    # Without kept logits the decode steps overlap: the device's counts give the same tokens.
+    (fast,) = model.generate([PROMPT], params)
+    assert fast.token_ids == out
+
+
+def test_top_logprobs_rank_the_raw_distribution(model):
+    (out,) = model.generate([PROMPT], swajax.SamplingParams(max_new_tokens=5, logprobs=3))
+    assert len(out.top_logprobs) == 5
+    for token, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
+        ranked = list(top.items())
+        assert len(ranked) == 3 and ranked[0][0] == token  # greedy: the top-ranked token
+        assert ranked[0][1] == pytest.approx(lp, abs=1e-6)
+        assert [v for _, v in ranked] == sorted((v for _, v in ranked), reverse=True)
+    with pytest.raises(swajax.InputError, match="logprobs 21 exceeds max_logprobs 20"):
+        model.generate([PROMPT], swajax.SamplingParams(logprobs=21))
