@@ -48,7 +48,10 @@ class ChatTemplate:
         self.tokens = {k: _special(config, k) for k in ("bos_token", "eos_token")}
 
     def render(self, prompt: str) -> str:
-        messages = [{"role": "user", "content": prompt}]
+        return self.render_messages([{"role": "user", "content": prompt}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """A conversation (OpenAI-style role / content dicts) with the generation prompt."""
         return self.template.render(messages=messages, add_generation_prompt=True, **self.tokens)
 
 
@@ -80,6 +83,12 @@ class Tokenizer:
         if self.missing is not None:
             raise ValueError(f"{self.missing} has no tokenizer.json: use --prompt-ids")
         return list(text.encode("utf-8"))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Text a chat template rendered: its special tokens are in the text already."""
+        if self.hf is None:
+            return self.encode(text)
+        return self.hf.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str | None:
         if self.hf is not None:

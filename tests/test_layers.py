@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # config/.
 LAYERS = (
     "cli",
+    "server",
     "conformance",
     "trace",
     "simulator",

@@ -10,11 +10,10 @@ from collections.abc import Iterator, Sequence
 
 from swajax.api.engine_spec import EngineSpec, load_model, make_engine, model_folder
 from swajax.api.generation import summary
-from swajax.api.stop_strings import StopWatch
+from swajax.api.sample_stream import SampleStream, add_samples
 from swajax.errors import InputError
 from swajax.generation_config import stop_token_ids
 from swajax.serving.engine import Engine
-from swajax.serving.request import Request
 from swajax.serving.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -103,14 +102,14 @@ class LLM:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
         return summary(self.engine)
 
-    def _stop_strings(self, samples: list[_Sample]) -> None:
+    def _stop_strings(self, samples: list[SampleStream]) -> None:
         """End the samples whose output now holds a stop string."""
         for x in samples:
             req = self.engine.requests[x.rid]
             if not req.done and x.watch.check(req.output):
                 self.engine.stop(x.rid)
 
-    def _step(self, samples: list[_Sample]) -> bool:
+    def _step(self, samples: list[SampleStream]) -> bool:
         """One engine step unless every sample has ended (then False)."""
         if all(self.engine.requests[x.rid].done for x in samples):
             self.engine.flush()  # releases still queued reach the device
@@ -119,24 +118,15 @@ class LLM:
             raise RuntimeError("the engine went idle with requests unfinished")
         return True
 
-    def _new_events(self, x: _Sample):
+    def _new_events(self, x: SampleStream):
         req = self.engine.requests[x.rid]
-        out = self._tokens(x, req)
-        while x.seen < len(out):
-            token = out[x.seen]
-            x.seen += 1
-            last = x.seen == len(out) and req.done
-            text = self.tokenizer.decode(out[: x.seen])
-            delta = None
-            if text is not None:
-                shown = x.watch.visible(text, last)
-                delta, x.shown = shown[len(x.shown) :], shown
-            yield StreamEvent(x.index, token, delta, req.finish_reason if last else None, x.sample)
-        if req.done and not out and x.seen == 0:
+        for e in x.new_events(req, self.tokenizer.decode):
+            yield StreamEvent(x.index, e.token_id, e.text, e.finish_reason, x.sample)
+        if req.done and not x.tokens(req) and x.seen == 0:
             x.seen = -1  # an aborted request with no token: one event saying why
             yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
 
-    def _add(self, prompts, sampling: SamplingParams | None) -> list[_Sample]:
+    def _add(self, prompts, sampling: SamplingParams | None) -> list[SampleStream]:
         batch = [prompts] if _single(prompts) else list(prompts)
         if not batch:
             raise InputError("prompts is empty: give a prompt or a list of prompts")
@@ -147,48 +137,26 @@ class LLM:
         if params.stop and self.tokenizer.missing is not None:
             raise InputError(f"stop strings {params.stop!r} need the checkpoint's tokenizer.json")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        one = dataclasses.replace(params, n=1)
-        samples = []
-        for index, prompt in enumerate(ids):
-            lead = None
-            for i in range(params.n):
-                seeded = dataclasses.replace(one, seed=params.sample_seed(i))
-                rid = self.engine.add_request(prompt, seeded, follows=lead)
-                lead = rid if lead is None else lead
-                watch = StopWatch(self.tokenizer.decode, params.stop)
-                samples.append(_Sample(index, i, rid, watch))
-        return samples
+        return [
+            x
+            for index, prompt in enumerate(ids)
+            for x in add_samples(self.engine, prompt, params, index, self.tokenizer.decode)
+        ]
 
-    def _tokens(self, x: _Sample, req: Request) -> list[int]:
-        return req.output if x.watch.cut is None else req.output[: x.watch.cut[0]]
-
-    def _output(self, x: _Sample) -> CompletionOutput:
+    def _output(self, x: SampleStream) -> CompletionOutput:
         req = self.engine.requests[x.rid]
-        out = self._tokens(x, req)
-        text = self.tokenizer.decode(out) if x.watch.cut is None else x.watch.cut[1]
+        out = x.tokens(req)
         return CompletionOutput(
             index=x.index,
             prompt_token_ids=list(req.prompt),
             token_ids=list(out),
-            text=text,
+            text=x.text(req, self.tokenizer.decode),
             logprobs=list(req.logprobs[: len(out)]),
             finish_reason=req.finish_reason,
             cached_tokens=req.cached_tokens,
             sample=x.sample,
             top_logprobs=list(req.top_logprobs[: len(out)]) if req.params.logprobs else None,
         )
-
-
-@dataclasses.dataclass(eq=False)
-class _Sample:
-    """One sample of one prompt, as the API follows it."""
-
-    index: int
-    sample: int
-    rid: int
-    watch: StopWatch
-    seen: int = 0  # tokens streamed
-    shown: str = ""  # text streamed
 
 
 def _single(prompts) -> bool:

@@ -59,10 +59,10 @@ PROMPT_KEYS = {"prompt", "prompt_ids"}
 
 
 def _spec(args) -> EngineSpec:
-    return EngineSpec.of(**_engine_fields(args))
+    return EngineSpec.of(**engine_fields(args))
 
 
-def _engine_fields(args) -> dict:
+def engine_fields(args) -> dict:
     """The engine's settings from the flags: `EngineSpec` and `EngineOptions` fields."""
     return dict(
         kv_budget_gib=args.kv_budget_gib,
@@ -114,7 +114,7 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    fields = _engine_fields(args)
+    fields = engine_fields(args)
     del fields["dtype"]
     if args.draft_model is None:
         del fields["num_speculative_tokens"]
@@ -196,13 +196,15 @@ def run_logits(args) -> int:
     return 0
 
 
-def _add_model_args(p) -> None:
+def add_model_args(p, prompts: bool = True) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a checkpoint folder")
-    p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
-    p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated token ids")
-    p.add_argument("--prompts-file", help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")
-    chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
-    p.add_argument("--chat", action="store_true", help=chat)
+    if prompts:
+        p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
+        p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated ids")
+        p.add_argument("--prompts-file",
+                       help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")  # fmt: skip
+        chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
+        p.add_argument("--chat", action="store_true", help=chat)
     p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
     p.add_argument(
         "--dtype",
@@ -251,7 +253,7 @@ def _add_sampling_args(p) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--max-new-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
     p.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
@@ -270,7 +272,7 @@ def register(sub) -> None:
                    help="also print the generated token ids after the text")  # fmt: skip
     p.set_defaults(func=run_generate)
     p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--out", type=args_lib.out_file(".npy", ".npz"), required=True,
                    help="FILE.npy (one prompt) or FILE.npz (logits_i, prompt_ids_i)")  # fmt: skip
     p.set_defaults(func=run_logits)

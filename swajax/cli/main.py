@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from swajax import compile_cache, sizing
-from swajax.cli import args as args_lib, conformance, generate, plan, simulate
+from swajax.cli import args as args_lib, conformance, generate, plan, serve, simulate
 from swajax.cli.args import UsageError
 from swajax.version import __version__
 
@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.register(sub)
     simulate.register(sub)
     generate.register(sub)
+    serve.register(sub)
     _register_tools(sub)
     conformance.register(sub)
     args_lib.fill_help(parser)

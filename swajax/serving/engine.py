@@ -172,9 +172,9 @@ class Engine:
             raise RequestError(f"follows={follows}: request {follows} has another prompt")
         return lead
 
-    def abort(self, rid: int) -> None:
+    def abort(self, rid: int, reason: str = "aborted") -> None:
         """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
-        self.scheduler.abort(self._request(rid))
+        self.scheduler.abort(self._request(rid), reason)
 
     def stop(self, rid: int) -> None:
         """Finish request `rid` now with reason "stop" (a stop string the caller matched): a

@@ -27,8 +27,9 @@ class EngineOptions:
     # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
     # a profile with `fallback_only` (SGLang's) turns it off too.
     tail_rebuild: bool = True
-    # Speculative decoding: draft tokens per decode step, verified greedily (0: off). Needs a
-    # draft model (`Engine(draft=...)`), except on the null model, which emulates one.
+    # Speculative decoding: draft tokens per decode step, verified by speculative sampling
+    # (greedy requests: by equality); 0: off. Needs a draft model (`Engine(draft=...)`),
+    # except on the null model, which emulates one.
     num_speculative_tokens: int = 0
     # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
     # where the runner can launch a step without reading the previous one (a fused model).

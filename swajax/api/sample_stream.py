@@ -1,0 +1,78 @@
+"""One sample of one prompt as a caller follows it (host code): its tokens so far, cut at a stop
+string, and the text each new token adds. Shared by `swajax.LLM` and the server."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from swajax.api.stop_strings import StopWatch
+from swajax.serving.request import Request
+
+
+class TokenEvent(NamedTuple):
+    """One generated token: its id, logprob, top-N (or None), the text it adds (None without a
+    tokenizer), and the finish reason if it is the sample's last."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] | None
+    text: str | None
+    finish_reason: str | None
+
+
+@dataclasses.dataclass(eq=False)
+class SampleStream:
+    index: int  # the prompt's place
+    sample: int  # which of its n samples
+    rid: int  # the engine request
+    watch: StopWatch
+    prompt_len: int = 0
+    seen: int = 0  # tokens handed out
+    shown: str = ""  # text handed out
+
+    def tokens(self, req: Request) -> list[int]:
+        """The output, up to the token that completed a stop string (if one did)."""
+        return req.output if self.watch.cut is None else req.output[: self.watch.cut[0]]
+
+    def text(self, req: Request, decode) -> str | None:
+        return decode(self.tokens(req)) if self.watch.cut is None else self.watch.cut[1]
+
+    def new_events(self, req: Request, decode) -> list[TokenEvent]:
+        """The tokens generated since the last call, with the text each adds (text that could
+        still become a stop string is held back until the request decides it)."""
+        out, events = self.tokens(req), []
+        while self.seen < len(out):
+            i = self.seen
+            self.seen += 1
+            last = self.seen == len(out) and req.done
+            text = decode(out[: self.seen])
+            delta = None
+            if text is not None:
+                shown = self.watch.visible(text, last)
+                delta, self.shown = shown[len(self.shown) :], shown
+            top = req.top_logprobs[i] if i < len(req.top_logprobs) else None
+            events.append(TokenEvent(out[i], req.logprobs[i], top, delta,
+                                     req.finish_reason if last else None))  # fmt: skip
+        return events
+
+
+def add_samples(engine, prompt: list[int], params, index: int, decode,
+                keep_logits: bool = False) -> list[SampleStream]:  # fmt: skip
+    """Queue `params.n` samples of `prompt` (the first computes the prompt, the others follow
+    it to take its KV from the prefix cache); each draws with its own seed. If one is refused,
+    those queued before it are aborted and the error raised."""
+    one = dataclasses.replace(params, n=1)
+    samples, lead = [], None
+    try:
+        for i in range(params.n):
+            seeded = dataclasses.replace(one, seed=params.sample_seed(i))
+            rid = engine.add_request(prompt, seeded, follows=lead, keep_logits=keep_logits)
+            lead = rid if lead is None else lead
+            watch = StopWatch(decode, params.stop)
+            samples.append(SampleStream(index, i, rid, watch, len(prompt)))
+    except Exception:
+        for x in samples:
+            engine.abort(x.rid)
+        raise
+    return samples

@@ -1,0 +1,1 @@
+"""An OpenAI-compatible HTTP server over one engine (`swajax serve`; the `serve` extra)."""

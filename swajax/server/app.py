@@ -1,0 +1,169 @@
+"""The OpenAI-compatible HTTP application (FastAPI): /v1/completions, /v1/chat/completions
+(streamed as server-sent events or not), /v1/models, /health and /metrics.
+
+Every handler only translates: a body is validated (pydantic: a bad or unknown field is a 400
+naming it), turned into token ids and `SamplingParams`, submitted to the one `EngineLoop`, and
+its events are written back in OpenAI's shapes (`server/responses.py`). A client that goes
+away has its job cancelled (its requests aborted, their KV returned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from swajax.errors import InputError
+from swajax.server import responses as out
+from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
+from swajax.server.metrics import Metrics
+from swajax.server.protocol import ChatCompletionRequest, CompletionRequest, prompt_list
+from swajax.tokenizer import ChatTemplate
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param=None):
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def make_app(llm, *, model_name: str, folder=None, max_waiting: int = 256) -> FastAPI:
+    """The application over `llm` (a `swajax.LLM`); `folder`: its checkpoint folder (for the
+    chat template), None for the embedded model."""
+    loop = EngineLoop(llm, max_waiting=max_waiting)
+    metrics = Metrics(llm.engine, loop)
+    chat_template = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        loop.start()
+        yield
+        aborted = loop.shutdown()  # in-flight requests end as aborted; nothing stays held
+        running = len(llm.engine.scheduler.running)
+        print(f"swajax serve: stopped; {aborted} request(s) in flight aborted, {running} "
+              "running", file=sys.stderr, flush=True)  # fmt: skip
+
+    app = FastAPI(title="swajax", lifespan=lifespan)
+    app.state.loop = loop
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(x) for x in first["loc"] if x != "body")
+        return error(400, f"{field}: {first['msg']}", param=field)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                             "owned_by": "swajax"}]}  # fmt: skip
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        try:
+            prompts = [llm.tokenizer.encode(p) if isinstance(p, str) else p
+                       for p in prompt_list(body.prompt)]  # fmt: skip
+            echo_only = body.echo and body.max_tokens == 0
+            params = body.sampling(max(body.max_tokens or 16, 1), body.logprobs or 0)
+            params = _with_eos(llm, params, body.ignore_eos)
+        except (InputError, ValueError) as e:
+            return error(400, str(e))
+        job = Job(prompts, params, keep_logits=body.echo, loop=asyncio.get_running_loop())
+        shape = out.Completion(llm.tokenizer.decode, model_name, body, prompts, echo_only)
+        return await _serve(loop, job, request, shape, body.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        try:
+            if "t" not in chat_template:
+                chat_template["t"] = ChatTemplate(folder) if folder is not None else None
+            template = chat_template["t"]
+            if template is None:
+                raise InputError("the embedded model has no chat template: use /v1/completions")
+            text = template.render_messages([m.model_dump(exclude_none=True)
+                                             for m in body.messages])  # fmt: skip
+            max_tokens = body.max_completion_tokens or body.max_tokens or 256
+            params = body.sampling(max_tokens, (body.top_logprobs or 1) if body.logprobs else 0)
+            params = _with_eos(llm, params, body.ignore_eos)
+            prompt = llm.tokenizer.encode_rendered(text)
+        except (InputError, ValueError) as e:
+            return error(400, str(e))
+        job = Job([prompt], params, keep_logits=False, loop=asyncio.get_running_loop())
+        shape = out.Chat(llm.tokenizer.decode, model_name, body)
+        return await _serve(loop, job, request, shape, body.stream)
+
+    return app
+
+
+def _with_eos(llm, params, ignore_eos: bool):
+    """The checkpoint's eos ids join the request's stop ids unless `ignore_eos`."""
+    import dataclasses
+
+    if ignore_eos or not llm.stop_token_ids:
+        return params
+    stops = tuple(dict.fromkeys(params.stop_token_ids + tuple(llm.stop_token_ids)))
+    return dataclasses.replace(params, stop_token_ids=stops)
+
+
+async def _serve(loop: EngineLoop, job: Job, request: Request, shape, stream: bool):
+    try:
+        loop.submit(job)
+    except QueueFull as e:
+        return error(429, str(e), "rate_limit_error")
+    except ShuttingDown as e:
+        return error(503, str(e), "server_error")
+    first = await job.queue.get()
+    if first[0] == "error":
+        return error(400, str(first[1]))
+    if stream:
+        return StreamingResponse(_events(loop, job, request, shape),
+                                 media_type="text/event-stream")  # fmt: skip
+    try:
+        while True:
+            try:
+                message = await asyncio.wait_for(job.queue.get(), timeout=0.5)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    loop.cancel(job)
+                    return error(499, "client disconnected")
+                continue
+            shape.take(message)
+            if message[0] == "done":
+                break
+    except asyncio.CancelledError:
+        loop.cancel(job)
+        raise
+    failed = shape.failure()
+    if failed is not None:
+        return error(500, failed, "server_error")
+    return JSONResponse(shape.body())
+
+
+async def _events(loop: EngineLoop, job: Job, request: Request, shape):
+    """Server-sent events: a chunk per token as its step finishes, then [DONE]."""
+    finished = False
+    try:
+        for chunk in shape.first_chunks():
+            yield f"data: {json.dumps(chunk)}\n\n"
+        while True:
+            message = await job.queue.get()
+            for chunk in shape.chunks(message):
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if message[0] == "done":
+                break
+        finished = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:  # the client went away mid-stream: its requests end now
+            loop.cancel(job)

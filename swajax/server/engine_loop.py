@@ -1,0 +1,198 @@
+"""One thread drives the engine; HTTP handlers on the event loop submit jobs and read events.
+
+The engine is not thread-safe and need not be: only `EngineLoop`'s thread touches it. A handler
+`submit`s a job (one request's prompts, n samples each) and awaits its asyncio queue; the loop
+thread adds the job's requests between steps (so they join the running batch: continuous
+batching through the scheduler), steps the engine, matches stop strings, and hands each job the
+tokens its samples gained. `cancel` (a client that went away) aborts a job's requests and their
+KV goes back. A bounded queue refuses work past `max_waiting` (HTTP 429), and `shutdown` aborts
+whatever is in flight and flushes the engine, so nothing stays held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+
+import numpy as np
+
+from swajax.api.sample_stream import SampleStream, add_samples
+from swajax.serving.sampling_params import SamplingParams
+
+LOG = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """More jobs wait than the server takes (HTTP 429)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server stops: no new work (HTTP 503)."""
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One HTTP request's work: its prompts (token ids), their sampling, and where its events go.
+
+    Messages on `queue`: ("accepted",) or ("error", exception) first; then ("tokens", sample,
+    [TokenEvent]) as steps finish; then ("done", [(sample, finish reason, prompt logprobs or
+    None)]) once every sample has ended."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    keep_logits: bool  # echo: the prompt's logprobs need every prompt position's logits
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    samples: list[SampleStream] = dataclasses.field(default_factory=list)
+    ended: bool = False
+
+    def put(self, *message) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
+
+
+class EngineLoop:
+    def __init__(self, llm, *, max_waiting: int = 256):
+        self.llm, self.engine, self.max_waiting = llm, llm.engine, max_waiting
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._new: list[Job] = []
+        self._cancelled: list[Job] = []
+        self._active: list[Job] = []
+        self._stopping = False
+        self.step_seconds = 0.0  # the last step's wall time (metrics)
+        self.aborted_at_shutdown = 0
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name="swajax-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> Job:
+        """Queue a job (called on the event loop); raises QueueFull or ShuttingDown."""
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            waiting = len(self.engine.scheduler.waiting) + len(self._new)
+            if waiting >= self.max_waiting:
+                raise QueueFull(f"{waiting} requests wait, the limit is {self.max_waiting} "
+                                "(--max-waiting); retry later")  # fmt: skip
+            self._new.append(job)
+        self._wake.set()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Abort a job's requests (its client went away); their KV goes back."""
+        with self._lock:
+            self._cancelled.append(job)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 30.0) -> int:
+        """Refuse new work, abort everything in flight, flush the engine, stop the thread;
+        returns how many jobs were aborted."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        return self.aborted_at_shutdown
+
+    # ------------------------------------------------------------------------------------------
+    # The loop thread
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                new, self._new = self._new, []
+                cancelled, self._cancelled = self._cancelled, []
+                stopping = self._stopping
+            for job in new:
+                self._start(job)
+            for job in cancelled:
+                self._end(job, "abort: client disconnected")
+            if stopping:
+                self.aborted_at_shutdown = len(self._active)
+                for job in list(self._active):
+                    self._end(job, "abort: server shutting down")
+                self.engine.flush()
+                return
+            self._publish()
+            if not self._active:
+                self.engine.flush()  # releases still queued reach the device
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            start = time.perf_counter()
+            try:
+                self.engine.step()
+            except Exception as error:  # noqa: BLE001 - a bug in the engine: fail, keep serving
+                LOG.exception("engine step failed")
+                for job in list(self._active):
+                    self._end(job, f"abort: error: {type(error).__name__}: {error}")
+            self.step_seconds = time.perf_counter() - start
+            self.steps += 1
+
+    def _start(self, job: Job) -> None:
+        decode = self.llm.tokenizer.decode
+        try:
+            for index, prompt in enumerate(job.prompts):
+                job.samples += add_samples(self.engine, prompt, job.params, index, decode,
+                                           keep_logits=job.keep_logits)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - bad input: the client's 400
+            for x in job.samples:
+                self.engine.abort(x.rid)
+            job.put("error", error)
+            return
+        self._active.append(job)
+        job.put("accepted")
+
+    def _end(self, job: Job, reason: str) -> None:
+        for x in job.samples:
+            self.engine.abort(x.rid, reason)  # an ended one is left as it is
+        self._publish_job(job)
+
+    def _publish(self) -> None:
+        for job in list(self._active):
+            for x in job.samples:
+                req = self.engine.requests[x.rid]
+                if not req.done and x.watch.check(req.output):
+                    self.engine.stop(x.rid)
+            self._publish_job(job)
+
+    def _publish_job(self, job: Job) -> None:
+        if job.ended:
+            return
+        decode = self.llm.tokenizer.decode
+        for x in job.samples:
+            events = x.new_events(self.engine.requests[x.rid], decode)
+            if events:
+                job.put("tokens", x, events)
+        if all(self.engine.requests[x.rid].done for x in job.samples):
+            job.ended = True
+            if job in self._active:
+                self._active.remove(job)
+            top = job.params.logprobs
+            ends = []
+            for x in job.samples:
+                req = self.engine.requests[x.rid]
+                prompt = prompt_logprobs(req, top) if job.keep_logits else None
+                ends.append((x, req.finish_reason, prompt))
+            job.put("done", ends)
+
+
+def prompt_logprobs(req, top: int):
+    """(logprob of each prompt token given the ones before, None for the first; and the top-N
+    {token: logprob} at each position) from the request's kept logits, which it then drops."""
+    logits = np.asarray(req.logits[: len(req.prompt)], np.float64)
+    req.logits.clear()  # a vocabulary row per position: not kept past this
+    if len(logits) < len(req.prompt):  # ended before its prompt was computed (aborted)
+        return [None] * len(req.prompt), [None] * len(req.prompt)
+    logits -= logits.max(axis=-1, keepdims=True)
+    lp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    chosen = [None] + [float(lp[i - 1, t]) for i, t in enumerate(req.prompt) if i > 0]
+    tops = [None]
+    for i in range(1, len(req.prompt)):
+        order = np.argsort(-lp[i - 1])[:top]
+        tops.append({int(t): float(lp[i - 1, t]) for t in order} if top else None)
+    return chosen, tops

@@ -1,0 +1,80 @@
+"""The OpenAI request bodies the server takes (pydantic, unknown fields refused), and how each
+becomes `SamplingParams`. Names and defaults are OpenAI's (temperature 1, max_tokens 16), with
+vLLM's extensions for what OpenAI lacks (top_k, min_p, repetition_penalty, stop_token_ids,
+ignore_eos)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swajax.serving.sampling_params import SamplingParams
+
+Stop = str | list[str] | None
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=64)
+    stream: bool = False
+    temperature: float = Field(1.0, ge=0.0, le=1e4)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)  # vLLM: -1 or 0 is off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: Stop = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    user: str | None = None  # accepted and ignored, as OpenAI's servers log it
+
+    def sampling(self, max_tokens: int, logprobs: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=max(self.top_k, 0), min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, seed=self.seed or 0,
+            stop_token_ids=tuple(self.stop_token_ids or ()), stop=tuple(stop), n=self.n,
+            logprobs=logprobs,
+        )  # fmt: skip
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream_options: dict | None = None
+
+
+def prompt_list(prompt) -> list[str | list[int]]:
+    """A completion request's prompts: one text, texts, one id list, or id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    return list(prompt)

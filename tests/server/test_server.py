@@ -1,0 +1,251 @@
+"""`swajax serve` as a real process on 127.0.0.1, driven by real clients: the official `openai`
+package (completions and chat, streamed or not) gets exactly the tokens and logprobs the Python
+API gives; 32 concurrent streams, some cut off mid-way, leave the pools free; bad requests get
+400s naming the field; /metrics parses with Prometheus' own parser.
+
+The model is the embedded demo, in a folder of its own with a byte-level `tokenizer.json` (the
+same bytes the demo's built-in tokenizer uses) and a chat template, so both endpoints have text.
+"""
+
+import asyncio
+import json
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import swajax
+import swajax.demo
+
+openai = pytest.importorskip("openai")
+
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+SETTINGS = ["--max-running", "16", "--page-size", "4", "--kv-budget-gib", "0.05",
+            "--max-context", "512"]  # fmt: skip
+
+
+def demo_folder(path):
+    """The demo model with a byte-level tokenizer.json (id = byte) and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    src = pathlib.Path(swajax.demo.__file__).parent
+    path.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(src / f, path / f)
+    tok = Tokenizer(models.BPE({c: b for b, c in enumerate(_byte_chars())}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return path
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's), by byte."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def http(url: str, body=None, raw: bytes | None = None):
+    """(status, body text) of a GET, or a POST of JSON `body` (or `raw` bytes as JSON)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return demo_folder(tmp_path_factory.mktemp("m") / "demo")
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    port = free_port()
+    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port),
+           "--max-waiting", "64", *SETTINGS]  # fmt: skip
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if http(f"{base}/health")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text())
+    yield base
+    proc.terminate()  # graceful: uvicorn's shutdown runs the engine loop's, then re-raises
+    proc.wait(30)
+    assert "stopped; 0 request(s) in flight aborted, 0 running" in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def llm(model):
+    return swajax.LLM(str(model), max_running=16, page_size=4, kv_budget_gib=0.05,
+                      max_context=512)  # fmt: skip
+
+
+def client(base):
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+PROMPTS = ["def fibonacci(n):", "import numpy as np\n"]
+
+
+def test_completions_equal_the_python_api(server, llm):
+    expected = llm.generate(PROMPTS, swajax.SamplingParams(max_new_tokens=12, logprobs=2))
+    got = client(server).completions.create(model="demo", prompt=PROMPTS, max_tokens=12,
+                                            temperature=0, logprobs=2)  # fmt: skip
+    assert [c.text for c in got.choices] == [e.text for e in expected]
+    for c, e in zip(got.choices, expected):
+        np.testing.assert_allclose(c.logprobs.token_logprobs, e.logprobs, atol=1e-5)
+        assert c.finish_reason == "length"
+    assert got.usage.completion_tokens == 24
+    stream = client(server).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=12,
+                                               temperature=0, logprobs=1, stream=True)  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == expected[0].text
+    lps = [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs]
+    np.testing.assert_allclose(lps, expected[0].logprobs, atol=1e-5)
+
+
+def test_sampling_options_reach_the_engine(server, llm):
+    params = dict(temperature=0.9, top_p=0.9, seed=4, stop=["\n\n"], presence_penalty=0.5)
+    (expected,) = llm.generate(PROMPTS[0], swajax.SamplingParams(max_new_tokens=40, **params))
+    got = client(server).completions.create(
+        model="demo", prompt=PROMPTS[0], max_tokens=40, **params,
+        extra_body=dict(top_k=40, min_p=0.0, repetition_penalty=1.0),
+    )  # fmt: skip
+    assert got.choices[0].text == expected.text
+    assert got.choices[0].finish_reason == expected.finish_reason
+
+
+def test_echo_gives_the_prompt_logprobs(server, llm):
+    prompt = list(b"def add(a, b):\n    return")
+    got = client(server).completions.create(model="demo", prompt=prompt, max_tokens=0,
+                                            echo=True, logprobs=1, temperature=0)  # fmt: skip
+    lps = got.choices[0].logprobs.token_logprobs
+    assert len(lps) == len(prompt) and lps[0] is None
+    from swajax.api.generation import teacher_forced_logits
+
+    logits = teacher_forced_logits(llm.engine, prompt).astype(np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(lps[1:], ref[np.arange(len(prompt) - 1), prompt[1:]], atol=1e-5)
+
+
+def test_chat_uses_the_template(server, model):
+    chat_llm = swajax.LLM(str(model), chat=True, max_running=16, page_size=4,
+                          kv_budget_gib=0.05, max_context=512)  # fmt: skip
+    (expected,) = chat_llm.generate("write a loop", swajax.SamplingParams(max_new_tokens=10))
+    got = client(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "write a loop"}], max_tokens=10,
+        temperature=0, logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    assert got.choices[0].message.content == expected.text
+    np.testing.assert_allclose([t.logprob for t in got.choices[0].logprobs.content],
+                               expected.logprobs, atol=1e-5)  # fmt: skip
+    stream = client(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "write a loop"}], max_tokens=10,
+        temperature=0, stream=True,
+    )  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected.text
+
+
+def metrics(base) -> dict[str, float]:
+    text = http(f"{base}/metrics")[1]
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
+
+
+def test_concurrent_streams_and_disconnects_leave_the_pools_free(server):
+    async def one(i):
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="none",
+                                      max_retries=0) as api:  # fmt: skip
+            stream = await api.completions.create(model="demo", prompt=f"# task {i}\ndef f",
+                                                  max_tokens=40, temperature=0.7, seed=i,
+                                                  stream=True)  # fmt: skip
+            text = ""
+            async for chunk in stream:
+                text += chunk.choices[0].text
+                if i % 4 == 0 and len(text) >= 3:  # every fourth client hangs up mid-stream
+                    await stream.close()
+                    return None
+            return chunk.choices[0].finish_reason
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    reasons = asyncio.run(all_of_them())
+    assert [r for i, r in enumerate(reasons) if i % 4] == ["length"] * 24
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = metrics(server)
+        if m["swajax_requests_running"] == 0 and m["swajax_requests_waiting"] == 0:
+            break
+        time.sleep(0.2)
+    assert m["swajax_requests_running"] == 0 and m["swajax_full_cached_locked_tokens"] == 0
+    # Everything not free is the prefix cache's, unlocked: nothing leaked, nothing held.
+    assert (
+        m["swajax_full_pool_free_tokens"] + m["swajax_full_cached_evictable_tokens"]
+        == (m["swajax_full_pool_tokens"])
+    )
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": "x", "best_of_everything": 3}, "best_of_everything"),
+        ({"max_tokens": 3}, "prompt"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server, body, field):
+    status, text = http(f"{server}/v1/completions", body)
+    assert status == 400 and field in json.loads(text)["error"]["message"]
+
+
+def test_malformed_json_and_limits_are_400(server):
+    assert http(f"{server}/v1/completions", raw=b"{not json")[0] == 400
+    status, text = http(f"{server}/v1/completions", {"prompt": "x" * 600, "max_tokens": 4})
+    assert status == 400 and "context limit 512" in json.loads(text)["error"]["message"]
+    status, text = http(f"{server}/v1/chat/completions", {"messages": []})
+    assert status == 400 and "messages" in json.loads(text)["error"]["message"]
+
+
+def test_models_health_and_metrics(server):
+    assert json.loads(http(f"{server}/health")[1]) == {"status": "ok"}
+    assert json.loads(http(f"{server}/v1/models")[1])["data"][0]["id"] == "demo"
+    m = metrics(server)
+    assert m["swajax_full_pool_tokens"] > 0 and "swajax_prefix_hit_tokens" in m
