@@ -3,110 +3,21 @@ package (completions and chat, streamed or not) gets exactly the tokens and logp
 API gives; 32 concurrent streams, some cut off mid-way, leave the pools free; bad requests get
 400s naming the field; /metrics parses with Prometheus' own parser.
 
-The model is the embedded demo, in a folder of its own with a byte-level `tokenizer.json` (the
-same bytes the demo's built-in tokenizer uses) and a chat template, so both endpoints have text.
+The server and its model are `conftest.py`'s.
 """
 
 import asyncio
 import json
-import pathlib
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
+from helpers.server import http
 from prometheus_client.parser import text_string_to_metric_families
 
 import swajax
-import swajax.demo
 
 openai = pytest.importorskip("openai")
-
-TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
-SETTINGS = ["--max-running", "16", "--page-size", "4", "--kv-budget-gib", "0.05",
-            "--max-context", "512"]  # fmt: skip
-
-
-def demo_folder(path):
-    """The demo model with a byte-level tokenizer.json (id = byte) and a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    src = pathlib.Path(swajax.demo.__file__).parent
-    path.mkdir()
-    for f in ("config.json", "model.safetensors"):
-        shutil.copy(src / f, path / f)
-    tok = Tokenizer(models.BPE({c: b for b, c in enumerate(_byte_chars())}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    return path
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's), by byte."""
-    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-def http(url: str, body=None, raw: bytes | None = None):
-    """(status, body text) of a GET, or a POST of JSON `body` (or `raw` bytes as JSON)."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return demo_folder(tmp_path_factory.mktemp("m") / "demo")
-
-
-@pytest.fixture(scope="module")
-def server(model, tmp_path_factory):
-    port = free_port()
-    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port),
-           "--max-waiting", "64", *SETTINGS]  # fmt: skip
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if http(f"{base}/health")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            raise RuntimeError(log.read_text())
-    yield base
-    proc.terminate()  # graceful: uvicorn's shutdown runs the engine loop's, then re-raises
-    proc.wait(30)
-    assert "stopped; 0 request(s) in flight aborted, 0 running" in log.read_text()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,124 @@
+"""`swajax serve` against the Python API on the same workload: the server's overhead as a ratio.
+
+    python benchmarks/server.py [--requests 32] [--new 32] [--concurrency 1,8,32]
+
+The embedded demo model; `--requests` prompts of about 40 bytes, greedy, `--new` tokens each
+(eos ignored). For each concurrency c: the server (a real `swajax serve` process on 127.0.0.1,
+c streaming clients of the official `openai` package, each taking the next prompt when it is
+done) and the Python API (`swajax.LLM.stream` over the same prompts, c at a time) in one run.
+Prints requests/s, tokens/s, p50 / p99 time to first token for both, and server / API.
+Both are compiled beforehand (a warm-up pass each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+
+import swajax
+
+SETTINGS = dict(max_running=32, page_size=16, kv_budget_gib=0.05, max_context=512)
+
+
+def prompts(n: int) -> list[str]:
+    return [f"def task_{i}(values):\n    # step {i % 7}\n    total =" for i in range(n)]
+
+
+def api_run(llm, texts, new: int, c: int):
+    """(seconds, times to first token) with c prompts in flight, refilled as each ends."""
+    params = swajax.SamplingParams(max_new_tokens=new)
+    ttft, start = [], time.perf_counter()
+    for i in range(0, len(texts), c):
+        t0, seen = time.perf_counter(), set()
+        for event in llm.stream(texts[i : i + c], params):
+            if event.index not in seen:
+                seen.add(event.index)
+                ttft.append(time.perf_counter() - t0)
+    return time.perf_counter() - start, ttft
+
+
+async def server_run(base: str, texts, new: int, c: int):
+    import openai
+
+    queue = list(texts)
+    ttft = []
+
+    async def client():
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none") as api:
+            while queue:
+                prompt = queue.pop()
+                t0, first = time.perf_counter(), True
+                stream = await api.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=new, temperature=0, stream=True,
+                    extra_body=dict(ignore_eos=True),
+                )  # fmt: skip
+                async for _ in stream:
+                    if first:
+                        ttft.append(time.perf_counter() - t0)
+                        first = False
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(c)))
+    return time.perf_counter() - start, ttft
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
+    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", main, "serve", "--port", str(port), *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"{base}/health", timeout=1)
+            return proc, base
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+def _columns(requests: int, tokens: int, seconds: float, ttft) -> str:
+    p50, p99 = np.percentile(np.asarray(ttft) * 1e3, [50, 99])
+    return f"{requests / seconds:8.2f} {tokens / seconds:6.0f} {p50:7.0f}/{p99:<7.0f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,8,32")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.concurrency.split(",")]
+    texts = prompts(args.requests)
+    llm = swajax.LLM("tiny", ignore_eos=True, **SETTINGS)
+    proc, base = start_server()
+    try:
+        for c in levels:  # warm-up: every batch shape compiles in both
+            api_run(llm, texts[: 2 * c], args.new, c)
+            asyncio.run(server_run(base, texts[: 2 * c], args.new, c))
+        print(" conc | API req/s  tok/s  ttft p50/p99 ms | server req/s  tok/s  ttft p50/p99 ms "
+              "| server/API tok/s")  # fmt: skip
+        for c in levels:
+            a_sec, a_ttft = api_run(llm, texts, args.new, c)
+            s_sec, s_ttft = asyncio.run(server_run(base, texts, args.new, c))
+            n = len(texts)
+            api = _columns(n, n * args.new, a_sec, a_ttft)
+            server = _columns(n, n * args.new, s_sec, s_ttft)
+            print(f"{c:5d} | {api} | {server}    | {a_sec / s_sec:6.2f}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Helpers of the server tests: the demo model with a tokenizer.json, plain HTTP calls."""
+
+import json
+import pathlib
+import shutil
+import socket
+import urllib.error
+import urllib.request
+
+import swajax.demo
+
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+SETTINGS = ["--max-running", "16", "--page-size", "4", "--kv-budget-gib", "0.05",
+            "--max-context", "512"]  # fmt: skip
+
+
+def demo_folder(path):
+    """The demo model with a byte-level tokenizer.json (id = byte) and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    src = pathlib.Path(swajax.demo.__file__).parent
+    path.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(src / f, path / f)
+    tok = Tokenizer(models.BPE({c: b for b, c in enumerate(_byte_chars())}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return path
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's), by byte."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def http(url: str, body=None, raw: bytes | None = None):
+    """(status, body text) of a GET, or a POST of JSON `body` (or `raw` bytes as JSON)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
