@@ -297,18 +297,65 @@ def fp8_mimo(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+              image_size=28, patch_size=14)  # fmt: skip
+
+
+def wrapped(built: dict):
+    """The published multimodal forms: each text fixture's config inside its family's
+    `*ForConditionalGeneration` wrapper with a tiny vision (and audio) tower. transformers 5.24
+    saves Gemma 3 and Llama 4 in the hub's layout (`language_model.model.*`, towers at the top)
+    and Gemma 4 as its modules (`model.language_model.*`); the weights are drawn afresh."""
+    yield "gemma3_vl", tf.Gemma3Config(text_config=built["gemma3"].to_dict(),
+                                       vision_config=SIGLIP, mm_tokens_per_image=4)  # fmt: skip
+    vision = dict(SIGLIP, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
+    yield "llama4_vl", tf.Llama4Config(text_config=built["llama4"].to_dict(),
+                                       vision_config=vision)  # fmt: skip
+    yield "gemma4_vl", tf.Gemma4Config(
+        text_config=built["gemma4_e"].to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                           patch_size=4, position_embedding_size=64),
+        audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          subsampling_conv_channels=[8, 4], output_proj_dims=32),
+    )  # fmt: skip
+
+
+def module_layout(folder: Path) -> None:
+    """The wrapper's other layout in the wild: its module paths as transformers 5 names them
+    (`model.language_model.*`, `model.vision_tower.*`, `model.multi_modal_projector.*`,
+    `lm_head.*`), where `save_pretrained` writes the hub's `language_model.model.*`."""
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    renamed = {}
+    for name, value in load_file(file).items():
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model.") :]
+        elif name.startswith("language_model.lm_head."):
+            name = name[len("language_model.") :]
+        else:
+            name = "model." + name
+        renamed[name] = value
+    save_file(renamed, file, metadata={"format": "pt"})
+
+
 # Fixtures that are another family's model rewritten into a form the hub ships.
 VARIANTS = {
     "gemma3_legacy": ("gemma3", legacy_gemma3),
     "gpt_oss_legacy": ("gpt_oss", legacy_gpt_oss),
     "gpt_oss_mxfp4": ("gpt_oss", mxfp4_gpt_oss),
     "mimo_v2_flash_fp8": ("mimo_v2_flash", fp8_mimo),
+    "gemma3_vl_modules": ("gemma3_vl", module_layout),
 }
+WRAPPERS = ("gemma3", "gemma4", "llama4")  # model types loaded as image-text-to-text
 
 
 def auto_class(model_type: str):
-    # Step 3.x exists in transformers only as a vision-language model.
-    return tf.AutoModelForImageTextToText if model_type == "step3p7" else tf.AutoModelForCausalLM
+    # Step 3.x exists in transformers only as a vision-language model; the wrappers' configs
+    # name the multimodal model type.
+    vl = model_type == "step3p7" or model_type in WRAPPERS
+    return tf.AutoModelForImageTextToText if vl else tf.AutoModelForCausalLM
 
 
 def build(cfg, seed=0):
@@ -342,6 +389,7 @@ def reload(folder: Path):
 def fixtures():
     """(folder name, model built from config, rewrite of the saved folder or None)."""
     built = dict(configs())
+    built.update(wrapped(built))
     for name, cfg in built.items():
         yield name, cfg, None
     for name, (base, rewrite) in VARIANTS.items():
@@ -359,6 +407,11 @@ def main() -> None:
         if rewrite is not None:
             rewrite(folder)
         model = reload(folder)
+        if name.startswith("llama4_vl"):
+            # transformers 5.24's Llama4ForConditionalGeneration.forward fails without an image
+            # (it reads `image_outputs` from a text-only output): run its language model, as
+            # loaded from the same files, instead.
+            model = model.language_model
         ids = torch.tensor([PROMPT])
         # transformers 5.24's Gemma 4 runs KV-shared layers only with hidden states requested
         # (the same math; it skips a slicing shortcut)

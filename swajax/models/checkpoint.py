@@ -43,6 +43,24 @@ DTYPES = {
 MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
 
 
+# Multimodal wrappers (`*ForConditionalGeneration`) keep the language model under a prefix: the
+# hub's `language_model.model.*` / `language_model.lm_head.*`, or transformers 5's module paths
+# `model.language_model.*` (its `lm_head.*` already at the top). Read as the text model's names.
+TEXT_MODEL_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+)
+
+
+def text_model_name(stored: str) -> str:
+    """The text model's name of a tensor a multimodal wrapper stores under its own prefix."""
+    for prefix, replacement in TEXT_MODEL_PREFIXES:
+        if stored.startswith(prefix):
+            return replacement + stored[len(prefix) :]
+    return stored
+
+
 class LoadError(InputError):
     """A checkpoint tensor is missing, unreadable, unused or of the wrong shape; the message
     names it."""
@@ -85,13 +103,17 @@ class Checkpoint:
     def __init__(self, files: Iterable[Path], ignore: Iterable[str] = ()):
         self._entries: dict[str, tuple[Path, int, dict]] = {}
         self._maps: dict[Path, mmap.mmap] = {}
+        self._stored: dict[str, str] = {}  # the name in the file, where a wrapper renamed it
         for file in files:
             start, header = read_header(file)
-            for name, entry in header.items():
+            for stored, entry in header.items():
+                name = text_model_name(stored)
                 if name in self._entries:
-                    raise LoadError(f"tensor {name!r} appears in both {self._entries[name][0]} "
+                    raise LoadError(f"tensor {stored!r} appears in both {self._entries[name][0]} "
                                     f"and {file}")  # fmt: skip
                 self._entries[name] = (file, start, entry)
+                if name != stored:
+                    self._stored[name] = stored
         self._ignore = [re.compile(p) for p in ignore]
         self.consumed: set[str] = set()
 
@@ -124,9 +146,9 @@ class Checkpoint:
         return data[start + begin : start + end].view(dtype).reshape(shape)
 
     def unconsumed(self) -> list[str]:
-        """Names no one read and no ignore pattern covers."""
+        """Names no one read and no ignore pattern covers (as the files spell them)."""
         return [
-            n
+            self._stored.get(n, n)
             for n in self.names()
             if n not in self.consumed and not any(p.search(n) for p in self._ignore)
         ]

@@ -80,8 +80,16 @@ MOE_MODES = ("auto", "routed", "dense")
 IGNORED = (r"\.rotary_emb\.inv_freq$",)
 IGNORED_BY_FAMILY = {
     "mimo": (r"^model\.mtp\.",),
-    # Step 3.x checkpoints carry a vision tower; the text model reads none of it.
+    # The towers and projectors of the multimodal checkpoints (at the top, or under `model.` in
+    # transformers 5's layout): the text model reads none of them. Anything else unread is
+    # still an error naming it.
     "step3": (r"^vision_model\.", r"^vit_large_projector\."),
+    "gemma": (r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
+    "llama4": (r"^(model\.)?vision_model\.", r"^(model\.)?multi_modal_projector\."),
+    "gemma4": (
+        r"^(model\.)?(vision_tower|audio_tower)\.",
+        r"^(model\.)?(embed_vision|embed_audio)\.",
+    ),
 }
 
 

@@ -23,6 +23,10 @@ FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
 FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7",
          "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]  # fmt: skip
+# The published multimodal wrappers (*ForConditionalGeneration, tiny vision / audio towers):
+# the hub's `language_model.model.*` layout (Gemma 3, Llama 4) and transformers 5's
+# `model.language_model.*` (Gemma 4, and Gemma 3 rewritten so).
+WRAPPERS = ["gemma3_vl", "gemma3_vl_modules", "llama4_vl", "gemma4_vl"]
 # Legacy config forms: transformers computes the very same logits from them as from the current
 # form (checked when the fixtures are made), so reading them must give the very same spec.
 LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
@@ -55,7 +59,7 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("family", FAMILIES + FORMS)
+@pytest.mark.parametrize("family", FAMILIES + FORMS + WRAPPERS)
 def test_matches_transformers_inside_the_engine(family):
     path = FIXTURES / family
     logits, output, greedy, engine = run_engine(path)
@@ -303,3 +307,19 @@ def test_convert_keeps_the_checkpoints_files_and_dtype(tmp_path, cli):
     meta = ocp.StandardCheckpointer().metadata(str(demo / "params")).item_metadata
     assert "bfloat16" in {str(leaf.dtype) for leaf in jax.tree.leaves(meta)}
     assert not (demo / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("stray", ["language_model.model.layers.0.stray.weight",
+                                   "vision_tower_extra.weight"])  # fmt: skip
+def test_a_wrapper_tensor_no_list_names_is_still_an_error(tmp_path, stray):
+    from swajax.models.checkpoint import Checkpoint
+    from swajax.models.export import write_safetensors
+
+    folder = tmp_path / "vl"
+    shutil.copytree(FIXTURES / "gemma3_vl", folder)
+    ckpt = Checkpoint([FIXTURES / "gemma3_vl" / "model.safetensors"])
+    tensors = {ckpt._stored.get(n, n): np.asarray(ckpt.array(n)) for n in ckpt.names()}
+    tensors[stray] = np.zeros(3, np.float32)
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(LoadError, match=f"does not use checkpoint tensor\\(s\\) \\['{stray}'\\]"):
+        load_decoder(folder)
