@@ -60,7 +60,9 @@ def types(kinds: str) -> list[str]:
         ("mimo_v2_flash", 8, dict(sliding_window_size=128), "FSSSSFSS", 128),
         ("llama4_text", 8, dict(attention_chunk_size=8192), "CCCFCCCF", 8192),
         ("llama4_text", 2, dict(attention_chunk_size=4, no_rope_layers=[1, 0]), "CF", 4),
-        ("llama4_text", 4, dict(no_rope_layers=[1, 1, 1, 0]), "FFFF", None),
+        # transformers' default attention_chunk_size (8192) when the config names none
+        ("llama4_text", 4, dict(no_rope_layers=[1, 1, 1, 0]), "CCCF", 8192),
+        ("gpt_oss", 4, {}, "SFSF", 127),  # transformers' default sliding_window (128)
         ("brand_new_model", 4, dict(sliding_window=9, layer_types=types("SSFS")), "SSFS", 8),
     ],
 )
@@ -194,7 +196,11 @@ def test_load_from_file_and_dir(tmp_path):
             },
             "layer_types[1]",
         ),
-        ({"model_type": "gpt_oss", "num_hidden_layers": 2, **BASE}, "sliding_window"),
+        (
+            {"model_type": "brand_new_model", "num_hidden_layers": 2, **BASE,
+             "layer_types": ["sliding_attention", "full_attention"]},
+            "sliding_window",
+        ),  # fmt: skip
         (
             {"model_type": "gpt_oss", "num_hidden_layers": 2, **BASE, "sliding_window": 1},
             "sliding_window",

@@ -90,6 +90,12 @@ def hf_window(cfg: Mapping[str, Any], field: str = "sliding_window") -> int:
     return value - 1
 
 
+# Legacy (flat) RoPE fields of these model types describe the global layers only: the local
+# layers' base is `rope_local_base_freq` (default 10,000) and they take no `rope_scaling`
+# (transformers' Gemma3TextConfig.convert_rope_params_to_dict).
+LEGACY_LOCAL_ROPE = ("gemma3", "gemma3_text")
+
+
 def rope_theta(cfg: Mapping[str, Any], type_name: str, local: bool, layer: int) -> float | None:
     """RoPE base of one layer from the v5 `rope_parameters` or the legacy fields."""
     params = cfg.get("rope_parameters")
@@ -103,6 +109,8 @@ def rope_theta(cfg: Mapping[str, Any], type_name: str, local: bool, layer: int) 
     for field in legacy_local if local else ():
         if cfg.get(field) is not None:
             return float(cfg[field])
+    if local and cfg.get("model_type") in LEGACY_LOCAL_ROPE:
+        return None  # the local base is its own field or the family's default, never rope_theta
     theta = cfg.get("rope_theta")
     if isinstance(theta, list | tuple):  # Step-3.5 lists one base per layer
         theta = theta[layer] if layer < len(theta) else None
@@ -124,7 +132,9 @@ def rope_params(cfg: Mapping[str, Any], type_name: str, local: bool) -> tuple[tu
         params = per_type
     elif any(isinstance(v, Mapping) for v in params.values()):
         params = {}  # per-type parameters that do not name this kind
-    elif local and cfg.get("rope_local_base_freq") is not None:
+    elif local and (
+        cfg.get("rope_local_base_freq") is not None or cfg.get("model_type") in LEGACY_LOCAL_ROPE
+    ):
         params = {}  # Gemma 3's legacy form: the scaling is the global layers' only
     elif type_name not in cfg.get("yarn_only_types", [type_name]):
         params = {}  # Step 3.x hub form: rope_scaling names the layer types it applies to

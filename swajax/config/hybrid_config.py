@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swajax.config import hf_compressed
+from swajax.config.hf_defaults import with_defaults
 from swajax.config.hf_fields import (
     ConfigError as ConfigError,
     get,
@@ -298,8 +299,9 @@ def text_config(cfg: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     # Multimodal wrappers (llama4, gemma3, gemma4) nest the decoder under text_config.
     text = cfg.get("text_config")
     if isinstance(text, Mapping) and "num_hidden_layers" not in cfg:
-        return text.get("model_type", model_type), text
-    return model_type, cfg
+        model_type = text.get("model_type", model_type)
+        return model_type, with_defaults(model_type, text)
+    return model_type, with_defaults(model_type, cfg)
 
 
 def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
