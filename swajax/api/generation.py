@@ -38,6 +38,7 @@ def summary(engine: Engine) -> dict:
 
 def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
     """Logits [len(prompt), vocab]: position i predicts token i + 1 (paged, hybrid memory on)."""
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True)
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True,
+                             cache_hits=False)  # fmt: skip
     engine.run()
     return np.stack(engine.requests[rid].logits[: len(prompt)])

@@ -60,14 +60,16 @@ class SampleStream:
 def add_samples(engine, prompt: list[int], params, index: int, decode,
                 keep_logits: bool = False) -> list[SampleStream]:  # fmt: skip
     """Queue `params.n` samples of `prompt` (the first computes the prompt, the others follow
-    it to take its KV from the prefix cache); each draws with its own seed. If one is refused,
-    those queued before it are aborted and the error raised."""
+    it to take its KV from the prefix cache); each draws with its own seed. `keep_logits`: every
+    prompt position's logits are wanted (computed, no cached prefix). If one is refused, those
+    queued before it are aborted and the error raised."""
     one = dataclasses.replace(params, n=1)
     samples, lead = [], None
     try:
         for i in range(params.n):
             seeded = dataclasses.replace(one, seed=params.sample_seed(i))
-            rid = engine.add_request(prompt, seeded, follows=lead, keep_logits=keep_logits)
+            rid = engine.add_request(prompt, seeded, follows=lead, keep_logits=keep_logits,
+                                     cache_hits=not keep_logits)  # fmt: skip
             lead = rid if lead is None else lead
             watch = StopWatch(decode, params.stop)
             samples.append(SampleStream(index, i, rid, watch, len(prompt)))

@@ -35,7 +35,8 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     add_model_args(p, prompts=False)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=args_lib.int_at_least(0, 65535), default=8000)
+    p.add_argument("--port", type=args_lib.int_at_least(0, 65535), default=8000,
+                   help="port to listen on (0: any free one)")  # fmt: skip
     p.add_argument("--served-model-name", help="the model's name in the API (default: folder)")
     p.add_argument("--max-waiting", type=args_lib.int_at_least(1), default=256,
                    help="queued requests before new ones get 429")  # fmt: skip

@@ -104,11 +104,14 @@ class Engine:
         *,
         keep_logits: bool = False,
         follows: int | None = None,
+        cache_hits: bool = True,
     ) -> int:
         """Queue a request; raises RequestError (naming the value and the limit) if it can never
         be served. Other requests are unaffected either way. `follows`: the id of a request
         with the same prompt whose prefill this one waits for, to take the prompt's KV from
-        the prefix cache (another sample of it; `swajax.LLM` does this for `n > 1`)."""
+        the prefix cache (another sample of it; `swajax.LLM` does this for `n > 1`).
+        `cache_hits=False`: take no cached prefix, so every prompt position is computed (and,
+        with `keep_logits`, has its logits: teacher forcing, a server's echo)."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -136,7 +139,8 @@ class Engine:
         self._check_sampling(params, keep_logits)
         lead = self._lead(follows, prompt)
         rid = next(self._ids)
-        req = Request(rid, prompt, params, keep_logits=keep_logits, follows=lead)
+        req = Request(rid, prompt, params, keep_logits=keep_logits, follows=lead,
+                      cache_hits=cache_hits)  # fmt: skip
         if lead is not None:
             lead.leads = True
         self.requests[rid] = req

@@ -48,6 +48,7 @@ class Request:
     suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
     penalties_seeded: bool = False  # its row's device token counts hold its tokens
+    cache_hits: bool = True  # False: compute every prompt position (their logits are wanted)
     # Per generated token, the N most likely tokens and their logprobs (if params.logprobs).
     top_logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
     # n > 1: the first sample of the same prompt, whose prefill this one waits for (to take

@@ -149,8 +149,8 @@ class Scheduler:
     def admit(self, req: Request, budget: Budget) -> int:
         """Match, check both budgets, lock; the first chunk's length, or 0 to stop admitting."""
         ps, tokens = self.cfg.page_size, req.tokens
-        # Compute at least one token; a request keeping logits computes all (no cached rows).
-        match = self.cache.match(tokens[: 0 if req.keep_logits else len(tokens) - 1])
+        # Compute at least one token (all of them for a request that takes no cached prefix).
+        match = self.cache.match(tokens[: len(tokens) - 1 if req.cache_hits else 0])
         hit, slots, node, rebuild = len(match), match.slots, match.node, None
         if self.cfg.rebuild_reach is not None and match.tail_node is not None:
             rebuild = tail_rebuild.plan(
