@@ -123,6 +123,10 @@ class Checkpoint:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def stored_name(self, name: str) -> str:
+        """The name a file spells tensor `name` with (a multimodal wrapper's prefix kept)."""
+        return self._stored.get(name, name)
+
     def dtype(self, name: str) -> str:
         return self._entry(name)[2]["dtype"]
 
@@ -148,7 +152,7 @@ class Checkpoint:
     def unconsumed(self) -> list[str]:
         """Names no one read and no ignore pattern covers (as the files spell them)."""
         return [
-            self._stored.get(n, n)
+            self.stored_name(n)
             for n in self.names()
             if n not in self.consumed and not any(p.search(n) for p in self._ignore)
         ]

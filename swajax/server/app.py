@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 
@@ -108,8 +109,6 @@ def make_app(llm, *, model_name: str, folder=None, max_waiting: int = 256) -> Fa
 
 def _with_eos(llm, params, ignore_eos: bool):
     """The checkpoint's eos ids join the request's stop ids unless `ignore_eos`."""
-    import dataclasses
-
     if ignore_eos or not llm.stop_token_ids:
         return params
     stops = tuple(dict.fromkeys(params.stop_token_ids + tuple(llm.stop_token_ids)))

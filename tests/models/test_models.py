@@ -318,7 +318,7 @@ def test_a_wrapper_tensor_no_list_names_is_still_an_error(tmp_path, stray):
     folder = tmp_path / "vl"
     shutil.copytree(FIXTURES / "gemma3_vl", folder)
     ckpt = Checkpoint([FIXTURES / "gemma3_vl" / "model.safetensors"])
-    tensors = {ckpt._stored.get(n, n): np.asarray(ckpt.array(n)) for n in ckpt.names()}
+    tensors = {ckpt.stored_name(n): np.asarray(ckpt.array(n)) for n in ckpt.names()}
     tensors[stray] = np.zeros(3, np.float32)
     write_safetensors(folder / "model.safetensors", tensors)
     with pytest.raises(LoadError, match=f"does not use checkpoint tensor\\(s\\) \\['{stray}'\\]"):
