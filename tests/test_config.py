@@ -197,8 +197,12 @@ def test_load_from_file_and_dir(tmp_path):
             "layer_types[1]",
         ),
         (
-            {"model_type": "brand_new_model", "num_hidden_layers": 2, **BASE,
-             "layer_types": ["sliding_attention", "full_attention"]},
+            {
+                "model_type": "brand_new_model",
+                "num_hidden_layers": 2,
+                **BASE,
+                "layer_types": ["sliding_attention", "full_attention"],
+            },
             "sliding_window",
         ),  # fmt: skip
         (
