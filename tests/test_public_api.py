@@ -79,3 +79,12 @@ def test_version_and_bare_usage(cli):
     assert cli("--version")[0] == 0
     code, out, _ = cli()
     assert code == 2 and "usage: swajax" in out and "generate" in out
+
+
+def test_summary_reports_the_parameters_device_bytes(llm):
+    from swajax.models.checkpoint import Checkpoint
+    from swajax.models.loading import checkpoint_files
+
+    ckpt = Checkpoint(checkpoint_files(FIXTURE))
+    checkpoint = sum(ckpt.array(n).nbytes for n in ckpt.names())  # float32, as loaded
+    assert llm.summary()["weight_bytes"] == checkpoint

@@ -3,6 +3,7 @@ out) and `teacher_forced_logits` (every position's logits, for comparing backend
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from swajax.memory.compilations import cache_hits, compilation_count
@@ -19,7 +20,8 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
 
 def summary(engine: Engine) -> dict:
     """What an engine's run did to memory: peak occupancy of both pools, prefix hits, SWA KV
-    freed, retractions, accepted draft tokens, and this process's compilations."""
+    freed, retractions, accepted draft tokens, this process's compilations, and the bytes of
+    the model's parameters on the device."""
     m = engine.metrics
     return dict(
         steps=len(m),
@@ -33,7 +35,14 @@ def summary(engine: Engine) -> dict:
         draft_tokens_accepted=engine.scheduler.accepted_tokens,
         compilations=compilation_count(),  # this process, persistent-cache hits excluded
         compile_cache_hits=cache_hits(),
+        weight_bytes=weight_bytes(engine.model),
     )
+
+
+def weight_bytes(model) -> int:
+    """Bytes the model's parameters hold on the device (0 for a model without weights)."""
+    state = getattr(model, "state", None)
+    return sum(int(x.nbytes) for x in jax.tree.leaves(state)) if state is not None else 0
 
 
 def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
