@@ -38,9 +38,15 @@ SHAPES = {
                       "swa_num_key_value_heads", "n_routed_experts", "num_experts_per_tok",
                       "moe_intermediate_size", "moe_layer_freq", "hybrid_layer_pattern",
                       "layer_types", "mlp_layer_types"},
+    # Gemma 4's shapes depend on each layer's type (its own head dims and KV heads).
+    "gemma4": {"per_layer_config", "attention_k_eq_v", "enable_moe_block", "num_experts",
+               "top_k_experts", "moe_intermediate_size", "num_kv_shared_layers",
+               "use_double_wide_mlp", "hidden_size_per_layer_input",
+               "vocab_size_per_layer_input", "layer_types"},
 }  # fmt: skip
+SHAPES["gemma4_e"] = SHAPES["gemma4"]
 FAMILIES = ["qwen3", "qwen2", "mistral", "gpt_oss", "gemma3", "gemma3_legacy", "olmo3",
-            "exaone4", "cohere2", "llama4", "mimo_v2_flash"]  # fmt: skip
+            "exaone4", "cohere2", "llama4", "mimo_v2_flash", "gemma4", "gemma4_e"]  # fmt: skip
 
 
 def main() -> None:
@@ -60,8 +66,11 @@ def main() -> None:
             model = auto_class(minimal["model_type"]).from_pretrained(
                 folder, dtype=torch.float32, attn_implementation="eager"
             )  # fmt: skip
+            # transformers 5.24's Gemma 4 runs KV-shared layers only with hidden states asked for
+            extra = {"output_hidden_states": True} if name.startswith("gemma4") else {}
             with torch.no_grad():
-                logits = model.eval()(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+                ids = torch.tensor([PROMPT])
+                logits = model.eval()(input_ids=ids, **extra).logits[0].numpy()
         np.save(out / "logits.npy", logits.astype(np.float32))
         c = model.config
         resolved = dict(layer_types=getattr(c, "layer_types", None),

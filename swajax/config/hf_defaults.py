@@ -30,6 +30,14 @@ _OLMO3_ROPE = {
 
 # Per model type: field -> default, applied when the config has none of the field's spellings.
 _LLAMA4 = {"rms_norm_eps": 1e-5, "attention_chunk_size": 8192}
+_GEMMA4 = {
+    "sliding_window": 512,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 1_000_000.0},
+    },
+}  # fmt: skip
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"sliding_window": 128, "rope_parameters": _GPT_OSS_ROPE, "rms_norm_eps": 1e-5,
                 "attention_bias": True},
@@ -47,6 +55,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                       "attention_value_scale": 0.707},
     "llama4": _LLAMA4,
     "llama4_text": _LLAMA4,
+    "gemma4": _GEMMA4,
+    "gemma4_text": _GEMMA4,
 }  # fmt: skip
 
 # The spellings of a field: if the config names any (even as null, which transformers keeps),
