@@ -166,3 +166,11 @@ def test_sampling_flags_reach_every_sample(cli):
         assert all(len(top) == 2 for top in line["top_logprobs"])
     code, out, _ = cli("generate", "--prompt", "x", "--n", "2", "--max-new-tokens", "2")
     assert code == 0 and "=== prompt 1 of 1, sample 2 of 2 ===" in out
+
+
+def test_serve_without_its_extra_names_it(cli, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import fails as if not installed
+    code, _, err = cli("serve", "--port", "0")
+    assert code == 2 and "swajax[serve]" in err and len(err.strip().splitlines()) == 1
