@@ -1,12 +1,13 @@
 """Load folders written by `swajax convert --to hf` with transformers and compare their logits
 with the fixtures' (transformers' reading of the original checkpoints).
 
-Run in the fixture environment (tools/make_fixtures.py says how to make it), after exporting:
+Run in the fixture environment (tools/make_fixtures.py says how to make it), after exporting
+(into any folder; `exported/` here, ignored by git; delete it afterwards):
 
     for f in tests/fixtures/*/; do
-        swajax convert "$f" "/tmp/export/$(basename "$f")" --to hf --force
+        swajax convert "$f" "exported/$(basename "$f")" --to hf --force
     done
-    .hfenv/bin/python tools/check_hf_export.py /tmp/export/*
+    .hfenv/bin/python tools/check_hf_export.py exported/*
 
 Exit status 1 if any folder's logits differ from its fixture's by more than 1e-4 (absolute).
 """

@@ -19,15 +19,16 @@ class _EngineCollector:
         e, sched, cache = self.engine, self.engine.scheduler, self.engine.cache
         free_full, free_swa = e.ledger.available()
 
+        def metric(family, name, doc, value):
+            m = family(f"swajax_{name}", doc)
+            m.add_metric([], float(value))
+            return m
+
         def gauge(name, doc, value):
-            g = GaugeMetricFamily(f"swajax_{name}", doc)
-            g.add_metric([], float(value))
-            return g
+            return metric(GaugeMetricFamily, name, doc, value)
 
         def counter(name, doc, value):
-            c = CounterMetricFamily(f"swajax_{name}", doc)
-            c.add_metric([], float(value))
-            return c
+            return metric(CounterMetricFamily, name, doc, value)
 
         yield gauge("requests_running", "requests holding KV", len(sched.running))
         yield gauge("requests_waiting", "requests queued", len(sched.waiting))
