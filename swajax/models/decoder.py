@@ -54,7 +54,8 @@ class DecoderLayer(nnx.Module):
         elif kind in MLPS:
             self.mlp = MLPS[kind](spec)
         else:
-            self.mlp = DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype, limit)
+            self.mlp = DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype, limit,
+                                spec.weights)  # fmt: skip
 
     def load(self, w, prefix):
         self.self_attn.load(w, f"{prefix}.self_attn")

@@ -21,12 +21,15 @@ import jax
 import jax.numpy as jnp
 
 from swajax.arith import ceil_div, round_up
+from swajax.models import quantized
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
 
 
 class Experts(NamedTuple):
+    """Plain arrays, or `quantized` weights (dequantized one expert at a time when routed)."""
+
     w1: jax.Array  # [E, H, F]
     b1: jax.Array | None  # [E, F]
     w2: jax.Array  # [E, F', H]
@@ -48,9 +51,10 @@ def dense(x, routing: Routing, experts: Experts, act: Callable) -> jax.Array:
     if routing.scale is not None:
         scale = jnp.zeros((t, e), F32).at[rows, routing.experts].set(routing.scale)
         xin = xin * scale[:, :, None]
-    h = jnp.einsum("teh,ehf->tef", xin, experts.w1.astype(F32), precision=HIGHEST)
+    w1, w2 = quantized.dense(experts.w1), quantized.dense(experts.w2)
+    h = jnp.einsum("teh,ehf->tef", xin, w1.astype(F32), precision=HIGHEST)
     h = h + experts.b1.astype(F32) if experts.b1 is not None else h
-    out = jnp.einsum("tef,efh->teh", act(h), experts.w2.astype(F32), precision=HIGHEST)
+    out = jnp.einsum("tef,efh->teh", act(h), w2.astype(F32), precision=HIGHEST)
     out = out + experts.b2.astype(F32) if experts.b2 is not None else out
     return jnp.einsum("te,teh->th", weight, out, precision=HIGHEST).astype(x.dtype)
 
@@ -103,7 +107,8 @@ def _block_loop(lhs, w, layout: _Layout, block: int):
 
     def body(b, out):
         rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        y = jnp.dot(rows, w[layout.expert[b]], precision=HIGHEST, preferred_element_type=F32)
+        wb = quantized.dense(w[layout.expert[b]])  # a quantized expert: only this one dequantized
+        y = jnp.dot(rows, wb, precision=HIGHEST, preferred_element_type=F32)
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)
@@ -111,10 +116,12 @@ def _block_loop(lhs, w, layout: _Layout, block: int):
 
 def _grouped(lhs, w, layout: _Layout, block: int, method: str):
     lhs = lhs.astype(w.dtype)
-    if method == "auto":
-        method = "loop" if jax.default_backend() == "cpu" else "ragged"
+    if method == "auto":  # quantized experts loop too: ragged_dot would dequantize them all
+        cpu = jax.default_backend() == "cpu"
+        method = "loop" if cpu or quantized.is_quantized(w) else "ragged"
     if method == "loop":
         return _block_loop(lhs, w, layout, block)
+    w = quantized.dense(w)
     return jax.lax.ragged_dot(lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32)
 
 

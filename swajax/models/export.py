@@ -4,8 +4,10 @@ The decoder's own `load` walks every parameter with its checkpoint name and layo
 a `WeightWriter` instead of a loader, the same walk inverts each layout (`weights.Layout`) and
 collects the tensors under the names transformers reads. They are written as .safetensors
 (the format's header and raw bytes, sharded with an index past `max_shard_bytes`), beside the
-source's config.json and its other files. Quantized checkpoints come back dequantized (their
-`quantization_config` is dropped): the parameters are what the decoder holds.
+source's config.json and its other files. The tensors are what the decoder holds: a quantized
+checkpoint loaded as published comes back in its quantized form (blocks, scales, float8 with
+`weight_scale_inv`), one loaded with `dequantize_weights` dequantized (its `quantization_config`
+dropped).
 """
 
 from __future__ import annotations
@@ -62,6 +64,24 @@ class WeightWriter:
         for name, part in zip(names, parts):
             self.tensors[name] = np.ascontiguousarray(np.swapaxes(part, 1, 2))
 
+    def fill_mxfp4(self, blocks, scales, name: str) -> None:
+        self.tensors[f"{name}_blocks"], self.tensors[f"{name}_scales"] = (
+            _host(blocks),
+            _host(scales),
+        )
+
+    def fill_fp8(self, kernel, scale, name: str, block) -> None:
+        self.tensors[name] = np.ascontiguousarray(_host(kernel).T)
+        self.tensors[f"{name}_scale_inv"] = np.ascontiguousarray(_host(scale)[:, 0, :].T)
+
+    def fill_fp8_stacked(self, kernel, scale, names: list[list[str]], block, transform=None):
+        weights, scales = _host(kernel), _host(scale)
+        for j, group in enumerate(names):
+            parts = np.split(_inverse(transform, weights[j]), len(group), axis=-1)
+            for p, (name, part) in enumerate(zip(group, parts)):
+                self.tensors[name] = np.ascontiguousarray(part.T)
+                self.tensors[f"{name}_scale_inv"] = np.ascontiguousarray(scales[j][:, p, :].T)
+
 
 def hf_tensors(decoder: Decoder) -> dict[str, np.ndarray]:
     """Every parameter of `decoder` under its Hugging Face name and layout."""
@@ -98,12 +118,14 @@ def _shards(tensors: dict[str, np.ndarray], limit: int) -> list[dict[str, np.nda
     return shards
 
 
-def hf_config(source: Path, dtype: str) -> dict:
-    """The source's config.json as the exported weights are: dequantized, in `dtype`."""
+def hf_config(source: Path, dtype: str, quantized: bool = False) -> dict:
+    """The source's config.json as the exported weights are: in `dtype`, and dequantized
+    unless the decoder kept its weights `quantized` (then written back as they were read)."""
     cfg = json.loads((source / "config.json").read_text())
     for fields in (cfg, cfg.get("text_config")):
         if isinstance(fields, dict):
-            fields.pop("quantization_config", None)
+            if not quantized:
+                fields.pop("quantization_config", None)
             fields["dtype"] = dtype
             fields.pop("torch_dtype", None)
     return cfg
@@ -121,7 +143,8 @@ def save_hf(decoder: Decoder, source: str | Path, out: str | Path, *, dtype: str
         for file in sorted(source.iterdir()):
             if file.is_file() and not any(file.match(p) for p in NOT_COPIED):
                 shutil.copy(file, folder / file.name)
-        (folder / "config.json").write_text(json.dumps(hf_config(source, dtype), indent=2))
+        kept = decoder.spec.weights.method is not None
+        (folder / "config.json").write_text(json.dumps(hf_config(source, dtype, kept), indent=2))
         shards = _shards(tensors, max_shard_bytes)
         if len(shards) == 1:
             write_safetensors(folder / "model.safetensors", shards[0])

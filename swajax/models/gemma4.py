@@ -38,17 +38,23 @@ class Gemma4Attention(nnx.Module):
         s = spec.hybrid.swa_attention if local else spec.hybrid.full_attention
         self.shape, self.shared = s, self.layer.kv_source is not None
         h, dt = spec.hidden, spec.dtype
-        self.q_proj = Linear(h, s.num_heads * s.head_dim, spec.qkv_bias, dt)
-        self.o_proj = Linear(s.num_heads * s.head_dim, h, spec.o_bias, dt)
+        self.q_proj = Linear(h, s.num_heads * s.head_dim, spec.qkv_bias, dt, spec.weights)
+        self.o_proj = Linear(s.num_heads * s.head_dim, h, spec.o_bias, dt, spec.weights)
         self.q_norm = RMSNorm(s.head_dim, spec.eps)
         # A shared layer reading a K = V pool needs its source's k_norm weight to derive keys.
         own_keys = not self.shared
         self.k_norm = RMSNorm(s.head_dim, spec.eps) if own_keys or s.k_is_v else None
         self.k_proj = (
-            Linear(h, s.num_kv_heads * s.head_dim, spec.qkv_bias, dt) if own_keys else None
+            Linear(h, s.num_kv_heads * s.head_dim, spec.qkv_bias, dt, spec.weights)
+            if own_keys
+            else None
         )
         has_v = own_keys and not s.k_is_v
-        self.v_proj = Linear(h, s.num_kv_heads * s.head_dim, spec.qkv_bias, dt) if has_v else None
+        self.v_proj = (
+            Linear(h, s.num_kv_heads * s.head_dim, spec.qkv_bias, dt, spec.weights)
+            if has_v
+            else None
+        )
 
     def load(self, w, prefix):
         for name in ("q_proj", "o_proj", "k_proj", "v_proj"):
@@ -148,7 +154,7 @@ class Gemma4Layer(nnx.Module):
         for name in norms:
             setattr(self, name, RMSNorm(h, spec.eps))
         self.norms = norms
-        self.mlp = DenseMLP(h, spec.intermediate[i], spec.act, spec.dtype)
+        self.mlp = DenseMLP(h, spec.intermediate[i], spec.act, spec.dtype, quant=spec.weights)
         self.moe = Gemma4MoE(spec) if spec.moe_block else None
         self.per_layer_input_gate = (
             Linear(h, spec.ple_dim, dtype=spec.dtype) if spec.ple_dim else None

@@ -12,6 +12,8 @@ from flax import nnx
 
 from swajax.attention import AttentionMode, as_pages, attention
 from swajax.memory import pool as pool_lib
+from swajax.models import quantized
+from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
 from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
 
@@ -30,21 +32,49 @@ def dot(x, w):
 
 
 class Linear(nnx.Module):
-    """y = x W (+ b); the kernel is stored [in, out] in `dtype`, the output is in `dtype`."""
+    """y = x W (+ b); the kernel is stored [in, out] in `dtype`, the output is in `dtype`.
 
-    def __init__(self, din: int, dout: int, bias: bool = False, dtype=F32):
-        self.kernel = param((din, dout), dtype)
+    With `quant` saying block FP8 (a checkpoint's projections as published) the kernel stays
+    float8 with its block scales (`quantized.BlockFp8`) and is dequantized to `dtype` inside
+    the jitted call: the device holds the checkpoint's bytes."""
+
+    def __init__(self, din: int, dout: int, bias: bool = False, dtype=F32,
+                 quant: Quantization | None = None):  # fmt: skip
+        self.dtype = jnp.dtype(dtype).name
+        self.block = fp8_block(quant, din, dout)
+        if self.block is None:
+            self.kernel, self.scale = param((din, dout), dtype), None
+        else:
+            self.kernel = param((din, dout), quantized.FP8)
+            self.scale = param(quantized.grid(din, dout, self.block))
         self.bias = param((dout,)) if bias else None
 
+    def weight(self) -> jax.Array:
+        """The kernel [in, out] in `dtype` (dequantized if kept quantized)."""
+        if self.scale is None:
+            return self.kernel[...]
+        return quantized.BlockFp8(self.kernel[...], self.scale[...], self.block, self.dtype).dense()
+
     def __call__(self, x):
-        y = dot(x, self.kernel[...])
+        y = dot(x, self.weight())
         y = y + self.bias[...] if self.bias is not None else y
-        return y.astype(self.kernel.get_value().dtype)
+        return y.astype(self.dtype)
 
     def load(self, w, prefix):
-        w.fill(self.kernel, f"{prefix}.weight", transpose=True)
+        if self.scale is None:
+            w.fill(self.kernel, f"{prefix}.weight", transpose=True)
+        else:
+            w.fill_fp8(self.kernel, self.scale, f"{prefix}.weight", self.block)
         if self.bias is not None:
             w.fill(self.bias, f"{prefix}.bias")
+
+
+def fp8_block(quant: Quantization | None, din: int, dout: int) -> tuple[int, int] | None:
+    """The (bm, bn) blocks a [din, dout] projection keeps FP8 in, or None (kept plain). A
+    checkpoint without `weight_block_size` has one scale per tensor: one block of it all."""
+    if quant is None or quant.method != "fp8":
+        return None
+    return quant.block or (dout, din)
 
 
 class RMSNorm(nnx.Module):
@@ -83,11 +113,11 @@ class Attention(nnx.Module):
             spec.hybrid.swa_attention if self.layer.kind.is_local else spec.hybrid.full_attention
         )
         self.shape = shape
-        h, bias, dt = spec.hidden, spec.qkv_bias, spec.dtype
-        self.q_proj = Linear(h, shape.num_heads * shape.head_dim, bias, dt)
-        self.k_proj = Linear(h, shape.num_kv_heads * shape.head_dim, bias, dt)
-        self.v_proj = Linear(h, shape.num_kv_heads * shape.v_head_dim, bias, dt)
-        self.o_proj = Linear(shape.num_heads * shape.v_head_dim, h, spec.o_bias, dt)
+        h, bias, dt, qw = spec.hidden, spec.qkv_bias, spec.dtype, spec.weights
+        self.q_proj = Linear(h, shape.num_heads * shape.head_dim, bias, dt, qw)
+        self.k_proj = Linear(h, shape.num_kv_heads * shape.head_dim, bias, dt, qw)
+        self.v_proj = Linear(h, shape.num_kv_heads * shape.v_head_dim, bias, dt, qw)
+        self.o_proj = Linear(shape.num_heads * shape.v_head_dim, h, spec.o_bias, dt, qw)
         # q/k norms per head ("weight") or over the whole projection (Olmo 3: "full").
         q_dim, k_dim = shape.head_dim, shape.head_dim
         if spec.qk_norm is QkNorm.FULL:
@@ -173,12 +203,12 @@ def paged_attention(q, pools, layer_id: int, meta, layer, mode: AttentionMode, *
 class DenseMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); `limit` (Step 3.x) clamps act(gate) above and up both ways."""
 
-    def __init__(self, hidden: int, width: int, act: str, dtype=F32, limit: float | None = None):
-        self.gate_proj, self.up_proj = (
-            Linear(hidden, width, dtype=dtype),
-            Linear(hidden, width, dtype=dtype),
-        )
-        self.down_proj, self.act, self.limit = Linear(width, hidden, dtype=dtype), act, limit
+    def __init__(self, hidden: int, width: int, act: str, dtype=F32, limit: float | None = None,
+                 quant: Quantization | None = None):  # fmt: skip
+        self.gate_proj = Linear(hidden, width, dtype=dtype, quant=quant)
+        self.up_proj = Linear(hidden, width, dtype=dtype, quant=quant)
+        self.down_proj = Linear(width, hidden, dtype=dtype, quant=quant)
+        self.act, self.limit = act, limit
 
     def __call__(self, x):
         gate, up = act(self.act, self.gate_proj(x)), self.up_proj(x)

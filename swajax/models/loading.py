@@ -16,7 +16,7 @@ from swajax.folder_swap import FolderError, swap_in
 from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
 from swajax.models.family_specs import model_spec
-from swajax.models.quantization import quantization
+from swajax.models.quantization import Quantization, quantization
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import WeightLoader
 from swajax.progress_bar import progress
@@ -94,21 +94,24 @@ IGNORED_BY_FAMILY = {
 
 
 def load_decoder(
-    path: str | Path, *, dtype: str = "float32", moe: str = "auto", mesh=None
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    moe: str = "auto",
+    mesh=None,
+    dequantize_weights: bool = False,
 ) -> Decoder:
     """A `Decoder` with the weights of `path` (a HF checkpoint or a `swajax convert` output).
 
     Built abstractly and filled one tensor at a time, each straight into its final placement
     (`mesh`: tensor parallel, see `swajax.models.sharding`) and `dtype`. A checkpoint tensor
-    the model does not read is an error naming it.
+    the model does not read is an error naming it. Quantized checkpoints (MXFP4 experts, block
+    FP8 projections) stay quantized on the device and are dequantized inside the jitted
+    computation; `dequantize_weights` dequantizes them to `dtype` at load instead.
     """
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if moe not in MOE_MODES:
-        raise ConfigError(f"moe must be one of {MOE_MODES}, got {moe!r}")
     path = Path(path)
     cfg = read_config(path)
-    spec = dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe)
+    spec = decoder_spec(cfg, dtype=dtype, moe=moe, dequantize_weights=dequantize_weights)
     if mesh is not None:
         from swajax.models.sharding import check_divisible
 
@@ -125,10 +128,28 @@ def load_decoder(
              len(files), dtype)  # fmt: skip
     parameters = sum(isinstance(node, nnx.Variable) for _, node in nnx.iter_graph(decoder))
     with progress(parameters, f"loading {path.name}") as advance:
-        loader = WeightLoader(checkpoint, decoder, quantization(cfg), mesh, advance)
+        loader = WeightLoader(checkpoint, decoder, checkpoint_quantization(cfg), mesh, advance)
         decoder.load(loader)
     loader.check_complete(decoder)
     return decoder
+
+
+def decoder_spec(cfg: dict, *, dtype: str = "float32", moe: str = "auto",
+                 dequantize_weights: bool = False) -> ModelSpec:  # fmt: skip
+    """The `ModelSpec` a load with these options builds (its parameters are what the device
+    will hold: `swajax.models.footprint` counts them without loading anything)."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if moe not in MOE_MODES:
+        raise ConfigError(f"moe must be one of {MOE_MODES}, got {moe!r}")
+    kept = Quantization() if dequantize_weights else checkpoint_quantization(cfg)
+    return dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe, weights=kept)
+
+
+def checkpoint_quantization(cfg: dict) -> Quantization:
+    """The `quantization_config` of a config (at the top of a multimodal wrapper, or in its
+    `text_config`)."""
+    return quantization(cfg if "quantization_config" in cfg else text_config(cfg)[1])
 
 
 def ignored_patterns(spec: ModelSpec, cfg: dict) -> tuple[str, ...]:

@@ -13,10 +13,40 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from swajax.models import experts as ex
-from swajax.models.layers import F32, DenseMLP, Linear, param
+from swajax.models import experts as ex, quantized
+from swajax.models.layers import F32, DenseMLP, Linear, fp8_block, param
 from swajax.models.spec import Act, ModelSpec
 from swajax.models.weights import PAIRED, SWAPPED
+
+
+def _stacked(module, name: str, spec: ModelSpec, shape: tuple[int, int, int], form: str,
+             parts: int = 1):  # fmt: skip
+    """Declare expert weight `name` [E, in, out] in `form`: "plain" (`spec.dtype`), "mxfp4"
+    (`name_blocks` / `name_scales` as published) or "fp8" (`name` float8 and `name_scale`, each
+    of its `parts` column groups with its own block grid)."""
+    e, din, dout = shape
+    if form == "mxfp4":
+        setattr(module, f"{name}_blocks", param((e, dout, din // 32, 16), jnp.uint8))
+        setattr(module, f"{name}_scales", param((e, dout, din // 32), jnp.uint8))
+    elif form == "fp8":
+        block = fp8_block(spec.weights, din, dout // parts)
+        setattr(module, name, param(shape, quantized.FP8))
+        setattr(module, f"{name}_scale", param((e, *quantized.grid(din, dout, block, parts))))
+    else:
+        setattr(module, name, param(shape, spec.dtype))
+
+
+def _weight(module, name: str, spec: ModelSpec, form: str):
+    """Expert weight `name` as the expert computation takes it (quantized ones stay so)."""
+    if form == "mxfp4":
+        blocks, scales = getattr(module, f"{name}_blocks"), getattr(module, f"{name}_scales")
+        return quantized.Mxfp4(blocks[...], scales[...], spec.dtype)
+    if form == "fp8":
+        w, s = getattr(module, name)[...], getattr(module, f"{name}_scale")[...]
+        din, dout = w.shape[1:]
+        block = fp8_block(spec.weights, din, dout // s.shape[-2])
+        return quantized.BlockFp8(w, s, block, spec.dtype)
+    return getattr(module, name)[...]
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
@@ -34,21 +64,24 @@ class GptOssMoE(nnx.Module):
     clamped, glu = gate * sigmoid(alpha * gate), out = (up + 1) * glu."""
 
     def __init__(self, spec: ModelSpec):
-        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        e, h, i = spec.num_experts, spec.hidden, spec.expert_intermediate
         self.spec = spec
+        # MXFP4 checkpoints (GPT-OSS as published) keep their expert blocks on the device.
+        self.form = "mxfp4" if spec.weights.method == "mxfp4" else "plain"
         self.router = Linear(h, e, bias=True)
-        self.gate_up, self.gate_up_bias = param((e, h, 2 * i), dt), param((e, 2 * i))
-        self.down, self.down_bias = param((e, i, h), dt), param((e, h))
+        _stacked(self, "gate_up", spec, (e, h, 2 * i), self.form)
+        _stacked(self, "down", spec, (e, i, h), self.form)
+        self.gate_up_bias, self.down_bias = param((e, 2 * i)), param((e, h))
 
     def load(self, w, prefix):
         self.router.load(w, f"{prefix}.router")
-        for attr, name in (
-            ("gate_up", "gate_up_proj"),
-            ("gate_up_bias", "gate_up_proj_bias"),
-            ("down", "down_proj"),
-            ("down_bias", "down_proj_bias"),
-        ):
-            w.fill(getattr(self, attr), f"{prefix}.experts.{name}")
+        for attr, name in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
+            if self.form == "mxfp4":
+                blocks, scales = getattr(self, f"{attr}_blocks"), getattr(self, f"{attr}_scales")
+                w.fill_mxfp4(blocks, scales, f"{prefix}.experts.{name}")
+            else:
+                w.fill(getattr(self, attr), f"{prefix}.experts.{name}")
+            w.fill(getattr(self, f"{attr}_bias"), f"{prefix}.experts.{name}_bias")
 
     def _act(self, h):
         limit, alpha = self.spec.swiglu_limit, self.spec.swiglu_alpha
@@ -60,7 +93,10 @@ class GptOssMoE(nnx.Module):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
         routing = ex.Routing(idx, None, jax.nn.softmax(top, axis=-1))
         weights = ex.Experts(
-            self.gate_up[...], self.gate_up_bias[...], self.down[...], self.down_bias[...]
+            _weight(self, "gate_up", self.spec, self.form),
+            self.gate_up_bias[...],
+            _weight(self, "down", self.spec, self.form),
+            self.down_bias[...],
         )
         return _run(self.spec, x, routing, weights, self._act)
 
@@ -74,7 +110,7 @@ class Llama4MoE(nnx.Module):
         self.spec = spec
         self.router = Linear(h, e)
         self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
-        self.shared_expert = DenseMLP(h, i, Act.SILU, dt)
+        self.shared_expert = DenseMLP(h, i, Act.SILU, dt, quant=spec.weights)
 
     def load(self, w, prefix):
         self.router.load(w, f"{prefix}.router")
@@ -94,19 +130,30 @@ class MimoMoE(nnx.Module):
     top-k weights times the routed scale. Per-expert gate/up/down tensors are stacked at load."""
 
     def __init__(self, spec: ModelSpec):
-        e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
+        e, h, i = spec.num_experts, spec.hidden, spec.expert_intermediate
         self.spec = spec
+        # Block-FP8 checkpoints (MiMo-V2-Flash as published) keep their experts in float8.
+        self.form = "fp8" if spec.weights.method == "fp8" else "plain"
         self.gate = Linear(h, e)
         self.correction = param((e,))
-        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        _stacked(self, "gate_up", spec, (e, h, 2 * i), self.form, parts=2)
+        _stacked(self, "down", spec, (e, i, h), self.form)
 
     def load(self, w, prefix):
         self.gate.load(w, f"{prefix}.gate")
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
         experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
         pairs = [[f"{e}.gate_proj.weight", f"{e}.up_proj.weight"] for e in experts]
+        downs = [[f"{e}.down_proj.weight"] for e in experts]
+        if self.form == "fp8":
+            for attr, names, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
+                kernel, scale = getattr(self, attr), getattr(self, f"{attr}_scale")
+                _, din, dout = kernel.get_value().shape
+                block = fp8_block(self.spec.weights, din, dout // len(names[0]))
+                w.fill_fp8_stacked(kernel, scale, names, block, transform)
+            return
         w.fill_stacked(self.gate_up, pairs, transform=PAIRED)
-        w.fill_stacked(self.down, [[f"{e}.down_proj.weight"] for e in experts])
+        w.fill_stacked(self.down, downs)
 
     def __call__(self, x):
         spec = self.spec
@@ -116,7 +163,10 @@ class MimoMoE(nnx.Module):
         if spec.norm_topk:
             chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        weights = ex.Experts(
+            _weight(self, "gate_up", spec, self.form), None, _weight(self, "down", spec, self.form),
+            None,
+        )  # fmt: skip
         return _run(spec, x, routing, weights, _swiglu_pairs)
 
 
@@ -132,7 +182,8 @@ class Step3MoE(nnx.Module):
         self.correction = param((e,))
         self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
         shared_limit = spec.mlp_limits[layer_id]
-        self.share_expert = DenseMLP(h, spec.shared_intermediate, Act.SILU, dt, shared_limit)
+        self.share_expert = DenseMLP(h, spec.shared_intermediate, Act.SILU, dt, shared_limit,
+                                     spec.weights)  # fmt: skip
 
     def load(self, w, prefix):
         """`prefix` is the layer's: the tensors sit under `moe.` and `share_expert.`."""

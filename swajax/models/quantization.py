@@ -108,6 +108,49 @@ def block_fp8(weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] 
     return (w * full).astype(dtype)
 
 
+def mxfp4_parts(checkpoint: Checkpoint, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Tensor `name`'s MXFP4 blocks and scales as stored (kept quantized on the device)."""
+    if f"{name}_blocks" not in checkpoint:
+        raise LoadError(f"tensor {name!r} is not stored as MXFP4 ({name + '_blocks'!r} is "
+                        "missing); load with dequantize_weights to read any form")  # fmt: skip
+    blocks, scales = checkpoint.array(f"{name}_blocks"), checkpoint.array(f"{name}_scales")
+    if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
+        raise LoadError(f"MXFP4 tensor {name!r}: blocks and scales must be uint8, got "
+                        f"{blocks.dtype} and {scales.dtype}")  # fmt: skip
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise LoadError(f"MXFP4 tensor {name!r}: blocks {blocks.shape} and scales "
+                        f"{scales.shape} do not match [..., R, G, 16] and [..., R, G]")  # fmt: skip
+    if np.any(scales == E8M0_NAN):
+        raise LoadError(f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 "
+                        "reserves for NaN")  # fmt: skip
+    return blocks, scales
+
+
+def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
+    """Tensor `name` (float8 e4m3 [out, in]) and its inverse scales [out/bm, in/bn] as stored,
+    checked against the (bm, bn) block grid and for finite scales."""
+    if name not in checkpoint:
+        checkpoint.array(name)  # the missing-tensor error
+    if checkpoint.dtype(name) != "F8_E4M3":
+        raise LoadError(f"tensor {name!r} is {checkpoint.dtype(name)}, not float8 e4m3 as the "
+                        "config's quantization_config says; load with dequantize_weights to "
+                        "read it in any form")  # fmt: skip
+    scale = f"{name}_scale_inv"
+    if scale not in checkpoint:
+        raise LoadError(f"float8 tensor {name!r} has no {scale!r} beside it")
+    w, s = checkpoint.array(name), checkpoint.array(scale)
+    rows, cols = w.shape[-2:]
+    want = (*w.shape[:-2], ceil_div(rows, block[0]), ceil_div(cols, block[1]))
+    if s.size == 1 and want[-2:] == (1, 1):
+        s = s.reshape(want)
+    if tuple(s.shape) != want:
+        raise LoadError(f"FP8 scale grid {s.shape} does not fit weight {w.shape} in "
+                        f"{block[0]}x{block[1]} blocks (expected {want})")  # fmt: skip
+    s = np.asarray(s, np.float32)
+    check_finite(scale, s)
+    return w, s
+
+
 def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.ndarray:
     """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized.
     A value that is not finite (NaN or infinite, stored or from dequantizing) is an error naming

@@ -30,6 +30,22 @@ _RULES = {
     ("mlp", "gate_up"): P(None, None, AXIS),
     ("mlp", "gate_up_bias"): P(None, AXIS),
     ("mlp", "down"): P(None, AXIS, None),
+    # Quantized forms of the same weights split the same axes (see `swajax.models.quantized`):
+    # a float8 kernel as its float one, its block scales along the same axis where the blocks
+    # divide evenly (`fitted`); MXFP4 blocks [E, out, in/32, 16] on out (gate_up) or in (down).
+    ("q_proj", "scale"): P(None, None, AXIS),
+    ("k_proj", "scale"): P(None, None, AXIS),
+    ("v_proj", "scale"): P(None, None, AXIS),
+    ("o_proj", "scale"): P(AXIS, None, None),
+    ("gate_proj", "scale"): P(None, None, AXIS),
+    ("up_proj", "scale"): P(None, None, AXIS),
+    ("down_proj", "scale"): P(AXIS, None, None),
+    ("mlp", "gate_up_scale"): P(None, None, None, AXIS),
+    ("mlp", "down_scale"): P(None, AXIS, None, None),
+    ("mlp", "gate_up_blocks"): P(None, AXIS, None, None),
+    ("mlp", "gate_up_scales"): P(None, AXIS, None),
+    ("mlp", "down_blocks"): P(None, None, AXIS, None),
+    ("mlp", "down_scales"): P(None, None, AXIS),
 }
 
 
@@ -62,11 +78,20 @@ def param_spec(path) -> P:
     return next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
 
 
+def fitted(spec: P, shape, mesh: Mesh) -> P:
+    """`spec`, or replicated where an axis it splits does not divide over the mesh (a block
+    scale grid coarser than the split: every device then holds the whole small grid)."""
+    n = mesh.shape[AXIS]
+    if any(a == AXIS and dim % n for a, dim in zip(spec, shape)):
+        return P()
+    return spec
+
+
 def shard_state(state, mesh: Mesh):
     """Place NNX params: attention projections split by heads, the rest replicated."""
 
     def place(path, x):
-        return jax.device_put(x, NamedSharding(mesh, param_spec(path)))
+        return jax.device_put(x, NamedSharding(mesh, fitted(param_spec(path), x.shape, mesh)))
 
     return jax.tree_util.tree_map_with_path(place, state)
 

@@ -8,6 +8,7 @@ import dataclasses
 import enum
 
 from swajax.config import ConfigError, HybridConfig
+from swajax.models.quantization import Quantization
 from swajax.models.rope import RopeSpec
 
 
@@ -98,6 +99,9 @@ class ModelSpec:
     shared_intermediate: int = 0
     # The longest context the checkpoint was trained for (None: the config does not say).
     max_position: int | None = None
+    # Weights kept quantized on the device as the checkpoint ships them (`quantization_config`;
+    # the default, plain floats, is also what `dequantize_weights` loads).
+    weights: Quantization = Quantization()
 
     def __post_init__(self):
         # The vocabularies arrive as enums or their strings; kept as enums from here on.

@@ -141,12 +141,62 @@ class WeightLoader:
         self.checkpoint.release()
         self._advance()
 
+    def fill_mxfp4(self, blocks: nnx.Variable, scales: nnx.Variable, name: str) -> None:
+        """Tensor `name`'s MXFP4 blocks and scales, kept as stored (`quantized.Mxfp4`)."""
+        b, s = quantization.mxfp4_parts(self.checkpoint, name)
+        self._put(blocks, b, f"{name}_blocks")
+        self._put(scales, s, f"{name}_scales")
+        self._advance()
+
+    def fill_fp8(self, kernel: nnx.Variable, scale: nnx.Variable, name: str, block) -> None:
+        """An nn.Linear kept in float8 (`quantized.BlockFp8`): kernel [in, out] <- the stored
+        [out, in] transposed, scale [in/bn, 1, out/bm] <- its inverse scales transposed."""
+        w, s = quantization.fp8_parts(self.checkpoint, name, block)
+        self._put(kernel, w.T, name)
+        self._put(scale, s.T[:, None, :], f"{name}_scale_inv")
+        self._advance()
+
+    def fill_fp8_stacked(self, kernel, scale, names: list[list[str]], block, transform=None):
+        """Per-expert float8 nn.Linear weights stacked as `fill_stacked` does (expert j's
+        tensors transposed, joined on the output axis, then `transform`ed) and their scale
+        grids beside them, one part per tensor: scale[j] [in/bn, parts, out/bm]."""
+        tk, ts = kernel.get_value(), scale.get_value()
+        w_host, s_host = np.empty(tk.shape, np.dtype(tk.dtype)), np.empty(ts.shape, np.float32)
+        if len(names) != tk.shape[0]:
+            raise LoadError(f"{len(names)} experts for a parameter of shape {tk.shape}")
+        for j, group in enumerate(names):
+            parts = [quantization.fp8_parts(self.checkpoint, n, block) for n in group]
+            joined = np.concatenate([w.T for w, _ in parts], axis=-1)
+            grids = np.stack([s.T for _, s in parts], axis=1)
+            if joined.shape != tk.shape[1:] or grids.shape != ts.shape[1:]:
+                got, want = (joined.shape, grids.shape), (tk.shape[1:], ts.shape[1:])
+                raise LoadError(f"tensors {group} give (weights, scales) {got}, expected {want}")
+            w_host[j] = transform(joined) if transform is not None else joined
+            s_host[j] = grids
+        self._put(kernel, w_host, names[0][0])
+        self._put(scale, s_host, f"{names[0][0]}_scale_inv")
+        self._advance()
+
+    def _put(self, param: nnx.Variable, host: np.ndarray, name: str) -> None:
+        """param <- `host` exactly as it is (shape and dtype must match: no conversion)."""
+        target = param.get_value()
+        if tuple(host.shape) != tuple(target.shape) or host.dtype != np.dtype(target.dtype):
+            raise LoadError(f"tensor {name!r} gives {host.dtype}{list(host.shape)}, expected "
+                            f"{np.dtype(target.dtype)}{list(target.shape)}")  # fmt: skip
+
+        def read(index):  # a copy: the device array must not alias the mapped file
+            return np.array(host[index], order="C", copy=True)
+
+        param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
+        self.checkpoint.release()
+
     def _sharding(self, param):
         if self.mesh is None:
             return self._device
-        from swajax.models.sharding import param_spec
+        from swajax.models.sharding import fitted, param_spec
 
-        return NamedSharding(self.mesh, param_spec(self._paths[id(param)]))
+        spec = fitted(param_spec(self._paths[id(param)]), param.get_value().shape, self.mesh)
+        return NamedSharding(self.mesh, spec)
 
     def check_complete(self, module: nnx.Module) -> None:
         """Every parameter filled and every checkpoint tensor used (or knowingly ignored)."""

@@ -33,10 +33,10 @@ LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
 
 
 def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32", kv="fp32",
-               attention="xla"):  # fmt: skip
+               attention="xla", dequantize_weights=False, mesh=None):  # fmt: skip
     pallas = attention == "pallas"
-    model = HybridLM(load_decoder(path, dtype=dtype), dtype=kv, implementation=attention,
-                     interpret=pallas)  # fmt: skip
+    decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights, mesh=mesh)
+    model = HybridLM(decoder, dtype=kv, implementation=attention, interpret=pallas, mesh=mesh)
     cfg = model.spec.hybrid
     if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)

@@ -1,0 +1,111 @@
+"""Quantized weights as the device holds them, dequantized inside the jitted computation.
+
+The formats are the checkpoints' own (see `swajax.models.quantization` for how they are read):
+
+- `Mxfp4`: a stack of [in, out] matrices kept as the published blocks [..., out, in/32, 16]
+  uint8 (two e2m1 codes per byte, low nibble first) and e8m0 scales [..., out, in/32] uint8.
+- `BlockFp8`: [..., in, out] float8 e4m3 with one float32 scale per (bm, bn) block of the
+  checkpoint's [out, in] tensor, held [..., in/bn, parts, out/bm]. `parts` is 2 where the
+  columns are the (gate, up) pairs of `weights.interleave_halves`: gate and up were quantized
+  as separate tensors, so each keeps its own grid and the expansion interleaves them the way
+  the columns were.
+
+Indexing the leading (expert) axis selects experts without dequantizing anything, so a routed
+block dequantizes only the expert it runs. Every product is a float of at most 8 bits times a
+power of two or a float32 scale, exact in float32: the result equals dequantizing at load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F32 = jnp.float32
+FP8 = jnp.float8_e4m3fn
+
+
+def _fp4(codes):
+    """e2m1 codes (uint8, 0..15) -> float32: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives."""
+    e, m = (codes >> 1) & 3, (codes & 1).astype(F32)
+    magnitude = jnp.where(e == 0, 0.5 * m, (2.0 + m) * (1 << e).astype(F32) / 4)
+    return jnp.where(codes & 8, -magnitude, magnitude)
+
+
+def _e8m0(scales):
+    """e8m0 exponents (uint8) -> 2^(s - 127) in float32, built from the bits (s = 0 is the
+    subnormal 2^-127; 255, NaN, is refused at load)."""
+    bits = jax.lax.bitcast_convert_type(scales.astype(jnp.uint32) << 23, F32)
+    return jnp.where(scales == 0, np.float32(2.0**-127), bits)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mxfp4:
+    blocks: jax.Array  # [..., out, in/32, 16] uint8
+    scales: jax.Array  # [..., out, in/32] uint8
+    dtype: Any  # what the matmul runs in
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        *lead, rows, groups, _ = self.blocks.shape
+        return (*lead, groups * 32, rows)
+
+    def __getitem__(self, i) -> Mxfp4:
+        return Mxfp4(self.blocks[i], self.scales[i], self.dtype)
+
+    def dense(self) -> jax.Array:
+        *lead, rows, groups, _ = self.blocks.shape
+        b = self.blocks
+        codes = jnp.stack([b & 0x0F, b >> 4], axis=-1).reshape(*lead, rows, groups, 32)
+        values = _fp4(codes) * _e8m0(self.scales)[..., None]
+        return jnp.swapaxes(values.reshape(*lead, rows, groups * 32), -1, -2).astype(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockFp8:
+    weight: jax.Array  # [..., in, out] float8 e4m3
+    scale: jax.Array  # [..., in/bn, parts, out/(parts bm)] float32
+    block: tuple[int, int]  # (bm, bn): rows of the checkpoint's [out, in] tensor, columns
+    dtype: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.weight.shape)
+
+    def __getitem__(self, i) -> BlockFp8:
+        return BlockFp8(self.weight[i], self.scale[i], self.block, self.dtype)
+
+    def dense(self) -> jax.Array:
+        return (self.weight.astype(F32) * expand_scale(self.scale, self.shape, self.block)).astype(
+            self.dtype
+        )
+
+
+def expand_scale(scale, shape, block) -> jax.Array:
+    """[..., gin, parts, gout] block scales -> one per element of a [..., in, out] weight."""
+    bm, bn = block
+    *lead, din, dout = shape
+    parts = scale.shape[-2]
+    per_part = dout // parts
+    s = jnp.repeat(scale, bm, axis=-1)[..., :per_part]  # [..., gin, parts, out / parts]
+    s = jnp.swapaxes(s, -1, -2).reshape(*lead, scale.shape[-3], dout)  # parts interleaved
+    return jnp.repeat(s, bn, axis=-2)[..., :din, :]
+
+
+def grid(din: int, dout: int, block: tuple[int, int], parts: int = 1) -> tuple[int, int, int]:
+    """The scale shape of a [din, dout] weight whose `parts` column groups were quantized as
+    separate [dout / parts, din] tensors in (bm, bn) blocks."""
+    bm, bn = block
+    return (-(-din // bn), parts, -(-(dout // parts) // bm))
+
+
+def dense(w) -> jax.Array:
+    """A weight as a plain array (quantized ones dequantized; plain ones as they are)."""
+    return w.dense() if isinstance(w, Mxfp4 | BlockFp8) else w
+
+
+def is_quantized(w) -> bool:
+    return isinstance(w, Mxfp4 | BlockFp8)
