@@ -75,16 +75,23 @@ def model_folder(model: str, flag: str = "--model") -> Path:
 
 
 def load_model(
-    model: str, dtype: str = "float32", chat: bool = False, *, flag: str = "--model"
+    model: str,
+    dtype: str = "float32",
+    chat: bool = False,
+    *,
+    flag: str = "--model",
+    dequantize_weights: bool = False,
 ) -> tuple[Decoder, Tokenizer]:
     """`tiny` (the embedded byte-level demo model), or a checkpoint directory; `flag` names the
-    argument in errors."""
+    argument in errors. A quantized checkpoint stays quantized on the device unless
+    `dequantize_weights`."""
     path = model_folder(model, flag)
     if model == "tiny":
         if chat:
             raise InputError("--chat needs a checkpoint folder with a chat template")
         return demo_decoder(dtype=dtype), Tokenizer(None)
-    return load_decoder(path, dtype=dtype), Tokenizer(path, chat=chat)
+    decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights)
+    return decoder, Tokenizer(path, chat=chat)
 
 
 def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid: bool) -> int:

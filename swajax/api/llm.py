@@ -50,7 +50,8 @@ class LLM:
 
     `model`: "tiny" (the embedded demo) or a Hugging Face checkpoint folder; `dtype`:
     parameters and activations; `chat`: wrap text prompts in the checkpoint's chat template;
-    `ignore_eos`: do not stop at the checkpoint's `eos_token_id`; `draft_model`: a speculative
+    `ignore_eos`: do not stop at the checkpoint's `eos_token_id`; `dequantize_weights`: hold a
+    quantized checkpoint's weights dequantized to `dtype`; `draft_model`: a speculative
     draft ("tiny" or a folder with the same vocabulary; set `num_speculative_tokens`, 4 by
     default); every other keyword is a
     field of `EngineSpec` or `EngineOptions` (`kv_budget_gib`, `max_context`, `max_running`,
@@ -64,9 +65,11 @@ class LLM:
         chat: bool = False,
         ignore_eos: bool = False,
         draft_model: str | None = None,
+        dequantize_weights: bool = False,
         **engine: object,
     ):
-        decoder, self.tokenizer = load_model(model, dtype, chat)
+        decoder, self.tokenizer = load_model(model, dtype, chat,
+                                             dequantize_weights=dequantize_weights)  # fmt: skip
         draft = None
         if draft_model is not None:
             draft = load_model(draft_model, dtype, flag="--draft-model")[0]

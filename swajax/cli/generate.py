@@ -119,7 +119,8 @@ def run_generate(args) -> int:
     if args.draft_model is None:
         del fields["num_speculative_tokens"]
     llm = LLM(args.model, dtype=args.dtype, chat=args.chat, ignore_eos=args.ignore_eos,
-              draft_model=args.draft_model, **fields)  # fmt: skip
+              draft_model=args.draft_model, dequantize_weights=args.dequantize_weights,
+              **fields)  # fmt: skip
     prompts = _prompts(args, llm.tokenizer)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -176,7 +177,8 @@ def _print_output(out, count: int, n: int, show_ids: bool) -> None:
 def run_logits(args) -> int:
     """One prompt: FILE.npy holds its [len, vocab] logits. Several (--prompts-file): FILE.npz
     holds `logits_i` and `prompt_ids_i` for each, in the file's order."""
-    decoder, tokenizer = load_model(args.model, args.dtype, args.chat)
+    decoder, tokenizer = load_model(args.model, args.dtype, args.chat,
+                                    dequantize_weights=args.dequantize_weights)  # fmt: skip
     prompts = _prompts(args, tokenizer)
     if len(prompts) > 1 and not str(args.out).endswith(".npz"):
         raise args_lib.UsageError(
@@ -214,6 +216,9 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument("--kv-dtype", choices=tuple(KV_DTYPE.values()),
                    help="KV pools (default: the same as --dtype)")  # fmt: skip
+    p.add_argument("--dequantize-weights", action="store_true",
+                   help="hold a quantized checkpoint's weights (MXFP4, block FP8) dequantized to "
+                   "--dtype instead of as published")  # fmt: skip
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
                    help="KV pools' bytes (default: two contexts of the model's own length, "
                    "at most 32,768 tokens each and 2 GiB in all)")  # fmt: skip

@@ -31,7 +31,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from swajax.models.loading import checkpoint_dtype
 
     dtype = args.dtype or checkpoint_dtype(args.source)  # keep the checkpoint's own
-    decoder = load_decoder(args.source, dtype=dtype)
+    decoder = load_decoder(args.source, dtype=dtype, dequantize_weights=args.dequantize_weights)
     if args.to == "hf":
         from swajax.models.export import save_hf
 
@@ -99,7 +99,9 @@ def _register_tools(sub) -> None:
     p.add_argument("out", metavar="OUT", help="output folder")
     p.add_argument("--to", choices=("orbax", "hf"), default="orbax",
                    help="orbax: config.json + params/; hf: config.json + .safetensors that "
-                   "transformers loads (quantized weights come back dequantized)")  # fmt: skip
+                   "transformers loads (quantized weights as they were read)")  # fmt: skip
+    p.add_argument("--dequantize-weights", action="store_true",
+                   help="write a quantized checkpoint's weights dequantized to --dtype")  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="the params' dtype (default: the checkpoint's own)")  # fmt: skip

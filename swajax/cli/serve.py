@@ -21,7 +21,7 @@ def run_serve(args) -> int:
 
     fields = engine_fields(args)
     del fields["dtype"], fields["num_speculative_tokens"]
-    llm = LLM(args.model, dtype=args.dtype, **fields)
+    llm = LLM(args.model, dtype=args.dtype, dequantize_weights=args.dequantize_weights, **fields)
     folder = None if args.model == "tiny" else Path(args.model)
     name = args.served_model_name or ("tiny" if folder is None else folder.name)
     app = make_app(llm, model_name=name, folder=folder, max_waiting=args.max_waiting)

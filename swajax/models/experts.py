@@ -107,8 +107,7 @@ def _block_loop(lhs, w, layout: _Layout, block: int):
 
     def body(b, out):
         rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        wb = quantized.dense(w[layout.expert[b]])  # a quantized expert: only this one dequantized
-        y = jnp.dot(rows, wb, precision=HIGHEST, preferred_element_type=F32)
+        y = quantized.matmul(rows, w[layout.expert[b]])  # only this expert dequantized
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)

@@ -160,3 +160,19 @@ def test_the_footprint_counts_what_a_load_holds(name, dequantize):
     spec = decoder_spec(read_config(path), dtype="bfloat16", dequantize_weights=dequantize)
     held = device_bytes(load_decoder(path, dtype="bfloat16", dequantize_weights=dequantize))
     assert footprint(spec).weight_bytes == held
+
+
+def test_generate_reports_the_bytes_it_holds(cli):
+    """`generate --json` reports the parameters' device bytes; --dequantize-weights the old
+    path's, with the same greedy tokens."""
+    runs = []
+    for flags in ([], ["--dequantize-weights"]):
+        code, out, _ = cli("generate", "--model", FIXTURES / "gpt_oss_mxfp4", "--prompt-ids",
+                           "1,2,3,4,5", "--max-new-tokens", "4", "--json", *flags)  # fmt: skip
+        assert code == 0
+        lines = [json.loads(line) for line in out.splitlines()]
+        runs.append((lines[0]["tokens"], lines[-1]["summary"]["weight_bytes"]))
+    (kept_tokens, kept), (tokens, dequantized) = runs
+    assert kept_tokens == tokens
+    assert kept == footprint(decoder_spec(read_config(FIXTURES / "gpt_oss_mxfp4"))).weight_bytes
+    assert dequantized > 2 * kept

@@ -1,0 +1,79 @@
+"""Dequantizing inside the jit (`swajax.models.quantized`) equals the load-time numpy
+dequantizers of `swajax.models.quantization`, which the fixtures check against transformers."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from swajax.models import experts as ex, quantization, quantized
+from swajax.models.weights import interleave_halves
+
+
+def test_mxfp4_every_code_and_scale_equals_the_load_path():
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (3, 5, 2, 16), dtype=np.uint8)
+    blocks[0, 0, 0] = np.arange(16, dtype=np.uint8) * 17  # every (low, high) code pair
+    scales = rng.integers(100, 140, (3, 5, 2), dtype=np.uint8)
+    scales[0, 0] = [2, 252]  # the extremes that stay normal and finite times 6
+    want = quantization.mxfp4(blocks, scales, np.float32)  # [3, 64, 5]
+    w = quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scales), "float32")
+    assert w.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(jax.jit(w.dense)()), want)
+    np.testing.assert_array_equal(np.asarray(w[1].dense()), want[1])
+    x = rng.normal(size=(7, 64)).astype(np.float32)
+    got = np.asarray(quantized.matmul(jnp.asarray(x), w[2]))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ want[2], rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("shape, block", [((48, 32), (16, 16)), ((40, 24), (16, 16)),
+                                          ((24, 20), (24, 20))])  # fmt: skip
+def test_block_fp8_equals_the_load_path(shape, block):
+    """[out, in] float8 with a (bm, bn) grid, blocks that do not divide evenly included."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=shape).astype(ml_dtypes.float8_e4m3fn)
+    grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    s = rng.uniform(0.01, 2, grid).astype(np.float32)
+    want = quantization.block_fp8(w, s, block, np.float32).T  # [in, out]
+    q = quantized.BlockFp8(jnp.asarray(w.T), jnp.asarray(s.T[:, None, :]), block, "float32")
+    np.testing.assert_array_equal(np.asarray(q.dense()), want)
+
+
+def test_paired_fp8_expands_each_halfs_own_grid_interleaved():
+    """Gate and up quantized apart, their columns interleaved at load: the expansion
+    interleaves the two grids the same way."""
+    rng = np.random.default_rng(2)
+    block, (i, h) = (16, 16), (24, 32)
+    halves = [rng.normal(size=(i, h)).astype(ml_dtypes.float8_e4m3fn) for _ in range(2)]
+    grids = [rng.uniform(0.1, 2, (2, 2)).astype(np.float32) for _ in range(2)]
+    deq = [quantization.block_fp8(w, s, block, np.float32).T for w, s in zip(halves, grids)]
+    want = interleave_halves(np.concatenate(deq, axis=-1))  # [h, 2i]
+    weight = interleave_halves(np.concatenate([w.T for w in halves], axis=-1))
+    scale = np.stack([s.T for s in grids], axis=1)  # [gin, 2, gout]
+    q = quantized.BlockFp8(jnp.asarray(weight), jnp.asarray(scale), block, "float32")
+    np.testing.assert_array_equal(np.asarray(q.dense()), want)
+
+
+def test_routed_experts_over_mxfp4_equal_the_dense_reference():
+    rng = np.random.default_rng(3)
+    e, h, t, k = 4, 64, 9, 2
+
+    def mxfp4(din, dout):
+        blocks = rng.integers(0, 256, (e, dout, din // 32, 16), dtype=np.uint8)
+        scales = np.full((e, dout, din // 32), 121, np.uint8)
+        return quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scales), "float32")
+
+    packed = ex.Experts(mxfp4(h, 2 * h), None, mxfp4(h, h), None)
+    plain = packed._replace(w1=packed.w1.dense(), w2=packed.w2.dense())
+    x = jnp.asarray(rng.normal(size=(t, h)), jnp.float32)
+    idx = jnp.asarray(rng.permuted(np.tile(np.arange(e), (t, 1)), axis=1)[:, :k], jnp.int32)
+    routing = ex.Routing(idx, None, jnp.full((t, k), 0.5, jnp.float32))
+
+    def act(g):
+        return jax.nn.silu(g[..., 0::2]) * g[..., 1::2]
+
+    want = np.asarray(ex.dense(x, routing, plain, act))
+    for weights in (packed, plain):
+        got = np.asarray(jax.jit(lambda x, w: ex.routed(x, routing, w, act))(x, weights))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
