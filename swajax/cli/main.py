@@ -101,7 +101,7 @@ def _register_tools(sub) -> None:
                    help="orbax: config.json + params/; hf: config.json + .safetensors that "
                    "transformers loads (quantized weights as they were read)")  # fmt: skip
     p.add_argument("--dequantize-weights", action="store_true",
-                   help="write a quantized checkpoint's weights dequantized to --dtype")  # fmt: skip
+                   help="write quantized weights dequantized to --dtype")  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="the params' dtype (default: the checkpoint's own)")  # fmt: skip
