@@ -27,7 +27,9 @@ from swajax.presets import load_preset
 from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 from swajax.simulator.run import run_workload
-from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.cli.args import model_cost
+from swajax.presets import hf_preset
+from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
 from swajax.simulator.workloads import Arrival, Workload
 
 
@@ -76,7 +78,8 @@ def main() -> None:
     sizes = sizing.size_hybrid(cfg, budget, ratio=args.ratio, page_size=16, dtype="bf16")
     timer = None
     if args.accelerator:
-        timer = StepTimeModel(cfg, MODEL_COSTS[args.preset], ACCELERATORS[args.accelerator])
+        timer = StepTimeModel(cfg, model_cost(hf_preset(args.preset)),
+                              ACCELERATORS[args.accelerator])  # fmt: skip
         timer = dataclasses.replace(timer, devices=timer.devices_needed(budget))
     print(
         f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / SWA "

@@ -30,6 +30,9 @@ class CapacityReport:
     # DeepSeek-V4's compressed caches, outside the two pools: amortized bytes of one token
     # over all compressed layers (0 for every other model)
     compressed_bytes_per_token: float = 0.0
+    # With a named device: the budget is what its memory leaves after these weight bytes.
+    device: str | None = None
+    weight_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

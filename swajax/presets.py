@@ -17,9 +17,9 @@ def _alternating(n: int) -> list[str]:
     return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
 
 
-def _gpt_oss(num_layers: int) -> dict[str, Any]:
+def _gpt_oss(num_layers: int, experts: int) -> dict[str, Any]:
     # huggingface.co/openai/gpt-oss-20b and /gpt-oss-120b config.json: the two differ only in
-    # num_hidden_layers (24 / 36) and num_local_experts (32 / 128).
+    # num_hidden_layers (24 / 36) and num_local_experts (32 / 128). Experts ship in MXFP4.
     return {
         "model_type": "gpt_oss",
         "architectures": ["GptOssForCausalLM"],
@@ -41,6 +41,12 @@ def _gpt_oss(num_layers: int) -> dict[str, Any]:
         },
         "max_position_embeddings": 131072,
         "vocab_size": 201088,
+        "intermediate_size": 2880,
+        "num_local_experts": experts,
+        "num_experts_per_tok": 4,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "mxfp4"},
     }
 
 
@@ -65,6 +71,14 @@ MIMO_V2_FLASH = {
     "add_swa_attention_sink_bias": True,
     "add_full_attention_sink_bias": False,
     "vocab_size": 151936,
+    # Layer 0 dense, the rest 256 experts top-8; projections and experts in 128x128 block FP8.
+    "intermediate_size": 16384,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "mlp_layer_types": ["dense"] + ["sparse"] * 47,
+    "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
 }
 
 # huggingface.co/meta-llama/Llama-4-Scout-17B-16E-Instruct config.json (text_config): 48 layers,
@@ -83,6 +97,12 @@ LLAMA_4_SCOUT = {
         "no_rope_layers": [0 if (i + 1) % 4 == 0 else 1 for i in range(48)],
         "rope_theta": 500000.0,
         "vocab_size": 202048,
+        "intermediate_size": 8192,  # per expert; 16 experts top-1 plus a shared one, every layer
+        "intermediate_size_mlp": 16384,
+        "num_local_experts": 16,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 1,
+        "tie_word_embeddings": False,
     },
 }
 
@@ -104,6 +124,7 @@ GEMMA_3_27B = {
         "rope_theta": 1000000.0,
         "rope_local_base_freq": 10000.0,
         "vocab_size": 262208,
+        "intermediate_size": 21504,
     },
 }
 
@@ -142,7 +163,7 @@ def _gemma4(n, hidden, heads, kv, global_kv, window, **extra) -> dict[str, Any]:
     }
 
 
-GEMMA_4_31B = _gemma4(60, 5376, 32, 16, 4, 1024, attention_k_eq_v=True)
+GEMMA_4_31B = _gemma4(60, 5376, 32, 16, 4, 1024, attention_k_eq_v=True, intermediate_size=21504)
 GEMMA_4_26B_A4B = _gemma4(30, 2816, 16, 8, 2, 1024, attention_k_eq_v=True,
                           enable_moe_block=True, num_experts=128, top_k_experts=8,
                           moe_intermediate_size=704)  # fmt: skip
@@ -164,6 +185,13 @@ STEP_3_5_FLASH = {
     "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(45)],
     "attention_other_setting": {"num_attention_heads": 96, "num_attention_groups": 8},
     "vocab_size": 128896,
+    # Layers 0-2 dense, then 288 experts top-8 plus a shared expert (transformers' form).
+    "intermediate_size": 11264,
+    "moe_num_experts": 288,
+    "moe_top_k": 8,
+    "moe_intermediate_size": 1280,
+    "share_expert_dim": 1280,
+    "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 42,
 }
 
 # huggingface.co/deepseek-ai/DeepSeek-V4-Flash config.json: 43 layers, every one attends a
@@ -226,8 +254,8 @@ TINY_ALL_SWA = {
 }
 
 PRESETS: Mapping[str, Mapping[str, Any]] = {
-    "gpt-oss-20b": _gpt_oss(24),
-    "gpt-oss-120b": _gpt_oss(36),
+    "gpt-oss-20b": _gpt_oss(24, 32),
+    "gpt-oss-120b": _gpt_oss(36, 128),
     "mimo-v2-flash": MIMO_V2_FLASH,
     "llama-4-scout": LLAMA_4_SCOUT,
     "gemma-3-27b": GEMMA_3_27B,

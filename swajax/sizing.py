@@ -22,7 +22,7 @@ from swajax.arith import round_up
 from swajax.config import HybridConfig
 from swajax.errors import InputError
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 DEFAULT_EVICTION_INTERVAL = 128
 
 

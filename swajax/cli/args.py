@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -123,18 +124,40 @@ def add_model_choice(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
 
 
-def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
-    """The step-time model of `--accelerator NAME [--devices N]` for the `--preset` model (whose
-    published parameter counts it needs); devices default to what the weights plus the KV
-    budget need."""
-    from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+def raw_config(args: argparse.Namespace) -> dict:
+    """The config.json-shaped dict of `--preset` or `--hf-config` (after `model_config`)."""
+    if args.preset is not None:
+        return dict(presets.hf_preset(args.preset))
+    path = Path(args.hf_config)
+    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
 
-    if args.preset not in MODEL_COSTS:
-        raise UsageError(
-            f"modeled step time needs a --preset with published parameter counts: one of "
-            f"{', '.join(sorted(MODEL_COSTS))} (got {args.preset or args.hf_config!r})"
-        )
-    timer = StepTimeModel(cfg, MODEL_COSTS[args.preset], ACCELERATORS[args.accelerator])
+
+def model_cost(cfg: dict, *, dequantize_weights: bool = False):
+    """The step-time model's `ModelCost` of a config: the parameters and bytes its decoder holds
+    as loaded (bfloat16, the checkpoint's quantized weights kept unless `dequantize_weights`),
+    counted from the decoder's abstract form (`swajax.models.footprint`)."""
+    from swajax.config import ConfigError
+    from swajax.models.footprint import config_footprint
+    from swajax.simulator.step_time import ModelCost
+
+    try:
+        f = config_footprint(cfg, dequantize_weights=dequantize_weights)
+    except ConfigError as e:
+        raise UsageError(f"weight bytes need a model swajax builds: {e}") from None
+    return ModelCost(f.params, f.active_params, f.weight_bytes, f.experts, f.top_k,
+                     routed_bytes=f.expert_bytes)  # fmt: skip
+
+
+def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
+    """The step-time model of `--accelerator NAME [--devices N]` for the model of `--preset` or
+    `--hf-config` (its weights counted as loaded); devices default to what the weights plus the
+    KV budget need."""
+    from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
+
+    dequantize = getattr(args, "dequantize_weights", False)
+    cost = model_cost(raw_config(args), dequantize_weights=dequantize)
+    kv = getattr(args, "dtype", "bf16")  # plan and simulate: the KV element type
+    timer = StepTimeModel(cfg, cost, ACCELERATORS[args.accelerator], kv_dtype=kv)
     devices = args.devices or timer.devices_needed(budget_bytes)
     return dataclasses.replace(timer, devices=devices)
 

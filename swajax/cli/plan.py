@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from swajax import sizing
 from swajax.capacity import CapacityReport, capacity_report
@@ -34,6 +35,10 @@ def format_report(report: CapacityReport) -> str:
         rows.append(
             ("compressed bytes/token", f"{report.compressed_bytes_per_token:,.1f} (not in pools)")
         )
+    if report.device is not None:
+        rows.insert(
+            4, ("device / weights", f"{report.device} / {report.weight_bytes / 1e9:.1f} GB")
+        )
     if report.min_ratio_estimate is not None:
         rows.append(("min ratio estimate", f"{report.min_ratio_estimate:.4f}"))
     width = max(len(k) for k, _ in rows)
@@ -50,9 +55,10 @@ def run(args) -> int:
     cfg = args_lib.model_config(args)
     if args.workload is not None:
         return _run_planner(args, cfg)
+    budget, device, weights = _budget(args)
     report = capacity_report(
         cfg,
-        sizing.gib_to_bytes(args.kv_budget_gib),
+        budget,
         ratio=args.ratio,
         page_size=args.page_size or 1,
         dtype=args.dtype,
@@ -61,8 +67,36 @@ def run(args) -> int:
         hybrid_memory=not args.disable_hybrid_memory,
         draft=args_lib.draft_config(args),
     )
+    report = dataclasses.replace(report, device=device, weight_bytes=weights)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0
+
+
+USABLE = 0.9  # of a device's memory, as the step-time model's devices_needed assumes
+
+
+def _budget(args) -> tuple[int, str | None, int | None]:
+    """(KV budget bytes, device, weight bytes): --kv-budget-gib, or what `--devices` chips of
+    `--accelerator` leave after the model's weights as loaded (`models.footprint`)."""
+    if args.kv_budget_gib is not None:
+        return sizing.gib_to_bytes(args.kv_budget_gib), None, None
+    if args.accelerator is None:
+        raise args_lib.UsageError("give --kv-budget-gib, or --accelerator to use what the "
+                                  "weights leave of its memory")  # fmt: skip
+    from swajax.simulator.step_time import ACCELERATORS
+
+    cost = args_lib.model_cost(
+        args_lib.raw_config(args), dequantize_weights=args.dequantize_weights
+    )
+    acc, n = ACCELERATORS[args.accelerator], args.devices or 1
+    usable = n * acc.memory_bytes * USABLE
+    if cost.weight_bytes >= usable:
+        raise args_lib.UsageError(
+            f"the weights take {cost.weight_bytes / 1e9:.1f} GB, more than the {usable / 1e9:.1f} "
+            f"GB usable on {n} x {acc.name} ({USABLE:.0%}): give more --devices"
+        )
+    device = acc.name if n == 1 else f"{n} x {acc.name}"
+    return int(usable - cost.weight_bytes), device, int(cost.weight_bytes)
 
 
 def _run_planner(args, cfg) -> int:
@@ -73,7 +107,7 @@ def _run_planner(args, cfg) -> int:
 
     if args.accelerator is None:
         raise args_lib.UsageError("--workload plans by modeled step time: give --accelerator")
-    budget = sizing.gib_to_bytes(args.kv_budget_gib)
+    budget = _budget(args)[0]
     timer = args_lib.step_timer(args, cfg, budget)
     chunks = ratio_planner.CHUNKS if args.chunk_size == "auto" else (int(args.chunk_size),)
     result = ratio_planner.plan(
@@ -108,7 +142,10 @@ def _ratios(value: str) -> tuple[float, ...]:
 def register(sub) -> None:
     p = sub.add_parser("plan", help="size the full and SWA pools for a KV budget")
     args_lib.add_model_choice(p)
-    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True, help="in GiB")
+    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
+                   help="in GiB (or --accelerator: what its memory leaves after the weights)")  # fmt: skip
+    p.add_argument("--dequantize-weights", action="store_true",
+                   help="count a quantized checkpoint's weights dequantized to bfloat16")  # fmt: skip
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
                    help="default 1 for capacity, 16 when planning a --workload")  # fmt: skip

@@ -51,6 +51,7 @@ def run(args) -> int:
         ratio=args.ratio,
         page_size=args.page_size,
         seed=args.seed,
+        dtype=args.dtype,
         progress=not args.json,
     )
     if args.plot:
@@ -81,6 +82,8 @@ def register(sub) -> None:
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=16)
+    p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16",
+                   help="KV element type the pools are sized in (fp8_*: one byte)")  # fmt: skip
     p.add_argument("--workload", type=args_lib.workload_choice, required=True,
                    help=f"{', '.join(WORKLOADS)}, or a JSON-lines file of "
                    "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip

@@ -40,7 +40,8 @@ _GEMMA4 = {
 }  # fmt: skip
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"sliding_window": 128, "rope_parameters": _GPT_OSS_ROPE, "rms_norm_eps": 1e-5,
-                "attention_bias": True},
+                "attention_bias": True, "num_local_experts": 128, "num_experts_per_tok": 4,
+                "intermediate_size": 2880},
     "gemma2": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
                "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
     "gemma3": {"sliding_window": 4096, "query_pre_attn_scalar": 256,

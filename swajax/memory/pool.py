@@ -21,7 +21,25 @@ from swajax.config import AttentionShape, HybridConfig
 from swajax.memory.zeros import zeros
 from swajax.sizing import PoolMode, PoolSizes
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+DTYPES = {
+    "bf16": jnp.bfloat16,
+    "fp16": jnp.float16,
+    "fp32": jnp.float32,
+    # FP8 pools: a layer's K and V are stored divided by its scales (`KVScales`) and read back
+    # times them inside the attention.
+    "fp8_e4m3": jnp.float8_e4m3fn,
+    "fp8_e5m2": jnp.float8_e5m2,
+}
+FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+
+
+def stored(x: jax.Array, dtype) -> jax.Array:
+    """`x` as a pool of `dtype` stores it. FP8 saturates at its largest finite value: e4m3
+    has no infinity, so a plain cast would turn an outlier into NaN and poison every read."""
+    if jnp.dtype(dtype) in FP8:
+        top = float(jnp.finfo(dtype).max)
+        return jnp.clip(x.astype(jnp.float32), -top, top).astype(dtype)
+    return x.astype(dtype)
 
 
 class KVWriteLoc(NamedTuple):
@@ -122,17 +140,17 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
             f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
             "(KVWriteLoc.swa), translated once per batch by the attention metadata"
         )
-    swa_k = pools.swa_k.at[index, loc.swa].set(k.astype(pools.swa_k.dtype))
+    swa_k = pools.swa_k.at[index, loc.swa].set(stored(k, pools.swa_k.dtype))
     if v is None:
         return dataclasses.replace(pools, swa_k=swa_k)
     return dataclasses.replace(
-        pools, swa_k=swa_k, swa_v=pools.swa_v.at[index, loc.swa].set(v.astype(pools.swa_v.dtype))
+        pools, swa_k=swa_k, swa_v=pools.swa_v.at[index, loc.swa].set(stored(v, pools.swa_v.dtype))
     )
 
 
 def _sourced(buffer: jax.Array, new: jax.Array, loc: KVWriteLoc) -> jax.Array:
     """The rows a full layer stores: `new`, or where `loc.full_src` names a slot, its KV."""
-    new = new.astype(buffer.dtype)
+    new = stored(new, buffer.dtype)
     if loc.full_src is None:
         return new
     return jnp.where((loc.full_src > 0)[:, None, None], buffer[loc.full_src], new)

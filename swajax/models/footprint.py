@@ -62,3 +62,13 @@ def footprint(spec: ModelSpec) -> Footprint:
     experts = spec.num_experts if expert_params else 0
     return Footprint(params, nbytes, expert_params, expert_bytes, experts,
                      spec.top_k if experts else 0)  # fmt: skip
+
+
+def config_footprint(
+    cfg, *, dtype: str = "bfloat16", dequantize_weights: bool = False
+) -> Footprint:
+    """The footprint of a config.json-shaped dict loaded with these options (weights in
+    `dtype`, the checkpoint's quantized ones kept unless `dequantize_weights`)."""
+    from swajax.models.loading import decoder_spec
+
+    return footprint(decoder_spec(dict(cfg), dtype=dtype, dequantize_weights=dequantize_weights))

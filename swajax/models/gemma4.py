@@ -84,7 +84,9 @@ class Gemma4Attention(nnx.Module):
             weight = self.k_norm.weight[...]
 
             def key_transform(rows, key_positions):  # K = RoPE(k_norm(raw)) = RoPE(V * w)
-                scaled = (rows.astype(F32) * weight).astype(rows.dtype)
+                # in the pool's dtype, as transformers rounds it; FP8 rows come back in q's
+                dtype = q.dtype if rows.dtype in pool_lib.FP8 else rows.dtype
+                scaled = (rows.astype(F32) * weight).astype(dtype)
                 return apply_rope(scaled, key_positions, rope)
 
         out = paged_attention(

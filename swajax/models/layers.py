@@ -15,6 +15,7 @@ from swajax.memory import pool as pool_lib
 from swajax.models import quantized
 from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
+from swajax.models.weights import Layout
 from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -127,6 +128,10 @@ class Attention(nnx.Module):
         self.k_norm = norm_of(spec, k_dim) if norm else None
         self.sinks = param((shape.num_heads,)) if shape.has_sinks else None
         self.g_proj = Linear(h, shape.num_heads, dtype=dt) if spec.attn_gate else None
+        # Per-layer K and V scales of an FP8 KV cache, where the checkpoint ships them
+        # (`self_attn.k_scale` / `v_scale`); without them an FP8 pool stores K and V as they are.
+        self.k_scale = param(()) if spec.kv_scales else None
+        self.v_scale = param(()) if spec.kv_scales else None
 
     def load(self, w, prefix):
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -139,6 +144,9 @@ class Attention(nnx.Module):
             w.fill(self.sinks, f"{prefix}.{name}")
         if self.g_proj is not None:
             self.g_proj.load(w, f"{prefix}.g_proj")
+        if self.k_scale is not None:
+            w.fill(self.k_scale, f"{prefix}.k_scale", transform=SCALAR)
+            w.fill(self.v_scale, f"{prefix}.v_scale", transform=SCALAR)
 
     def __call__(self, x, positions, pools, meta, mode: AttentionMode):
         t, s, spec = x.shape[0], self.shape, self.spec
@@ -159,6 +167,10 @@ class Attention(nnx.Module):
             scale, floor = spec.attn_temperature
             tune = jnp.log1p(jnp.floor((positions.astype(jnp.float32) + 1) / floor)) * scale + 1
             q = (q.astype(F32) * tune[:, None, None]).astype(q.dtype)
+        scales = None
+        if self.k_scale is not None and pools.layer(self.layer_id)[0].dtype in pool_lib.FP8:
+            scales = (self.k_scale[...], self.v_scale[...])
+            k, v = k.astype(F32) / scales[0], v.astype(F32) / scales[1]
         pools = pool_lib.write_kv(pools, self.layer_id, k, v, meta.write)
         out = paged_attention(
             q,
@@ -167,6 +179,7 @@ class Attention(nnx.Module):
             meta,
             self.layer,
             mode,
+            kv_scales=scales,
             scale=spec.scales[self.layer_id],
             sinks=None if self.sinks is None else self.sinks[...],
             soft_cap=spec.attn_soft_cap,
@@ -177,16 +190,31 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(t, s.num_heads * s.v_head_dim)), pools
 
 
+def _scalar(a):
+    """A checkpoint's scale stored as a scalar or as [1] (both are published)."""
+    return a.reshape(())
+
+
+SCALAR = Layout(_scalar, lambda a: a)
+
+
 def unit_rms(x, eps):
     """A weightless RMS norm in float32 (Llama 4's q/k after RoPE, Gemma 4's v norm)."""
     x32 = x.astype(jnp.float32)
     return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def paged_attention(q, pools, layer_id: int, meta, layer, mode: AttentionMode, **kwargs):
+def paged_attention(q, pools, layer_id: int, meta, layer, mode: AttentionMode, *,
+                    kv_scales=None, **kwargs):  # fmt: skip
     """`attention` over one global layer's pool buffers (a KV-shared layer reads its
-    source's), run as `mode` says."""
+    source's), run as `mode` says. `kv_scales` (k, v): the pool holds K / k and V / v, so
+    q.K = (q k).(K / k) and the output is v times the attention over V / v, exactly."""
     k_buf, v_buf = pools.layer(layer_id)
+    if kv_scales is not None:
+        k_scale, v_scale = kv_scales
+        q = (q.astype(F32) * k_scale).astype(q.dtype)
+        out = paged_attention(q, pools, layer_id, meta, layer, mode, **kwargs)
+        return (out.astype(F32) * v_scale).astype(out.dtype)
     return attention(
         q,
         as_pages(k_buf, meta.page_size),

@@ -112,16 +112,20 @@ def load_decoder(
     path = Path(path)
     cfg = read_config(path)
     spec = decoder_spec(cfg, dtype=dtype, moe=moe, dequantize_weights=dequantize_weights)
+    orbax = (path / ORBAX_DIR).exists()
+    files = [] if orbax else checkpoint_files(path)
+    if not orbax and not files:
+        raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
+    names = cfg.get(KV_SCALES_FIELD, ()) if orbax else Checkpoint(files).names()
+    if names is True or any(n.endswith(KV_SCALE) for n in names):
+        spec = dataclasses.replace(spec, kv_scales=True)
     if mesh is not None:
         from swajax.models.sharding import check_divisible
 
         check_divisible(spec, mesh)
     decoder = nnx.eval_shape(lambda: Decoder(spec))
-    if (path / ORBAX_DIR).exists():
+    if orbax:
         return _restore_orbax(decoder, path / ORBAX_DIR)
-    files = checkpoint_files(path)
-    if not files:
-        raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
     ignore = ignored_patterns(spec, cfg)
     checkpoint = Checkpoint(files, ignore)
     LOG.info("loading %s: %d tensors in %d file(s) as %s", path, len(checkpoint.names()),
@@ -144,6 +148,12 @@ def decoder_spec(cfg: dict, *, dtype: str = "float32", moe: str = "auto",
         raise ConfigError(f"moe must be one of {MOE_MODES}, got {moe!r}")
     kept = Quantization() if dequantize_weights else checkpoint_quantization(cfg)
     return dataclasses.replace(model_spec(cfg), dtype=dtype, moe=moe, weights=kept)
+
+
+# An FP8 KV cache's per-layer scales as checkpoints ship them; a converted (orbax) folder has no
+# tensors to look at, so its config.json says so in this field.
+KV_SCALE = ".self_attn.k_scale"
+KV_SCALES_FIELD = "swajax_kv_scales"
 
 
 def checkpoint_quantization(cfg: dict) -> Quantization:
@@ -212,6 +222,9 @@ def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=F
             skip = any(file.match(pattern) for pattern in NOT_COPIED)
             if file.is_file() and not skip:
                 shutil.copy(file, folder / file.name)  # a hub snapshot's links are followed
+        if decoder.spec.kv_scales:
+            cfg = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**cfg, KV_SCALES_FIELD: True}))
         checkpointer = _checkpointer()
         checkpointer.save(folder / ORBAX_DIR, nnx.state(decoder))
         checkpointer.wait_until_finished()

@@ -102,6 +102,8 @@ class ModelSpec:
     # Weights kept quantized on the device as the checkpoint ships them (`quantization_config`;
     # the default, plain floats, is also what `dequantize_weights` loads).
     weights: Quantization = Quantization()
+    # The checkpoint ships per-layer K and V scales for an FP8 KV cache (`self_attn.k_scale`).
+    kv_scales: bool = False
 
     def __post_init__(self):
         # The vocabularies arrive as enums or their strings; kept as enums from here on.

@@ -43,20 +43,25 @@ ACCELERATORS = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelCost:
-    """What a step costs besides attention: parameter counts as published, and the bytes of
-    the weights as shipped (MXFP4 experts for GPT-OSS, FP8 for MiMo-V2-Flash and DeepSeek-V4)."""
+    """What a step costs besides attention: the parameters (all, and those one token runs)
+    and the bytes the device holds for them, routed experts apart. The command line fills it
+    from the model's own abstract parameters (`swajax.models.footprint`), never a table."""
 
     total_params: float
     active_params: float
     weight_bytes: float
     experts: int = 0  # routed experts per MoE layer (0: dense)
     top_k: int = 0
+    routed_bytes: float | None = None  # the routed experts' bytes (None: in proportion)
 
     @property
     def expert_bytes(self) -> float:
-        """Bytes of all routed experts: from total = dense + X and active = dense + X k / E."""
+        """Bytes of all routed experts (given, or from total = dense + X and active = dense +
+        X k / E, the bytes in proportion to the parameters)."""
         if not self.experts:
             return 0.0
+        if self.routed_bytes is not None:
+            return self.routed_bytes
         experts_params = (self.total_params - self.active_params) / (1 - self.top_k / self.experts)
         return self.weight_bytes * experts_params / self.total_params
 
@@ -66,20 +71,6 @@ class ModelCost:
             return self.weight_bytes
         touched = 1 - (1 - self.top_k / self.experts) ** max(tokens, 1)
         return self.weight_bytes - self.expert_bytes * (1 - touched)
-
-
-# Published model sizes (model cards); weight bytes as the checkpoints ship.
-MODEL_COSTS = {
-    "gpt-oss-20b": ModelCost(20.9e9, 3.6e9, 12.8 * GB, 32, 4),
-    "gpt-oss-120b": ModelCost(116.8e9, 5.1e9, 60.8 * GB, 128, 4),
-    "mimo-v2-flash": ModelCost(309e9, 15e9, 309 * GB, 256, 8),
-    "llama-4-scout": ModelCost(109e9, 17e9, 218 * GB, 16, 1),
-    "gemma-3-27b": ModelCost(27e9, 27e9, 54 * GB),
-    "gemma-4-31b": ModelCost(31e9, 31e9, 62 * GB),
-    "gemma-4-26b-a4b": ModelCost(25.2e9, 3.8e9, 50.4 * GB, 128, 8),
-    "step-3.5-flash": ModelCost(196e9, 11e9, 392 * GB, 288, 8),
-    "deepseek-v4-flash": ModelCost(284e9, 13e9, 284 * GB, 256, 6),
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,21 @@ class AttentionCases:
                 out = self.run(case, layer, scale=0.3, sinks=jnp.asarray(sink), soft_cap=4.0)
                 check(case, layer, out, scale=0.3, sinks=sink, soft_cap=4.0)
 
+    @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+    @pytest.mark.parametrize("kind", ["sliding", "full"])
+    def test_fp8_pools(self, dtype, kind):
+        """FP8 KV pools (the NaN filler of unused rows included): the float64 oracle applied
+        to the very values the pools hold, dequantized, to float32 accuracy."""
+        fp8 = getattr(jnp, dtype)
+        rng = np.random.default_rng(11)
+        for prefix, seq in (([8, 19, 3], [9, 20, 4]), ([0, 5], [26, 30])):  # decode, extend
+            case = make_case(rng, ps=4, prefix=prefix, seq=seq, hq=4, hkv=2)
+            pages = [p.astype(fp8) for p in case.pages["swa" if kind == "sliding" else "full"]]
+            held = lambda x: np.asarray(jnp.asarray(x).astype(fp8).astype(jnp.float32))  # noqa: E731
+            case.keys, case.values = [held(k) for k in case.keys], [held(v) for v in case.values]
+            out = self.run(case, LAYERS[kind], pages=pages, scale=0.25)
+            check(case, LAYERS[kind], out, scale=0.25)
+
     def test_deterministic(self):
         case = make_case(np.random.default_rng(4), ps=4, prefix=[0, 3], seq=[20, 4])
         a = self.run(case, LAYERS["sliding"], scale=0.2)

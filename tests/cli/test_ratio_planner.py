@@ -9,14 +9,16 @@ from swajax import sizing
 from swajax.presets import load_preset
 from swajax.simulator import ratio_planner
 from swajax.simulator.ratio_planner import Candidate, corrected_min_ratio, mean_sequence_length
-from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS, StepTimeModel
+from swajax.cli.args import model_cost
+from swajax.presets import hf_preset
+from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
 from swajax.simulator.workloads import make_workload
 
 BUDGET = sizing.gib_to_bytes(16)
 
 
 def _timer(preset):
-    return StepTimeModel(load_preset(preset), MODEL_COSTS[preset], ACCELERATORS["h200"])
+    return StepTimeModel(load_preset(preset), model_cost(hf_preset(preset)), ACCELERATORS["h200"])
 
 
 def test_sweep_starts_at_the_corrected_minimum_and_picks_the_fastest():
@@ -49,9 +51,9 @@ def test_plan_cli_names_what_it_needs(cli):
     code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
                        "--workload", "multi-turn")  # fmt: skip
     assert code == 2 and "give --accelerator" in err
-    code, _, err = cli("plan", "--preset", "tiny-hybrid", "--kv-budget-gib", "1",
+    code, _, err = cli("plan", "--preset", "deepseek-v4-flash", "--kv-budget-gib", "1",
                        "--workload", "multi-turn", "--accelerator", "h200")  # fmt: skip
-    assert code == 2 and "published parameter counts" in err
+    assert code == 2 and "weight bytes need a model swajax builds" in err
     code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
                        "--workload", "nowhere.jsonl", "--accelerator", "h200")  # fmt: skip
     assert code == 2 and "JSON-lines file" in err

@@ -41,10 +41,12 @@ def test_moe_weights_read_as_expected_touched():
 
 
 def test_hybrid_reads_less_kv_than_one_pool_per_decode_token():
-    from swajax.simulator.step_time import ACCELERATORS, MODEL_COSTS
+    from swajax.cli.args import model_cost
+    from swajax.presets import hf_preset
+    from swajax.simulator.step_time import ACCELERATORS
 
     cfg = load_preset("gpt-oss-120b")
-    model = StepTimeModel(cfg, MODEL_COSTS["gpt-oss-120b"], ACCELERATORS["h200"])
+    model = StepTimeModel(cfg, model_cost(hf_preset("gpt-oss-120b")), ACCELERATORS["h200"])
     short, long = model.step_seconds([Span(1000, 1001)]), model.step_seconds([Span(30000, 30001)])
     # only the 18 full layers' reads grow with the context
     f, _ = sizing.token_bytes(cfg, "bf16")
