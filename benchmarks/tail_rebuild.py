@@ -23,12 +23,11 @@ import dataclasses
 import numpy as np
 
 from swajax import sizing
-from swajax.presets import load_preset
+from swajax.cli.args import model_cost
+from swajax.presets import hf_preset, load_preset
 from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 from swajax.simulator.run import run_workload
-from swajax.cli.args import model_cost
-from swajax.presets import hf_preset
 from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
 from swajax.simulator.workloads import Arrival, Workload
 

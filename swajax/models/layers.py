@@ -15,8 +15,8 @@ from swajax.memory import pool as pool_lib
 from swajax.models import quantized
 from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
-from swajax.models.weights import Layout
 from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
+from swajax.models.weights import Layout
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32

@@ -6,11 +6,10 @@ import json
 import pytest
 
 from swajax import sizing
-from swajax.presets import load_preset
+from swajax.cli.args import model_cost
+from swajax.presets import hf_preset, load_preset
 from swajax.simulator import ratio_planner
 from swajax.simulator.ratio_planner import Candidate, corrected_min_ratio, mean_sequence_length
-from swajax.cli.args import model_cost
-from swajax.presets import hf_preset
 from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
 from swajax.simulator.workloads import make_workload
 
