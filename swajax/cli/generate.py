@@ -216,7 +216,7 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument("--kv-dtype", choices=(*KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
                    help="KV pools (default: the same as --dtype); fp8_*: one byte per value, "
-                   "with the checkpoint's per-layer k_scale / v_scale where it ships them")  # fmt: skip
+                   "scaled by the checkpoint's k_scale / v_scale where it has them")  # fmt: skip
     p.add_argument("--dequantize-weights", action="store_true",
                    help="hold a quantized checkpoint's weights (MXFP4, block FP8) dequantized to "
                    "--dtype instead of as published")  # fmt: skip

@@ -143,9 +143,9 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="size the full and SWA pools for a KV budget")
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
-                   help="in GiB (or --accelerator: what its memory leaves after the weights)")  # fmt: skip
+                   help="in GiB (or --accelerator: what it leaves after the weights)")  # fmt: skip
     p.add_argument("--dequantize-weights", action="store_true",
-                   help="count a quantized checkpoint's weights dequantized to bfloat16")  # fmt: skip
+                   help="count quantized weights dequantized to bfloat16")  # fmt: skip
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
                    help="default 1 for capacity, 16 when planning a --workload")  # fmt: skip
