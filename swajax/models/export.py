@@ -64,7 +64,7 @@ class WeightWriter:
         for name, part in zip(names, parts):
             self.tensors[name] = np.ascontiguousarray(np.swapaxes(part, 1, 2))
 
-    def fill_mxfp4(self, blocks, scales, name: str) -> None:
+    def fill_mxfp4(self, blocks, scales, name: str, dtype=None) -> None:
         self.tensors[f"{name}_blocks"], self.tensors[f"{name}_scales"] = (
             _host(blocks),
             _host(scales),

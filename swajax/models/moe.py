@@ -78,7 +78,7 @@ class GptOssMoE(nnx.Module):
         for attr, name in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
             if self.form == "mxfp4":
                 blocks, scales = getattr(self, f"{attr}_blocks"), getattr(self, f"{attr}_scales")
-                w.fill_mxfp4(blocks, scales, f"{prefix}.experts.{name}")
+                w.fill_mxfp4(blocks, scales, f"{prefix}.experts.{name}", self.spec.dtype)
             else:
                 w.fill(getattr(self, attr), f"{prefix}.experts.{name}")
             w.fill(getattr(self, f"{attr}_bias"), f"{prefix}.experts.{name}_bias")

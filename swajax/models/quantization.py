@@ -108,8 +108,10 @@ def block_fp8(weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] 
     return (w * full).astype(dtype)
 
 
-def mxfp4_parts(checkpoint: Checkpoint, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Tensor `name`'s MXFP4 blocks and scales as stored (kept quantized on the device)."""
+def mxfp4_parts(checkpoint: Checkpoint, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Tensor `name`'s MXFP4 blocks and scales as stored (kept quantized on the device, to be
+    dequantized to `dtype`): a value that would not be finite in `dtype` is named here, as the
+    dequantize-at-load path names it."""
     if f"{name}_blocks" not in checkpoint:
         raise LoadError(f"tensor {name!r} is not stored as MXFP4 ({name + '_blocks'!r} is "
                         "missing); load with dequantize_weights to read any form")  # fmt: skip
@@ -123,7 +125,24 @@ def mxfp4_parts(checkpoint: Checkpoint, name: str) -> tuple[np.ndarray, np.ndarr
     if np.any(scales == E8M0_NAN):
         raise LoadError(f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 "
                         "reserves for NaN")  # fmt: skip
+    _check_mxfp4_range(name, blocks, scales, dtype)
     return blocks, scales
+
+
+def _check_mxfp4_range(name: str, blocks, scales, dtype) -> None:
+    """Only groups whose scale could lift the largest code (6) past `dtype`'s range are read
+    (usually none: the check costs a pass over the scales, not the blocks)."""
+    top = float(np.finfo(np.dtype(dtype)).max)
+    safe = 127 + int(np.floor(np.log2(top / 6.0)))  # 6 * 2^(s - 127) <= top for every s <= safe
+    risky = np.argwhere(np.asarray(scales) > safe)
+    for index in map(tuple, risky):
+        b = np.asarray(blocks[index], np.uint8)
+        largest = float(np.abs(np.concatenate([FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]])).max())
+        if largest * 2.0 ** (int(scales[index]) - 127) > top:
+            where = tuple(int(i) for i in index)
+            raise LoadError(f"tensor {name!r} dequantizes to a non-finite value in "
+                            f"{np.dtype(dtype)} (MXFP4 group {where}, scale "
+                            f"2^{int(scales[index]) - 127})")  # fmt: skip
 
 
 def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):

@@ -141,9 +141,10 @@ class WeightLoader:
         self.checkpoint.release()
         self._advance()
 
-    def fill_mxfp4(self, blocks: nnx.Variable, scales: nnx.Variable, name: str) -> None:
-        """Tensor `name`'s MXFP4 blocks and scales, kept as stored (`quantized.Mxfp4`)."""
-        b, s = quantization.mxfp4_parts(self.checkpoint, name)
+    def fill_mxfp4(self, blocks: nnx.Variable, scales: nnx.Variable, name: str, dtype) -> None:
+        """Tensor `name`'s MXFP4 blocks and scales, kept as stored (`quantized.Mxfp4`, to be
+        dequantized to `dtype`)."""
+        b, s = quantization.mxfp4_parts(self.checkpoint, name, dtype)
         self._put(blocks, b, f"{name}_blocks")
         self._put(scales, s, f"{name}_scales")
         self._advance()
