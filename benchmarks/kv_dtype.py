@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from swajax import sizing
@@ -39,6 +40,9 @@ def run(path: Path, kv: str) -> tuple[np.ndarray, list[int]]:
     rid = engine.add_request(prompt, SamplingParams(max_new_tokens=8), keep_logits=True)
     engine.run()
     req = engine.requests[rid]
+    # Each run compiles its own programs: dropping them keeps a long sweep under the
+    # process's memory-map limit (LLVM fails past ~65k mappings).
+    jax.clear_caches()
     return np.stack(req.logits[: len(prompt)]), req.output
 
 
