@@ -113,6 +113,9 @@ def load_decoder(
     cfg = read_config(path)
     spec = decoder_spec(cfg, dtype=dtype, moe=moe, dequantize_weights=dequantize_weights)
     orbax = (path / ORBAX_DIR).exists()
+    if orbax and dequantize_weights and spec != decoder_spec(cfg, dtype=dtype, moe=moe):
+        raise LoadError(f"{path} holds its weights quantized as converted; dequantize them when "
+                        "converting (swajax convert SRC OUT --dequantize-weights)")  # fmt: skip
     files = [] if orbax else checkpoint_files(path)
     if not orbax and not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
@@ -222,9 +225,7 @@ def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=F
             skip = any(file.match(pattern) for pattern in NOT_COPIED)
             if file.is_file() and not skip:
                 shutil.copy(file, folder / file.name)  # a hub snapshot's links are followed
-        if decoder.spec.kv_scales:
-            cfg = json.loads((folder / "config.json").read_text())
-            (folder / "config.json").write_text(json.dumps({**cfg, KV_SCALES_FIELD: True}))
+        (folder / "config.json").write_text(json.dumps(_as_held(read_config(folder), decoder)))
         checkpointer = _checkpointer()
         checkpointer.save(folder / ORBAX_DIR, nnx.state(decoder))
         checkpointer.wait_until_finished()
@@ -233,6 +234,18 @@ def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=F
         swap_in(out, build, force=force)
     except FolderError as e:
         raise LoadError(str(e)) from None
+
+
+def _as_held(cfg: dict, decoder: Decoder) -> dict:
+    """A converted folder's config.json says what its params are: no `quantization_config`
+    where they were dequantized, and whether per-layer KV scales are among them."""
+    if decoder.spec.weights.method is None:
+        for fields in (cfg, cfg.get("text_config")):
+            if isinstance(fields, dict):
+                fields.pop("quantization_config", None)
+    if decoder.spec.kv_scales:
+        cfg[KV_SCALES_FIELD] = True
+    return cfg
 
 
 def _restore_orbax(decoder: Decoder, path: Path) -> Decoder:

@@ -35,8 +35,8 @@ def test_export_holds_the_original_tensors(family):
     assert source.unconsumed() == []
 
 
-def test_quantized_weights_come_back_dequantized():
-    exported = hf_tensors(load_decoder(FIXTURES / "gpt_oss_mxfp4"))
+def test_quantized_weights_come_back_dequantized_on_request():
+    exported = hf_tensors(load_decoder(FIXTURES / "gpt_oss_mxfp4", dequantize_weights=True))
     plain = hf_tensors(load_decoder(FIXTURES / "gpt_oss"))  # the same weights, unquantized
     assert set(exported) == set(plain)
     assert not any(n.endswith(("_blocks", "_scales")) for n in exported)
@@ -53,17 +53,26 @@ def test_a_sharded_export_loads_back(tmp_path):
         np.testing.assert_array_equal(again[name], value)
 
 
-def test_cli_round_trip_keeps_the_logits(cli, tmp_path):
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_cli_round_trip_keeps_the_logits(cli, tmp_path, dequantize):
+    """Published FP8 -> orbax -> Hugging Face: packed all the way (the config keeps its
+    quantization_config), or dequantized by the first convert (--dequantize-weights); an
+    orbax folder of packed weights cannot be dequantized later, which is a named error."""
     fixture = FIXTURES / "mimo_v2_flash_fp8"
     case = json.loads((fixture / "greedy.json").read_text())
-    assert cli("convert", fixture, tmp_path / "orbax")[0] == 0
+    flags = ["--dequantize-weights"] if dequantize else []
+    assert cli("convert", fixture, tmp_path / "orbax", *flags)[0] == 0
     code, out, _ = cli("convert", tmp_path / "orbax", tmp_path / "hf", "--to", "hf")
     assert code == 0 and "(hf, float32)" in out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert "quantization_config" not in config and config["dtype"] == "float32"
+    assert ("quantization_config" in config) != dequantize and config["dtype"] == "float32"
     ids = ",".join(map(str, case["prompt"]))
     code, _, _ = cli("logits", "--model", tmp_path / "hf", "--prompt-ids", ids,
                      "--out", tmp_path / "l.npy")  # fmt: skip
     assert code == 0
     np.testing.assert_allclose(np.load(tmp_path / "l.npy"), np.load(fixture / "logits.npy"),
                                atol=1e-4, rtol=0)  # fmt: skip
+    if not dequantize:
+        code, _, err = cli("convert", tmp_path / "orbax", tmp_path / "again", "--to", "hf",
+                           "--dequantize-weights")  # fmt: skip
+        assert code == 2 and "dequantize them when converting" in err
