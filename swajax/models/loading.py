@@ -225,7 +225,10 @@ def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=F
             skip = any(file.match(pattern) for pattern in NOT_COPIED)
             if file.is_file() and not skip:
                 shutil.copy(file, folder / file.name)  # a hub snapshot's links are followed
-        (folder / "config.json").write_text(json.dumps(_as_held(read_config(folder), decoder)))
+        cfg = read_config(folder)
+        held = _as_held(json.loads(json.dumps(cfg)), decoder)
+        if held != cfg:  # else the checkpoint's own file stays, byte for byte
+            (folder / "config.json").write_text(json.dumps(held, indent=2))
         checkpointer = _checkpointer()
         checkpointer.save(folder / ORBAX_DIR, nnx.state(decoder))
         checkpointer.wait_until_finished()

@@ -51,7 +51,9 @@ def test_scaled_fp8_pools_against_the_float64_oracle(dtype, implementation):
         check(case, layer, out, scale=0.3, sinks=sinks, soft_cap=5.0)
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "gemma4"])  # sinks; keys that are values
+@pytest.mark.parametrize(
+    "family", ["gpt_oss", pytest.param("gemma4", marks=pytest.mark.slow)]
+)  # sinks; keys that are values (its FP8 rows widened before keys are derived)
 def test_fp8_kv_is_the_same_through_xla_and_pallas(family):
     xla, out_xla, _, _ = run_engine(FIXTURES / family, kv="fp8_e4m3")
     pallas, out_pallas, _, _ = run_engine(FIXTURES / family, kv="fp8_e4m3", attention="pallas")
