@@ -185,13 +185,13 @@ STEP_3_5_FLASH = {
     "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(45)],
     "attention_other_setting": {"num_attention_heads": 96, "num_attention_groups": 8},
     "vocab_size": 128896,
-    # Layers 0-2 dense, then 288 experts top-8 plus a shared expert (transformers' form).
+    # Layers 0-2 dense, then 288 experts top-8 plus a shared expert, as the hub lists them.
     "intermediate_size": 11264,
     "moe_num_experts": 288,
     "moe_top_k": 8,
     "moe_intermediate_size": 1280,
     "share_expert_dim": 1280,
-    "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 42,
+    "moe_layers_enum": ",".join(str(i) for i in range(3, 45)),
 }
 
 # huggingface.co/deepseek-ai/DeepSeek-V4-Flash config.json: 43 layers, every one attends a

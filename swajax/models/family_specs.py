@@ -241,7 +241,7 @@ def _step3(hybrid: HybridConfig, text, rope: Rope) -> dict:
     if text.get("use_bidirectional_attention"):
         raise ConfigError("use_bidirectional_attention is not causal: it cannot be served")
     n = hybrid.num_layers
-    kinds = text.get("mlp_layer_types") or ["dense"] * n
+    kinds = text.get("mlp_layer_types") or _step3_moe_layers(text, n)
     scalar = number(text, "query_pre_attn_scalar", hybrid.full_attention.head_dim)
     # Step 3.5 and 3.7 name the expert counts differently.
     experts = nonneg_int(text, "n_routed_experts", 0) or nonneg_int(text, "moe_num_experts", 0)
@@ -261,6 +261,22 @@ def _step3(hybrid: HybridConfig, text, rope: Rope) -> dict:
         mlp_limits=_limits(text, "swiglu_limits_shared", n),
         expert_limits=_limits(text, "swiglu_limits", n),
     )
+
+
+def _step3_moe_layers(text, n: int) -> list[str]:
+    """The hub form names Step 3.x's MoE layers in `moe_layers_enum` (a comma-separated string,
+    or a list of indices) instead of `mlp_layer_types`; neither: every layer dense."""
+    enum = text.get("moe_layers_enum")
+    if enum is None:
+        return ["dense"] * n
+    try:
+        items = enum.split(",") if isinstance(enum, str) else list(enum)
+        layers = {int(i) for i in items if str(i).strip()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"moe_layers_enum must list layer indices, got {enum!r}") from None
+    if layers and (min(layers) < 0 or max(layers) >= n):
+        raise ConfigError(f"moe_layers_enum names layers outside 0..{n - 1}: {sorted(layers)}")
+    return ["sparse" if i in layers else "dense" for i in range(n)]
 
 
 def _llama4(hybrid: HybridConfig, text, rope: Rope) -> dict:

@@ -81,21 +81,26 @@ def test_legacy_config_forms_read_as_the_current_form(legacy, current):
 
 def test_step3_hub_config_form_reads_as_the_converted_form():
     """Step-3.5-Flash's hub config lists RoPE bases and partial factors per layer, names the KV
-    heads num_attention_groups and the sliding heads attention_other_setting; transformers
-    converts that into what the fixture's config holds."""
+        heads num_attention_groups and the sliding heads attention_other_setting; transformers
+        converts that into what the fixture's config holds (MoE layers listed in moe_layers_enum
+    included)."""
     from swajax.models.family_specs import model_spec
 
     cfg = json.loads((FIXTURES / "step3p7" / "config.json").read_text())
     converted = ("rope_parameters", "per_layer_config", "num_key_value_heads",
-                 "num_sliding_attention_heads")  # fmt: skip
+                 "num_sliding_attention_heads", "mlp_layer_types")  # fmt: skip
     hub = {k: v for k, v in cfg["text_config"].items() if k not in converted}
     hub.update(
         rope_theta=[5e6, 1e4, 1e4, 5e6],
         partial_rotary_factors=[0.5, 1.0, 1.0, 0.5],
         num_attention_groups=2,
         attention_other_setting={"num_attention_heads": 8, "num_attention_groups": 2},
+        moe_layers_enum="1,2",  # the MoE layers by index (Step-3.5-Flash: "3,4,...,44")
     )
     assert model_spec({"model_type": "step3p7", "text_config": hub}) == model_spec(cfg)
+    hub["moe_layers_enum"] = "1,7"
+    with pytest.raises(ConfigError, match="outside 0..3"):
+        model_spec({"model_type": "step3p7", "text_config": hub})
 
 
 BF16_SLOW = {"qwen3", "mimo_v2_flash", "gemma3", "llama4"}  # paths mistral / gpt_oss cover
