@@ -25,8 +25,8 @@ DTYPES = {
     "bf16": jnp.bfloat16,
     "fp16": jnp.float16,
     "fp32": jnp.float32,
-    # FP8 pools: a layer's K and V are stored divided by its scales (`KVScales`) and read back
-    # times them inside the attention.
+    # FP8 pools: a layer's K and V are stored divided by the checkpoint's per-layer scales
+    # (1.0 without them) and read back times them inside the attention (`models.layers`).
     "fp8_e4m3": jnp.float8_e4m3fn,
     "fp8_e5m2": jnp.float8_e5m2,
 }

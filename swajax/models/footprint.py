@@ -20,7 +20,7 @@ from swajax.models.spec import ModelSpec
 # The routed experts' parameters of every MoE block (quantized forms included): [E, ...].
 EXPERT_LEAVES = {"gate_up", "down", "gate_up_bias", "down_bias", "gate_up_blocks", "down_blocks",
                  "gate_up_scales", "down_scales", "gate_up_scale", "down_scale"}  # fmt: skip
-SCALES = {"scale_inv", "gate_up_scales", "down_scales", "gate_up_scale", "down_scale"}
+SCALES = {"kernel_scale", "gate_up_scales", "down_scales", "gate_up_scale", "down_scale"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Footprint:
 
 def _values(name: str, shape: tuple[int, ...]) -> int:
     """Values a parameter stands for: MXFP4 blocks hold two per byte; scales stand for none."""
-    if name in SCALES or (name == "scale" and len(shape) == 3):  # a float8 kernel's grid
+    if name in SCALES:
         return 0
     n = int(np.prod(shape, dtype=np.int64))
     return 2 * n if name.endswith("_blocks") else n

@@ -44,17 +44,18 @@ class Linear(nnx.Module):
         self.dtype = jnp.dtype(dtype).name
         self.block = fp8_block(quant, din, dout)
         if self.block is None:
-            self.kernel, self.scale = param((din, dout), dtype), None
+            self.kernel, self.kernel_scale = param((din, dout), dtype), None
         else:
             self.kernel = param((din, dout), quantized.FP8)
-            self.scale = param(quantized.grid(din, dout, self.block))
+            self.kernel_scale = param(quantized.grid(din, dout, self.block))
         self.bias = param((dout,)) if bias else None
 
     def weight(self) -> jax.Array:
         """The kernel [in, out] in `dtype` (dequantized if kept quantized)."""
-        if self.scale is None:
+        if self.kernel_scale is None:
             return self.kernel[...]
-        return quantized.BlockFp8(self.kernel[...], self.scale[...], self.block, self.dtype).dense()
+        w, s = self.kernel[...], self.kernel_scale[...]
+        return quantized.BlockFp8(w, s, self.block, self.dtype).dense()
 
     def __call__(self, x):
         y = dot(x, self.weight())
@@ -62,10 +63,10 @@ class Linear(nnx.Module):
         return y.astype(self.dtype)
 
     def load(self, w, prefix):
-        if self.scale is None:
+        if self.kernel_scale is None:
             w.fill(self.kernel, f"{prefix}.weight", transpose=True)
         else:
-            w.fill_fp8(self.kernel, self.scale, f"{prefix}.weight", self.block)
+            w.fill_fp8(self.kernel, self.kernel_scale, f"{prefix}.weight", self.block)
         if self.bias is not None:
             w.fill(self.bias, f"{prefix}.bias")
 

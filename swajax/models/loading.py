@@ -113,24 +113,20 @@ def load_decoder(
     cfg = read_config(path)
     spec = decoder_spec(cfg, dtype=dtype, moe=moe, dequantize_weights=dequantize_weights)
     orbax = (path / ORBAX_DIR).exists()
-    if orbax and dequantize_weights and spec != decoder_spec(cfg, dtype=dtype, moe=moe):
-        raise LoadError(f"{path} holds its weights quantized as converted; dequantize them when "
-                        "converting (swajax convert SRC OUT --dequantize-weights)")  # fmt: skip
-    files = [] if orbax else checkpoint_files(path)
-    if not orbax and not files:
-        raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
-    names = cfg.get(KV_SCALES_FIELD, ()) if orbax else Checkpoint(files).names()
-    if names is True or any(n.endswith(KV_SCALE) for n in names):
-        spec = dataclasses.replace(spec, kv_scales=True)
-    if mesh is not None:
-        from swajax.models.sharding import check_divisible
-
-        check_divisible(spec, mesh)
-    decoder = nnx.eval_shape(lambda: Decoder(spec))
     if orbax:
-        return _restore_orbax(decoder, path / ORBAX_DIR)
-    ignore = ignored_patterns(spec, cfg)
-    checkpoint = Checkpoint(files, ignore)
+        if dequantize_weights and checkpoint_quantization(cfg).method is not None:
+            raise LoadError(
+                f"{path} holds its weights quantized as converted; dequantize them when "
+                "converting (swajax convert SRC OUT --dequantize-weights)"
+            )
+        spec = dataclasses.replace(spec, kv_scales=bool(cfg.get(KV_SCALES_FIELD)))
+        return _restore_orbax(_abstract(spec, mesh), path / ORBAX_DIR)
+    files = checkpoint_files(path)
+    if not files:
+        raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
+    checkpoint = Checkpoint(files, ignored_patterns(spec, cfg))
+    kv_scales = any(n.endswith(KV_SCALE) for n in checkpoint.names())
+    decoder = _abstract(dataclasses.replace(spec, kv_scales=kv_scales), mesh)
     LOG.info("loading %s: %d tensors in %d file(s) as %s", path, len(checkpoint.names()),
              len(files), dtype)  # fmt: skip
     parameters = sum(isinstance(node, nnx.Variable) for _, node in nnx.iter_graph(decoder))
@@ -139,6 +135,15 @@ def load_decoder(
         decoder.load(loader)
     loader.check_complete(decoder)
     return decoder
+
+
+def _abstract(spec: ModelSpec, mesh) -> Decoder:
+    """The decoder of `spec` as shapes only (checked against the mesh first)."""
+    if mesh is not None:
+        from swajax.models.sharding import check_divisible
+
+        check_divisible(spec, mesh)
+    return nnx.eval_shape(lambda: Decoder(spec))
 
 
 def decoder_spec(cfg: dict, *, dtype: str = "float32", moe: str = "auto",

@@ -29,7 +29,7 @@ def _stacked(module, name: str, spec: ModelSpec, shape: tuple[int, int, int], fo
         setattr(module, f"{name}_blocks", param((e, dout, din // 32, 16), jnp.uint8))
         setattr(module, f"{name}_scales", param((e, dout, din // 32), jnp.uint8))
     elif form == "fp8":
-        block = fp8_block(spec.weights, din, dout // parts)
+        block = _expert_block(spec, din, dout, parts)
         setattr(module, name, param(shape, quantized.FP8))
         setattr(module, f"{name}_scale", param((e, *quantized.grid(din, dout, block, parts))))
     else:
@@ -43,10 +43,15 @@ def _weight(module, name: str, spec: ModelSpec, form: str):
         return quantized.Mxfp4(blocks[...], scales[...], spec.dtype)
     if form == "fp8":
         w, s = getattr(module, name)[...], getattr(module, f"{name}_scale")[...]
-        din, dout = w.shape[1:]
-        block = fp8_block(spec.weights, din, dout // s.shape[-2])
+        block = _expert_block(spec, *w.shape[1:], parts=s.shape[-2])
         return quantized.BlockFp8(w, s, block, spec.dtype)
     return getattr(module, name)[...]
+
+
+def _expert_block(spec: ModelSpec, din: int, dout: int, parts: int) -> tuple[int, int]:
+    """The FP8 blocks of an [E, din, dout] expert weight whose `parts` column groups were
+    quantized as separate tensors (per-tensor scales: one block per part)."""
+    return fp8_block(spec.weights, din, dout // parts)
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
@@ -149,7 +154,7 @@ class MimoMoE(nnx.Module):
             for attr, names, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
                 kernel, scale = getattr(self, attr), getattr(self, f"{attr}_scale")
                 _, din, dout = kernel.get_value().shape
-                block = fp8_block(self.spec.weights, din, dout // len(names[0]))
+                block = _expert_block(self.spec, din, dout, parts=len(names[0]))
                 w.fill_fp8_stacked(kernel, scale, names, block, transform)
             return
         w.fill_stacked(self.gate_up, pairs, transform=PAIRED)

@@ -150,8 +150,8 @@ def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
     checked against the (bm, bn) block grid and for finite scales."""
     if name not in checkpoint:
         checkpoint.array(name)  # the missing-tensor error
-    if checkpoint.dtype(name) != "F8_E4M3":
-        raise LoadError(f"tensor {name!r} is {checkpoint.dtype(name)}, not float8 e4m3 as the "
+    if checkpoint.dtype(name) not in FLOAT8:
+        raise LoadError(f"tensor {name!r} is {checkpoint.dtype(name)}, not float8 as the "
                         "config's quantization_config says; load with dequantize_weights to "
                         "read it in any form")  # fmt: skip
     scale = f"{name}_scale_inv"
@@ -178,18 +178,12 @@ def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.nd
         if quant.method != "mxfp4":
             raise LoadError(f"tensor {name!r} is stored as MXFP4 blocks but the config's "
                             f"quant_method is {quant.method!r}")  # fmt: skip
-        scales = checkpoint.array(f"{name}_scales")
-        if np.any(np.asarray(scales, np.uint8) == E8M0_NAN):
-            raise LoadError(f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 "
-                            "reserves for NaN")  # fmt: skip
         with np.errstate(over="ignore"):  # an overflow to inf is named below
-            value = mxfp4(checkpoint.array(f"{name}_blocks"), scales, dtype)
+            value = mxfp4(*mxfp4_parts(checkpoint, name, dtype), dtype)
     elif name in checkpoint and checkpoint.dtype(name) in FLOAT8:
-        scale = f"{name}_scale_inv"
-        if scale not in checkpoint:
-            raise LoadError(f"float8 tensor {name!r} has no {scale!r} beside it")
-        with np.errstate(over="ignore", invalid="ignore"):
-            value = block_fp8(checkpoint.array(name), checkpoint.array(scale), quant.block, dtype)
+        block = quant.block or tuple(checkpoint.array(name).shape[-2:])  # per tensor: one block
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below
+            value = block_fp8(*fp8_parts(checkpoint, name, block), block, dtype)
     else:
         value = checkpoint.array(name)
     check_finite(name, value)

@@ -33,13 +33,13 @@ _RULES = {
     # Quantized forms of the same weights split the same axes (see `swajax.models.quantized`):
     # a float8 kernel as its float one, its block scales along the same axis where the blocks
     # divide evenly (`fitted`); MXFP4 blocks [E, out, in/32, 16] on out (gate_up) or in (down).
-    ("q_proj", "scale"): P(None, None, AXIS),
-    ("k_proj", "scale"): P(None, None, AXIS),
-    ("v_proj", "scale"): P(None, None, AXIS),
-    ("o_proj", "scale"): P(AXIS, None, None),
-    ("gate_proj", "scale"): P(None, None, AXIS),
-    ("up_proj", "scale"): P(None, None, AXIS),
-    ("down_proj", "scale"): P(AXIS, None, None),
+    ("q_proj", "kernel_scale"): P(None, None, AXIS),
+    ("k_proj", "kernel_scale"): P(None, None, AXIS),
+    ("v_proj", "kernel_scale"): P(None, None, AXIS),
+    ("o_proj", "kernel_scale"): P(AXIS, None, None),
+    ("gate_proj", "kernel_scale"): P(None, None, AXIS),
+    ("up_proj", "kernel_scale"): P(None, None, AXIS),
+    ("down_proj", "kernel_scale"): P(AXIS, None, None),
     ("mlp", "gate_up_scale"): P(None, None, None, AXIS),
     ("mlp", "down_scale"): P(None, AXIS, None, None),
     ("mlp", "gate_up_blocks"): P(None, AXIS, None, None),

@@ -114,10 +114,7 @@ class WeightLoader:
                 )
             joined = np.concatenate(parts, axis=-1)
             host[j] = transform(joined) if transform is not None else joined
-        param.set_value(
-            jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
-        )
-        self.checkpoint.release()
+        self._put(param, host, names[0][0])
         self._advance()
 
     def fill_joined(self, param: nnx.Variable, names: list[str], transform=None) -> None:
@@ -135,10 +132,7 @@ class WeightLoader:
                 f"tensors {names} join to shape {joined.shape}, expected {tuple(target.shape)}"
             )
         host = (transform(joined) if transform is not None else joined).astype(target.dtype)
-        param.set_value(
-            jax.make_array_from_callback(target.shape, self._sharding(param), lambda i: host[i])
-        )
-        self.checkpoint.release()
+        self._put(param, host, names[0])
         self._advance()
 
     def fill_mxfp4(self, blocks: nnx.Variable, scales: nnx.Variable, name: str, dtype) -> None:

@@ -122,3 +122,17 @@ def test_simulate_with_an_emulated_draft_and_no_tail_rebuild(cli):
         assert spec[name]["lost"] == 0 and spec[name]["rebuilt_tokens"] == 0
         assert spec[name]["full_tokens"] < plain[name]["full_tokens"]  # the draft's layers
         assert spec[name]["steps"] < plain[name]["steps"]  # several tokens per decode step
+
+
+def test_simulate_sizes_fp8_pools_at_one_byte(cli):
+    """--dtype fp8_e4m3: the same budget holds twice the tokens of bf16, in both pools."""
+    sizes = {}
+    for dtype in ("bf16", "fp8_e4m3"):
+        code, out, _ = cli("simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
+                           "--workload", "multi-turn", "--requests", "4", "--dtype", dtype,
+                           "--json")  # fmt: skip
+        assert code == 0
+        hybrid = json.loads(out)["hybrid"]
+        sizes[dtype] = (hybrid["full_tokens"], hybrid["swa_tokens"])
+    for bf16, fp8 in zip(sizes["bf16"], sizes["fp8_e4m3"]):
+        assert fp8 == pytest.approx(2 * bf16, rel=0.01)
