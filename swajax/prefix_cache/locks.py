@@ -30,6 +30,8 @@ class WindowLocks:
         """Lock the full KV from `node` to the root and the SWA KV of the last W tokens."""
         t = self.tree
         handle = LockHandle(node, next(self._ids))
+        if t.policy.node_window_lock:
+            return self._lock_nodes(handle)
         size, done = 0, not t.swa
         for x in node.path_to_root():
             if t.cap_leaf and not done and x.swa_live:
@@ -58,6 +60,28 @@ class WindowLocks:
                 done = True
         return handle
 
+    def _lock_nodes(self, handle: LockHandle) -> LockHandle:
+        """The node-window rule: whole nodes up to W tokens of path, tombstones counted (they
+        take a lock count, so the release walks exactly the same nodes)."""
+        t = self.tree
+        covered, done = 0, not t.swa
+        for x in handle.node.path_to_root():
+            if x.full_lock == 0:
+                t.sizes.full_evictable -= len(x)
+                t.sizes.full_protected += len(x)
+            x.full_lock += 1
+            if done:
+                continue
+            if x.swa_lock == 0 and x.swa_live:
+                t.sizes.swa_evictable -= len(x)
+                t.sizes.swa_protected += len(x)
+            x.swa_lock += 1
+            covered += len(x)
+            if covered >= t.window:
+                x.swa_tops.add(handle.id)
+                done = True
+        return handle
+
     def _swa_unlock(self, handle: LockHandle, on_zero) -> None:
         """Drop the handle's SWA lock from its node up to the top of its window."""
         t = self.tree
@@ -67,7 +91,7 @@ class WindowLocks:
                 x.swa_skips.discard(handle.id)
                 continue
             x.swa_lock -= 1
-            if x.swa_lock == 0:
+            if x.swa_lock == 0 and x.swa_live:  # (a tombstone is locked by node_window_lock)
                 t.sizes.swa_protected -= len(x)
                 on_zero(x)
             if handle.id in x.swa_tops:
@@ -94,7 +118,15 @@ class WindowLocks:
         """Release only the SWA part of a lock early (the request has moved past its window)."""
         t = self.tree
         if t.swa and not handle.swa_released:
-            self._swa_unlock(handle, self._tombstone_leaf_or_evictable)
+            lazy = t.policy.lazy_window_release
+            self._swa_unlock(handle, self._leaf_or_evictable if lazy else self._tombstone_leaf_or_evictable)
+
+    def _leaf_or_evictable(self, node: Node) -> None:
+        """The lazy rule: evictable, unless nothing at all holds the node any more (no child,
+        no full lock): then it goes now, as any unlocked leaf would on eviction."""
+        self.tree.sizes.swa_evictable += len(node)
+        if node.is_leaf and node.full_lock == 0:
+            self.evictor.delete_leaf(node)
 
     def _make_swa_evictable(self, node: Node) -> None:
         t = self.tree

@@ -1,9 +1,10 @@
 """Cache-policy profiles: the rules on which swajax's prefix cache and SGLang 0.5.23's unified
 radix tree differ (spec §16), one switch each, so the oracle can speak either's language.
 
-Measured by replaying long traces against SGLang's own allocator and tree: every difference
-between the two came from one of these rules, none from a bug (BUILD_NOTES.md has the effect of
-each on hit rate, tail misses and SWA occupancy, and why the default is what it is).
+Certified by replaying traces recorded under `sglang-0.5.23` through SGLang 0.5.23's own
+allocator and unified radix tree (tests/peers, a separate run): every operation agrees. Each
+rule's effect on hit rate, tail misses and SWA occupancy, and why the default is what it is, is
+in BUILD_NOTES.md (benchmarks/cache_policy.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ class CachePolicy:
     #    enters the tree as tombstones plus about one live window (SGLang frees it inside
     #    cache_unfinished); swajax keeps the chunk's SWA live until LRU eviction.
     eager_window_free: bool = False
-    # 2. A match refreshes the SWA recency of the last W + page-size matched tokens only (the
-    #    full recency of the whole path), and a split puts the new upper part just before its
-    #    lower part in recency instead of both at most recent.
+    # 2. A match or an insert refreshes the SWA recency of the last W + page-size tokens above
+    #    where it ends only (an insert's walk refreshes none on the way down; the full recency
+    #    of the whole path), and a split puts the new upper part just before its lower part in
+    #    SWA recency (in full recency both become most recent, as in swajax).
     window_recency: bool = False
     # 3. When a leaf is evicted, a parent left as a childless, unlocked tombstone stays (a leaf
     #    holding full KV only) instead of being deleted with it.
@@ -38,10 +40,21 @@ class CachePolicy:
     #    position with W live tokens before it) and recomputes everything after it; swajax
     #    recomputes only the n W tokens the exact SWA-tail rebuild needs (serving/tail_rebuild.py).
     fallback_only: bool = False
+    # 7. A window lock walks up from its node counting every node it passes, tombstones
+    #    included, and locks whole nodes until it has covered W tokens (swajax counts live
+    #    tokens only and splits the node where the window ends, so it pins exactly W).
+    node_window_lock: bool = False
+    # 8. Releasing a request's window early (its query moved past the cached prefix) leaves
+    #    that SWA KV evictable; swajax tombstones a leaf the request still holds at once.
+    lazy_window_release: bool = False
+    # 9. A chunk checkpoint that inserts nothing new still re-locks (and so pins a window the
+    #    request had released); swajax keeps the request's lock.
+    relock_checkpoint: bool = False
 
     RULES = ("eager_window_free", "window_recency", "keep_childless_tombstones",
              "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk",
-             "fallback_only")  # fmt: skip
+             "fallback_only", "node_window_lock", "lazy_window_release",
+             "relock_checkpoint")  # fmt: skip
 
 
 SWAJAX = CachePolicy("swajax")

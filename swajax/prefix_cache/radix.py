@@ -209,21 +209,20 @@ class RadixCache:
         child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
         upper.children = {child.key[: self.ps]: child}
         lrus = (self.full_lru, self.swa_lru) if self.swa and child.swa_live else (self.full_lru,)
-        if self.policy.window_recency:  # the upper part takes the place beside its lower part
-            for lru in lrus:
-                lru.add_before(upper, child)
-            return upper
         child.touch()
         for lru in lrus:
-            lru.add(upper)
-            lru.add(child)
+            if self.policy.window_recency and lru is self.swa_lru:
+                lru.add_before(upper, child)  # the upper part takes its lower part's place
+            else:
+                lru.add(upper)
+                lru.add(child)
         return upper
 
-    def refresh(self, path: list[Node]) -> None:
+    def refresh(self, path: list[Node], swa: bool = True) -> None:
         for node in path:
             node.touch()
         self.full_lru.add_path(path)
-        if self.swa:
+        if self.swa and swa:
             self.swa_lru.add_path([node for node in self._window_part(path) if node.swa_live])
 
     def _window_part(self, path: list[Node]) -> list[Node]:
@@ -305,19 +304,23 @@ class RadixCache:
         if self.swa and self.mode is PoolMode.HYBRID and swa_evicted_seqlen % self.ps:
             raise ValueError(f"swa_evicted_seqlen {swa_evicted_seqlen} is not page aligned")
 
+        bounded = self.policy.window_recency  # no SWA refresh on the way down, one at the end
+
         def settle(node: Node, start: int) -> Node:
             part = value[start : start + len(node)]
             node = self._overlap(node, part, start, prev_prefix_len, swa_evicted_seqlen)
-            self.refresh([node])
+            self.refresh([node], swa=not bounded)
             return node
 
         path = self.walk(key, settle)
         node = path[-1] if path else self.root
         total = sum(len(x) for x in node.path_to_root())  # parts split off above count too
         if total < len(key):
-            self._add_leaf(
+            node = self._add_leaf(
                 node, key[total:], value[total:], total, swa_evicted_seqlen, keep_tombstone_leaf
             )
+        if bounded and self.swa and node is not self.root:
+            self.swa_lru.add_path([x for x in self._window_part(list(node.path_to_root())[::-1]) if x.swa_live])
         return total
 
     def _overlap(self, node, req, start, prev, evicted) -> Node:
@@ -351,7 +354,10 @@ class RadixCache:
             self.releaser.free(req)
         node.swa_live = True
         self.swa_lru.add(node)
-        self.sizes.swa_evictable += len(node)
+        if node.swa_lock:  # a tombstone a node-window lock passed: the lock now holds it
+            self.sizes.swa_protected += len(node)
+        else:
+            self.sizes.swa_evictable += len(node)
 
     def _new_node(self, parent, key, value, live) -> Node:
         if not live and self.mode is PoolMode.ALL_SWA:  # the slots were freed with the SWA KV
@@ -365,14 +371,15 @@ class RadixCache:
             self.sizes.swa_evictable += len(node)
         return node
 
-    def _add_leaf(self, parent, key, value, start, evicted, keep_tombstone_leaf) -> None:
+    def _add_leaf(self, parent, key, value, start, evicted, keep_tombstone_leaf) -> Node:
+        """Add the new suffix under `parent`; returns the deepest node the insert ends at."""
         end = start + len(key)
         if self.swa and evicted >= end:
             if keep_tombstone_leaf:  # the caller locks it at once (an unfinished request)
-                self._new_node(parent, key, value, live=False)
-            else:  # a leaf is never a tombstone: drop what could never be matched
-                self.free_request(value, start, evicted)
-            return
+                return self._new_node(parent, key, value, live=False)
+            # a leaf is never a tombstone: drop what could never be matched
+            self.free_request(value, start, evicted)
+            return parent
         if self.swa and evicted > start:
             s = evicted - start
             parent = self._new_node(parent, key[:s], value[:s], live=False)
@@ -381,3 +388,4 @@ class RadixCache:
         tail = round_up(self.window or 0, self.ps)
         if self.swa and self.cap_leaf and len(leaf) > tail:
             self.split(leaf, len(leaf) - tail)  # so a window lock pins one window, not more
+        return leaf

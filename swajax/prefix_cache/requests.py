@@ -60,7 +60,7 @@ class RequestCaching:
         """
         t = self.tree
         aligned = len(tokens) // t.ps * t.ps
-        if aligned <= cache_protected_len:
+        if aligned <= cache_protected_len and not (aligned and t.policy.relock_checkpoint):
             return np.asarray(slots[:cache_protected_len], np.int32), handle
         t.insert(
             tokens[:aligned],

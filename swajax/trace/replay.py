@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from swajax import json_lines
-from swajax.memory.kv_allocator import KVAllocator
 from swajax.prefix_cache import RadixCache
 from swajax.prefix_cache.policy import policy_of
 from swajax.trace import codec
@@ -19,6 +18,10 @@ from swajax.trace.recorder import observe
 
 def swajax_backend(init: dict):
     """swajax's own allocator and prefix cache, sized by a trace header."""
+    # Imported here: replaying against another backend (a peer's own environment, which has
+    # no JAX) needs only the host code of this module.
+    from swajax.memory.kv_allocator import KVAllocator
+
     alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
     cache = RadixCache(
         alloc,
