@@ -111,6 +111,8 @@ class WindowLocks:
                 t.sizes.full_protected -= len(x)
                 t.sizes.full_evictable += len(x)
         node = handle.node
+        if t.policy.keep_childless_tombstones:  # it stays, holding full KV only
+            return
         if node is not t.root and not node.swa_live and node.is_leaf and node.full_lock == 0:
             self.evictor.delete_leaf(node)  # a tombstone leaf outlives no lock
 

@@ -1,0 +1,83 @@
+"""The sglang-0.5.23 profile against SGLang 0.5.23 itself: traces recorded by swajax's engine
+under that profile, replayed op by op through SGLang's own allocator and unified radix tree
+(`sglang_adapter.py`); every operation must agree (slots through the page bijection, free
+counts, evictable / protected sizes, match and tail lengths, eviction counts, handles).
+
+Not part of the default run (marker `sglang`): it needs SGLang's environment, built by
+`bash tests/peers/setup_sglang.sh` (or named by SWAJAX_SGLANG_PYTHON). Then:
+
+    .venv/bin/python -m pytest -m sglang tests/peers
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+HERE = Path(__file__).resolve().parent
+SGLANG_PYTHON = Path(os.environ.get("SWAJAX_SGLANG_PYTHON",
+                                    HERE.parents[1] / ".venvs" / "sglang" / "bin" / "python"))  # fmt: skip
+
+# (preset, page size, workload, KV GiB, requests, seed). tiny-hybrid's window 7 divides no page
+# size but 1, tiny-mimo's 8 divides 1 and 4, gpt-oss-120b's 127 none; 0.0005 GiB oversubscribes
+# the tiny presets (LRU eviction, retraction, tombstones, revival), 0.002 does not.
+CASES = [
+    *[(p, ps, "multi-turn", gib, 12, seed)
+      for p in ("tiny-hybrid", "tiny-mimo") for ps in (1, 4, 16, 64)
+      for gib, seed in ((0.002, 0), (0.0005, 0), (0.0005, 1))],
+    ("tiny-hybrid", 4, "long-context", 0.05, 3, 0),  # 16-32K prompts in 64-token chunks
+    ("tiny-mimo", 64, "long-context", 0.05, 3, 0),
+    ("tiny-hybrid", 16, "mixed", 0.05, 8, 2),
+    *[("gpt-oss-120b", ps, "multi-turn", gib, 12, 0)
+      for ps, gib in ((1, 0.1), (4, 0.1), (16, 0.1), (64, 0.05))],
+]  # fmt: skip
+
+
+def _name(case) -> str:
+    return "{}_ps{}_{}_{}gib_n{}_s{}".format(*case)
+
+
+def _record(folder: Path, case) -> Path:
+    preset, ps, workload, gib, n, seed = case
+    out = folder / f"{_name(case)}.jsonl.gz"
+    subprocess.run(
+        [sys.executable, "-m", "swajax", "record", "--preset", preset, "--page-size", str(ps),
+         "--workload", workload, "--kv-budget-gib", str(gib), "--requests", str(n),
+         "--seed", str(seed), "--cache-policy", "sglang-0.5.23", "--out", str(out)],
+        check=True, capture_output=True, timeout=900,
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def sglang_results(tmp_path_factory) -> dict[str, dict]:
+    if not SGLANG_PYTHON.exists():
+        pytest.skip(f"no SGLang environment at {SGLANG_PYTHON}: bash tests/peers/setup_sglang.sh")
+    folder = tmp_path_factory.mktemp("sglang_traces")
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        traces = list(pool.map(lambda case: _record(folder, case), CASES))
+    run = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "replay_in_sglang.py"), *map(str, traces)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    results = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+            results[Path(result["trace"]).name.removesuffix(".jsonl.gz")] = result
+    assert results, f"the SGLang replay printed nothing:\n{run.stderr[-3000:]}"
+    return results
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_sglang_agrees_op_for_op(sglang_results, case):
+    result = sglang_results[_name(case)]
+    assert result["ok"], json.dumps(result)[:2000]
+    assert result["ops"] > 500, "a trace this short exercises too little"
