@@ -121,7 +121,8 @@ class WindowLocks:
         t = self.tree
         if t.swa and not handle.swa_released:
             lazy = t.policy.lazy_window_release
-            self._swa_unlock(handle, self._leaf_or_evictable if lazy else self._tombstone_leaf_or_evictable)
+            on_zero = self._leaf_or_evictable if lazy else self._tombstone_leaf_or_evictable
+            self._swa_unlock(handle, on_zero)
 
     def _leaf_or_evictable(self, node: Node) -> None:
         """The lazy rule: evictable, unless nothing at all holds the node any more (no child,

@@ -320,7 +320,8 @@ class RadixCache:
                 node, key[total:], value[total:], total, swa_evicted_seqlen, keep_tombstone_leaf
             )
         if bounded and self.swa and node is not self.root:
-            self.swa_lru.add_path([x for x in self._window_part(list(node.path_to_root())[::-1]) if x.swa_live])
+            path = self._window_part(list(node.path_to_root())[::-1])
+            self.swa_lru.add_path([x for x in path if x.swa_live])
         return total
 
     def _overlap(self, node, req, start, prev, evicted) -> Node:

@@ -22,8 +22,8 @@ import pytest
 
 pytestmark = pytest.mark.sglang
 HERE = Path(__file__).resolve().parent
-SGLANG_PYTHON = Path(os.environ.get("SWAJAX_SGLANG_PYTHON",
-                                    HERE.parents[1] / ".venvs" / "sglang" / "bin" / "python"))  # fmt: skip
+DEFAULT_ENV = HERE.parents[1] / ".venvs" / "sglang"
+SGLANG_PYTHON = Path(os.environ.get("SWAJAX_SGLANG_PYTHON", DEFAULT_ENV / "bin" / "python"))
 
 # (preset, page size, workload, KV GiB, requests, seed). tiny-hybrid's window 7 divides no page
 # size but 1, tiny-mimo's 8 divides 1 and 4, gpt-oss-120b's 127 none; 0.0005 GiB oversubscribes
