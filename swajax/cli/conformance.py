@@ -21,8 +21,8 @@ def _run_export(args) -> int:
                 f"--models {model}: needs greedy.json (the prompt) and logits.npy (expected), "
                 "as tools/make_fixtures.py writes them"
             )
-    manifest = export(folder, models=tuple(args.models))
-    print(f"wrote {len(manifest['cases'])} cases to {folder}")
+    manifest = export(folder, models=tuple(args.models), cache_policy=args.cache_policy)
+    print(f"wrote {len(manifest['cases'])} cases to {folder} ({args.cache_policy} rules)")
     return 0
 
 
@@ -46,6 +46,8 @@ def _run_kit(args) -> int:
 
 
 def register(sub) -> None:
+    from swajax.prefix_cache.policy import DEFAULT, PROFILES
+
     p = sub.add_parser("conformance", help="golden cases for other backends: export, run")
     kit = p.add_subparsers(dest="conformance_command", required=True)
     e = kit.add_parser("export", help="write the kit's cases to a folder")
@@ -54,6 +56,8 @@ def register(sub) -> None:
                    help="checkpoint folders with greedy.json + logits.npy (transformers' "
                    "logits) to add as logits cases")  # fmt: skip
     e.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    e.add_argument("--cache-policy", choices=sorted(PROFILES), default=DEFAULT,
+                   help="prefix-cache rules the operation cases are recorded under")  # fmt: skip
     e.set_defaults(func=_run_export)
     r = kit.add_parser("run", help="drive an adapter through every case; report per case")
     r.add_argument("folder", metavar="DIR")

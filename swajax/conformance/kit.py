@@ -16,19 +16,29 @@ from pathlib import Path
 
 import numpy as np
 
-KIT_VERSION = 1
-# Operation cases: (preset, workload, page size, requests, KV budget in tokens, ratio).
+from swajax.prefix_cache.policy import DEFAULT as DEFAULT_POLICY, policy_of
+
+KIT_VERSION = 2
+# Operation cases: (preset, workload, page size, requests, full-pool tokens, ratio, seed). The
+# budgets oversubscribe the pools (LRU eviction with a choice of leaves, retraction, tombstones
+# and their revival); windows 7 and 8 against page sizes 1, 4 and 16 put the window's end
+# inside a page and on a page boundary, where off-by-ones show. Measured: twelve planted bugs
+# (tests/helpers/mutants.py) are each caught, by operation and field.
 OPS = (
-    ("tiny-hybrid", "multi-turn", 4, 8, 3_000, 0.3),
-    ("tiny-mimo", "multi-turn", 1, 8, 4_000, 0.2),
-    ("tiny-all-swa", "multi-turn", 1, 6, 3_000, 1.0),
+    ("tiny-hybrid", "multi-turn", 1, 12, 1_400, 0.3, 1),
+    ("tiny-hybrid", "shared-prefix", 4, 32, 1_200, 0.3, 5),
+    ("tiny-mimo", "multi-turn", 4, 12, 1_500, 0.3, 2),
+    ("tiny-mimo", "shared-prefix", 16, 24, 1_280, 0.3, 3),
+    ("tiny-all-swa", "multi-turn", 1, 8, 1_400, 1.0, 4),
 )
+DRAIN_EVERY = 50  # steps between evict-everything lines, whose free counts must be exact
 DEMO_PROMPT = b'def sliding_window(tokens, size):\n    """Return the last size tokens."""\n    '
 ATTENTION_RTOL = 1e-5
 LOGITS_RTOL = 1e-4
 
 
-def _record(folder: Path, preset: str, workload: str, ps: int, n: int, tokens: int, ratio):
+def _record(folder: Path, policy: str, preset: str, workload: str, ps: int, n: int,
+            tokens: int, ratio: float, seed: int):  # fmt: skip
     from swajax import sizing
     from swajax.presets import load_preset
     from swajax.serving.options import EngineOptions
@@ -39,31 +49,49 @@ def _record(folder: Path, preset: str, workload: str, ps: int, n: int, tokens: i
     cfg = load_preset(preset)
     sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=ratio, page_size=ps)
     tracers = []
-    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64)
-    run_workload(cfg, sizes, make_workload(workload, n, 0), options=options, progress=False,
-                 on_engine=lambda e: tracers.append(Tracer(e)))  # fmt: skip
+    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64,
+                            cache_policy=policy)  # fmt: skip
+    run_workload(
+        cfg,
+        sizes,
+        make_workload(workload, n, seed),
+        options=options,
+        progress=False,
+        on_engine=lambda e: tracers.append(Tracer(e, drain_every=DRAIN_EVERY)),
+    )
+    tracers[0].finish()
     name = f"{preset}_{workload}_ps{ps}"
     tracers[0].write(folder / "ops" / f"{name}.jsonl")
     return dict(name=name, kind="ops", path=f"ops/{name}.jsonl")
 
 
-def export(folder: str | Path, *, models: tuple[str | Path, ...] = ()) -> dict:
+def export(
+    folder: str | Path,
+    *,
+    models: tuple[str | Path, ...] = (),
+    cache_policy: str = DEFAULT_POLICY,
+    ops=OPS,
+    parts=("ops", "attention", "logits"),
+) -> dict:
     """Write the kit. `models`: checkpoint folders in the fixtures' form (config.json,
     safetensors, greedy.json with the prompt, logits.npy from transformers) to include as
-    logits cases besides the demo model (whose expected logits swajax computes here)."""
+    logits cases besides the demo model (whose expected logits swajax computes here).
+    `cache_policy`: the profile the operation cases are recorded under (its rules are what a
+    backend is certified against). `ops` / `parts`: a subset (tests)."""
     from swajax.conformance.adapter import SwajaxAdapter
     from swajax.conformance.attention_cases import CASES, make_case
     from swajax.demo import DEMO_DIR
 
+    policy_of(cache_policy)  # a clear error for an unknown profile, before any work
     folder = Path(folder)
     for sub in ("ops", "attention", "logits"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    cases = [_record(folder, *spec) for spec in OPS]
-    for seed, spec in enumerate(CASES):
+    cases = [_record(folder, cache_policy, *spec) for spec in ops] if "ops" in parts else []
+    for seed, spec in enumerate(CASES if "attention" in parts else ()):
         np.savez(folder / "attention" / f"{spec[0]}.npz", **make_case(spec, seed))
         cases.append(dict(name=spec[0], kind="attention", path=f"attention/{spec[0]}.npz",
                           tolerance=ATTENTION_RTOL))  # fmt: skip
-    logits = [("demo", Path(DEMO_DIR), list(DEMO_PROMPT), None)]
+    logits = [("demo", Path(DEMO_DIR), list(DEMO_PROMPT), None)] if "logits" in parts else []
     for model in map(Path, models):
         prompt = json.loads((model / "greedy.json").read_text())["prompt"]
         logits.append((model.name, model, prompt, np.load(model / "logits.npy")))
@@ -78,7 +106,7 @@ def export(folder: str | Path, *, models: tuple[str | Path, ...] = ()) -> dict:
         (dst / "case.json").write_text(json.dumps(dict(prompt=prompt, tolerance=LOGITS_RTOL)))
         cases.append(dict(name=f"logits_{name}", kind="logits", path=f"logits/{name}",
                           tolerance=LOGITS_RTOL))  # fmt: skip
-    manifest = dict(kit_version=KIT_VERSION, cases=cases)
+    manifest = dict(kit_version=KIT_VERSION, cache_policy=cache_policy, cases=cases)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -101,7 +129,7 @@ def _run_case(folder: Path, case: dict, adapter) -> CaseResult:
         if result["ok"]:
             return CaseResult(name, kind, "ok", f"{result['ops']} operations")
         detail = result.get("reason") or f"expected {result['expected']}, got {result['actual']}"
-        where = f"operation {result['op_number']} ({result['op']})"
+        where = f"operation {result['op_number']} ({result['op']}) [{', '.join(result['fields'])}]"
         return CaseResult(name, kind, "fail", f"{where}: {detail}")
     if kind == "attention":
         arrays = dict(np.load(path))

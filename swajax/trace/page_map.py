@@ -33,6 +33,10 @@ class PageMap:
         self.ps = page_size
         self.fwd: dict[int, int] = {}  # recorded page -> backend page
         self.back: dict[int, int] = {}
+        # A recorded page whose backend page went to another recorded page since: slots on it
+        # that a trace still passes in (an all-SWA request's evicted positions, which the
+        # backend skips) translate as they were.
+        self.stale: dict[int, int] = {}
 
     def _check_offsets(self, recorded: int, actual: int) -> None:
         if recorded % self.ps != actual % self.ps:
@@ -51,8 +55,11 @@ class PageMap:
             rp, ap = r // self.ps, a // self.ps
             if r % self.ps == 0:  # a fresh page on both sides: (re)pair
                 self.back.pop(self.fwd.pop(rp, None), None)
-                self.fwd.pop(self.back.pop(ap, None), None)
+                displaced = self.back.pop(ap, None)
+                if displaced is not None:
+                    self.stale[displaced] = self.fwd.pop(displaced)
                 self.fwd[rp], self.back[ap] = ap, rp
+                self.stale.pop(rp, None)
             elif self.fwd.get(rp) != ap:
                 raise Divergence(f"slot {a} continues page {ap}, the recorded slot {r} page "
                                  f"{rp}, which pairs with {self.fwd.get(rp)}")  # fmt: skip
@@ -63,7 +70,7 @@ class PageMap:
             if s <= 0:
                 out.append(s)
                 continue
-            page = self.fwd.get(s // self.ps)
+            page = self.fwd.get(s // self.ps, self.stale.get(s // self.ps))
             if page is None:
                 raise Divergence(f"recorded slot {s} lies on a page the backend never allocated")
             out.append(page * self.ps + s % self.ps)

@@ -42,7 +42,10 @@ class Tracer:
     allocator would have made at that point.
     """
 
-    def __init__(self, engine):
+    def __init__(self, engine, *, drain_every: int = 0):
+        """`drain_every` N > 0: after every N-th step, evict everything unlocked (an `evict`
+        line whose expected free counts are then exact: what outputs alone do not show, a
+        leaked or twice-freed slot, surfaces there)."""
         # A trace lists each allocation with its `last_loc`; a step planned ahead reads it on
         # device, so a recorded engine runs its steps one at a time.
         engine.overlap = False
@@ -65,6 +68,37 @@ class Tracer:
         )
         # The ledger, the cache and the scheduler report their calls (swajax.observe).
         ledger.observer = cache.observer = engine.scheduler.observer = self
+        self.sizes = (self.lines[0]["full_size"], self.lines[0]["swa_size"])
+        if drain_every > 0:
+            step, count = engine.step, [0]
+
+            def drained_step(*args, **kwargs):
+                out = step(*args, **kwargs)
+                count[0] += 1
+                if count[0] % drain_every == 0:
+                    self.drain()
+                return out
+
+            engine.step = drained_step
+
+    def drain(self) -> tuple[int, int]:
+        """Evict everything the cache holds unlocked, SWA first (tombstones, and unlocked
+        leaves deleted whole), then full; returns the free (full, SWA) tokens."""
+        self.cache.evict(0, sum(self.sizes))
+        self.cache.evict(sum(self.sizes), 0)
+        return tuple(int(x) for x in self.alloc.available())
+
+    def finish(self) -> None:
+        """End of a run (no request holds anything): drain, and require both pools exactly
+        free, so a trace's last line says what an empty system holds."""
+        free = self.drain()
+        if self.lines[0]["mode"] == "all_swa":
+            free = (free[1], free[1])
+            expected = (self.sizes[1], self.sizes[1])
+        else:
+            expected = self.sizes
+        if free != expected:
+            raise AssertionError(f"pools not free after the run: {free} of {expected}")
 
     def called(self, name, args, kwargs, result, *, outermost: bool) -> None:
         if name == "lock":  # handles are numbered in the order locks are taken, nested ones too

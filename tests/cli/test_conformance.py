@@ -3,13 +3,19 @@ allocator model (every operation case passes, the rest is skipped) and a broken 
 the cases it gets wrong fail)."""
 
 import json
+import re
 
 import pytest
 from helpers import FIXTURES
+from helpers.conformance_adapters import PythonModelAdapter
+from helpers.mutants import MUTANTS, MutantAdapter
 
+from swajax.conformance import kit as kit_lib
+from swajax.conformance.adapter import SwajaxAdapter
 from swajax.conformance.attention_cases import CASES
 
 SINK_CASES = {spec[0] for spec in CASES if spec[6]}
+pytestmark = pytest.mark.xdist_group("conformance_kit")  # one worker exports the kit once
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,8 @@ def _run(cli, kit, adapter):
 def test_manifest_and_files(kit):
     manifest = json.loads((kit / "manifest.json").read_text())
     kinds = [c["kind"] for c in manifest["cases"]]
-    assert kinds.count("ops") == 3 and kinds.count("attention") == len(CASES)
+    assert kinds.count("ops") == len(kit_lib.OPS) and kinds.count("attention") == len(CASES)
+    assert manifest["cache_policy"] == "lean"
     assert {c["name"] for c in manifest["cases"] if c["kind"] == "logits"} == {
         "logits_demo", "logits_qwen3"}  # fmt: skip
     import numpy as np
@@ -49,7 +56,7 @@ def test_swajax_passes_everything(cli, kit):
 def test_an_independent_allocator_passes_the_operation_cases(cli, kit):
     code, out, _ = cli("conformance", "run", str(kit), "--adapter",
                        "helpers.conformance_adapters:PythonModelAdapter")  # fmt: skip
-    assert code == 0 and "3 ok, 0 failed" in out  # the table's last line
+    assert code == 0 and f"{len(kit_lib.OPS)} ok, 0 failed" in out  # the table's last line
     rows = [line.split() for line in out.splitlines()[:-1]]
     assert {r[0] for r in rows if r[1] == "ops"} == {"OK"}
     assert {r[0] for r in rows if r[1] != "ops"} == {"SKIPPED"}
@@ -68,3 +75,32 @@ def test_bad_kits(cli, kit, tmp_path):
     assert code == 2 and "is not a conformance kit" in err
     code, _, err = cli("conformance", "export", str(kit))
     assert code == 2 and "not empty" in err
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_planted_bug_is_caught(kit, name):
+    """A bug planted in a copy of the reference allocator / tree fails at least one operation
+    case, which names the operation and the field that differed."""
+    results = kit_lib.run(kit, MutantAdapter(name))
+    failed = [r for r in results if r.kind == "ops" and r.status == "fail"]
+    assert failed, f"{name}: no operation case caught it"
+    assert all(re.match(r"operation \d+ \(\w+\) \[\w+(, \w+)*\]: ", r.detail) for r in failed), (
+        failed
+    )
+
+
+@pytest.mark.parametrize("policy", ["swajax", "sglang-0.5.23"])
+def test_export_and_run_under_another_profile(tmp_path, policy):
+    """The operation cases recorded under any profile pass swajax and the independent
+    allocator model; the manifest and each trace name the profile."""
+    manifest = kit_lib.export(tmp_path, cache_policy=policy, ops=kit_lib.OPS[:1], parts=("ops",))
+    assert manifest["cache_policy"] == policy
+    header = json.loads((tmp_path / manifest["cases"][0]["path"]).read_text().splitlines()[0])
+    assert header["profile"] == policy
+    for adapter in (PythonModelAdapter(), SwajaxAdapter()):
+        assert [r.status for r in kit_lib.run(tmp_path, adapter)] == ["ok"]
+
+
+def test_export_refuses_an_unknown_profile(cli, tmp_path):
+    code, _, err = cli("conformance", "export", str(tmp_path), "--cache-policy", "vllm")
+    assert code == 2 and "vllm" in err

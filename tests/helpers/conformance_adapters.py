@@ -14,6 +14,7 @@ import numpy as np
 from helpers.allocator_model import ModelAllocator
 from swajax.conformance.adapter import SwajaxAdapter
 from swajax.prefix_cache import RadixCache
+from swajax.prefix_cache.policy import policy_of
 
 
 class ModelReleaser:
@@ -64,7 +65,8 @@ class PythonModelAdapter:
                               header["mode"])  # fmt: skip
         cache = RadixCache(alloc, page_size=header["page_size"], window=header["window"],
                            pool_mode=header["mode"],
-                           cap_leaf_to_window=header["cap_leaf_to_window"])  # fmt: skip
+                           cap_leaf_to_window=header["cap_leaf_to_window"],
+                           policy=policy_of(header.get("profile", "swajax")))  # fmt: skip
         return alloc, cache
 
     def attention(self, case):
@@ -75,5 +77,8 @@ class PythonModelAdapter:
 
 
 class SinklessAdapter(SwajaxAdapter):
+    def allocator_and_cache(self, header):
+        raise NotImplementedError("an attention bug: the operation cases are not its subject")
+
     def attention(self, case):
         return super().attention({k: v for k, v in case.items() if k != "sinks"})

@@ -1,0 +1,187 @@
+"""Planted bugs: realistic mistakes in an allocator or a hybrid radix tree, each applied to a
+copy of swajax's reference pair (the plain-Python allocator model under swajax's prefix cache)
+to measure what the conformance kit catches (tests/conformance/test_mutants.py)."""
+
+from __future__ import annotations
+
+import types
+
+from helpers.conformance_adapters import PythonModelAdapter
+
+
+def _free_swa_keeps_mapping(alloc, cache):
+    """free_swa returns the SWA pages but leaves full -> SWA entries behind."""
+    model = alloc.model
+    if model.mode != "hybrid":
+        return  # one pool: no mapping
+
+    def free_swa(slots):
+        pages = {s // model.ps for s in slots if s > 0}
+        expanded = [p * model.ps + o for p in pages for o in range(model.ps)]
+        swa = [model.mapping[f] for f in expanded if f in model.mapping]
+        model._release(model.swa_free, {s // model.ps for s in swa})
+
+    model.free_swa = free_swa
+
+
+def _free_swa_unexpanded(alloc, cache):
+    """free_swa clears the mapping of the slot it was given only, not of its whole page."""
+    model = alloc.model
+    if model.mode != "hybrid":
+        return
+
+    def free_swa(slots):
+        swa = [model.mapping.pop(s) for s in slots if s > 0 and s in model.mapping]
+        model._release(model.swa_free, {s // model.ps for s in swa})
+
+    model.free_swa = free_swa
+
+
+def _available_max(alloc, cache):
+    """The free count reports the larger pool for both."""
+    available = alloc.available
+    alloc.available = lambda: (max(available()),) * 2
+
+
+def _double_free_on_retract(alloc, cache):
+    """An aborted request also frees the prefix it took from the cache (the tree's slots), and
+    the allocator does not notice a page freed twice."""
+    model = alloc.model
+
+    def release(free_list, pages):
+        free_list[:0] = sorted(p for p in pages if p > 0)
+
+    model._release = staticmethod(release)
+    model._used_pages = lambda free_list, slots: {s // model.ps for s in slots if s > 0}
+    finished = cache.requests.cache_finished
+
+    def cache_finished(tokens, slots, *, cache_protected_len, insert=True, **kw):
+        start = 0 if not insert else cache_protected_len
+        finished(tokens, slots, cache_protected_len=start, insert=insert, **kw)
+
+    cache.requests.cache_finished = cache_finished
+
+
+def _decode_page_off_by_one(alloc, cache):
+    """A decode step takes a new page when the previous token ended one (seq % ps == 0)."""
+    model = alloc.model
+    ps = model.ps
+    decode = type(model).alloc_decode
+
+    def alloc_decode(seq_lens, last_loc):
+        return decode(model, [s - 1 if ps > 1 else s for s in seq_lens], last_loc)
+
+    model.alloc_decode = alloc_decode
+
+
+def _insert_leaks_duplicates(alloc, cache):
+    """An insert over cached tokens keeps the request's duplicate slots instead of freeing them."""
+    cache.free_request = types.MethodType(lambda self, slots, start, evicted: None, cache)
+
+
+def _tombstone_leaf(alloc, cache):
+    """SWA eviction tombstones an unlocked leaf instead of deleting it."""
+    ev = cache.evictor
+
+    def evict(full_tokens=0, swa_tokens=0):
+        full, swa = 0, 0
+        while full < full_tokens:
+            leaf = cache.full_lru.oldest(lambda n: n.is_leaf and n.full_lock == 0)
+            if leaf is None:
+                break
+            f, s = ev.delete_leaf(leaf)
+            full, swa = full + f, swa + s
+        while swa < swa_tokens:
+            node = cache.swa_lru.oldest(lambda n: n.swa_lock == 0)
+            if node is None:
+                break
+            swa += len(node)
+            ev.tombstone(node)
+        return full, swa
+
+    cache.evictor.evict = evict
+
+
+def _hit_rule_off_by_one(alloc, cache):
+    """A match needs W + 1 live tokens before its end, not W."""
+    match = cache.match
+
+    def strict(tokens):
+        cache.window += 1
+        try:
+            return match(tokens)
+        finally:
+            cache.window -= 1
+
+    cache.match = strict
+
+
+def _lock_whole_path(alloc, cache):
+    """A window lock pins the SWA KV of the whole path, not of its last W tokens."""
+    window = cache.window
+    lock = cache.locks.lock
+
+    def lock_all(node):
+        cache.window = 1 << 30
+        try:
+            return lock(node)
+        finally:
+            cache.window = window
+
+    cache.locks.lock = lock_all
+
+
+def _evict_locked(alloc, cache):
+    """Full eviction takes the oldest leaf whether or not a request holds it."""
+    oldest = cache.full_lru.oldest
+
+    def any_leaf(accept):
+        leaf = oldest(lambda n: n.is_leaf)
+        if leaf is not None and leaf.full_lock:
+            leaf.full_lock = 0  # the lock is forgotten, not released
+        return leaf
+
+    cache.full_lru.oldest = any_leaf
+
+
+def _lru_reversed(alloc, cache):
+    """Full eviction takes the most recently used leaf first."""
+    lru = cache.full_lru
+
+    def newest(accept):
+        return next((n for n in reversed(list(lru)) if accept(n)), None)
+
+    lru.oldest = newest
+
+
+def _release_swa_noop(alloc, cache):
+    """Releasing a request's window early does nothing: the window stays pinned."""
+    cache.locks.release_swa = lambda handle: None
+
+
+MUTANTS = {
+    "free_swa keeps the mapping": _free_swa_keeps_mapping,
+    "free_swa ignores the page": _free_swa_unexpanded,
+    "available reports the max": _available_max,
+    "double free on retract": _double_free_on_retract,
+    "decode page off by one": _decode_page_off_by_one,
+    "insert leaks duplicates": _insert_leaks_duplicates,
+    "tombstone leaf": _tombstone_leaf,
+    "hit rule off by one": _hit_rule_off_by_one,
+    "lock covers the whole path": _lock_whole_path,
+    "eviction of a locked leaf": _evict_locked,
+    "LRU order reversed": _lru_reversed,
+    "early release is a no-op": _release_swa_noop,
+}
+
+
+class MutantAdapter(PythonModelAdapter):
+    """The reference pair with one planted bug."""
+
+    def __init__(self, name: str):
+        self.mutate = MUTANTS[name]
+
+    def allocator_and_cache(self, header):
+        alloc, cache = super().allocator_and_cache(header)
+        self.mutate(alloc, cache)
+        return alloc, cache
