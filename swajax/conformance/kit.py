@@ -1,7 +1,8 @@
 """Export the golden cases to a folder, and run an adapter through them.
 
 DIR/manifest.json            kit version, and every case: name, kind, path, tolerance
-DIR/ops/NAME.jsonl           operation sequences (trace format 3) with expected results
+DIR/ops/NAME.jsonl           operation sequences with expected results (`protocol.py`)
+DIR/ops.schema.json          their JSON schema
 DIR/attention/NAME.npz       paged attention cases (`attention_cases.py`)
 DIR/logits/NAME/             a checkpoint (config.json, *.safetensors), case.json (prompt,
                              tolerance) and expected.npy ([len(prompt), vocab], float32)
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swajax.conformance.protocol import OPS_SCHEMA
 from swajax.prefix_cache.policy import DEFAULT as DEFAULT_POLICY, policy_of
 
 KIT_VERSION = 2
@@ -61,7 +63,7 @@ def _record(folder: Path, policy: str, preset: str, workload: str, ps: int, n: i
     )
     tracers[0].finish()
     name = f"{preset}_{workload}_ps{ps}"
-    tracers[0].write(folder / "ops" / f"{name}.jsonl")
+    tracers[0].write(folder / "ops" / f"{name}.jsonl", plain=True)
     return dict(name=name, kind="ops", path=f"ops/{name}.jsonl")
 
 
@@ -106,6 +108,8 @@ def export(
         (dst / "case.json").write_text(json.dumps(dict(prompt=prompt, tolerance=LOGITS_RTOL)))
         cases.append(dict(name=f"logits_{name}", kind="logits", path=f"logits/{name}",
                           tolerance=LOGITS_RTOL))  # fmt: skip
+    if "ops" in parts:
+        (folder / "ops.schema.json").write_text(json.dumps(OPS_SCHEMA, indent=1) + "\n")
     manifest = dict(kit_version=KIT_VERSION, cache_policy=cache_policy, cases=cases)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -125,11 +125,13 @@ class Tracer:
     def observe(self, name, result) -> dict:
         return observe(name, result, self.alloc, self.cache)
 
-    def write(self, path: str | Path) -> None:
-        """Format 3; gzip-compressed when `path` ends in .gz."""
+    def write(self, path: str | Path, *, plain: bool = False) -> None:
+        """Format 3; gzip-compressed when `path` ends in .gz; `plain`: no delta encoding (what
+        another language reads without swajax's codec)."""
         ops = len(self.lines) - 1
         header = dict(self.lines[0], version=FORMAT_VERSION, ops=ops)
-        lines = [header, *codec.encode_lines(self.lines[1:]), dict(op="end", ops=ops)]
+        body = self.lines[1:] if plain else codec.encode_lines(self.lines[1:])
+        lines = [header, *body, dict(op="end", ops=ops)]
         data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
         Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
 

@@ -34,10 +34,12 @@ def swajax_backend(init: dict):
     return alloc, cache
 
 
-def replay(path: str | Path, backend=swajax_backend) -> dict:
+def replay(path: str | Path, backend=swajax_backend, answers: list | None = None) -> dict:
     """Replay a trace against `backend(header) -> (allocator, prefix cache)` (swajax's by
     default; another backend may number its pages differently: slots are compared through a
-    page bijection, `page_map.py`). {"ok": True, "ops": n} or the first divergence."""
+    page bijection, `page_map.py`). {"ok": True, "ops": n} or the first divergence.
+    `answers`, a list: each operation's answer is appended to it, in the backend's numbering
+    (what `examples/kit_checker.py` reads)."""
     lines = read_lines(path)
     check(lines, str(path))
     alloc, cache = backend(lines[0])
@@ -60,6 +62,8 @@ def replay(path: str | Path, backend=swajax_backend) -> dict:
             for name in SLOT_INPUTS.get(line["op"], ()):
                 op[name] = pages.to_backend(line[name])
             actual = observe(line["op"], _apply(op, alloc, cache, handles), alloc, cache)
+            if answers is not None:
+                answers.append(actual)
             if "slots" in actual and line["op"].startswith("alloc") and actual["status"] == 0:
                 pages.pair(expected.get("slots", []), actual["slots"])
         except Divergence as e:

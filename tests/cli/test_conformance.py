@@ -4,6 +4,9 @@ the cases it gets wrong fail)."""
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import FIXTURES
@@ -14,6 +17,7 @@ from swajax.conformance import kit as kit_lib
 from swajax.conformance.adapter import SwajaxAdapter
 from swajax.conformance.attention_cases import CASES
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SINK_CASES = {spec[0] for spec in CASES if spec[6]}
 pytestmark = pytest.mark.xdist_group("conformance_kit")  # one worker exports the kit once
 
@@ -104,3 +108,37 @@ def test_export_and_run_under_another_profile(tmp_path, policy):
 def test_export_refuses_an_unknown_profile(cli, tmp_path):
     code, _, err = cli("conformance", "export", str(tmp_path), "--cache-policy", "vllm")
     assert code == 2 and "vllm" in err
+
+
+def test_operation_cases_follow_the_published_schema(kit):
+    import jsonschema
+
+    schema = json.loads((kit / "ops.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for case in json.loads((kit / "manifest.json").read_text())["cases"]:
+        if case["kind"] == "ops":
+            for raw in (kit / case["path"]).read_text().splitlines():
+                validator.validate(json.loads(raw))  # plain lists: no swajax codec needed
+
+
+def test_a_checker_written_from_the_protocol_alone(kit, tmp_path):
+    """examples/kit_checker.py (standard library only) accepts an independent backend's
+    answers and names the operation and field of a wrong one."""
+    from swajax.trace.replay import replay
+
+    manifest = json.loads((kit / "manifest.json").read_text())
+    ops = [c for c in manifest["cases"] if c["kind"] == "ops"]
+    for case in ops:
+        answers = []
+        assert replay(kit / case["path"], PythonModelAdapter().allocator_and_cache, answers)["ok"]
+        text = "".join(json.dumps(a) + "\n" for a in answers)
+        (tmp_path / f"{case['name']}.jsonl").write_text(text)
+    checker = [sys.executable, str(EXAMPLES / "kit_checker.py"), str(kit), str(tmp_path)]
+    run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.count("OK") == len(ops), run.stdout + run.stderr
+    wrong = tmp_path / f"{ops[0]['name']}.jsonl"
+    answers = [json.loads(x) for x in wrong.read_text().splitlines()]
+    answers[99]["available"][1] += 1  # one slot freed twice, say
+    wrong.write_text("".join(json.dumps(a) + "\n" for a in answers))
+    run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "operation 100 (" in run.stdout and "[available]" in run.stdout
