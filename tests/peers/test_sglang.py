@@ -35,6 +35,8 @@ CASES = [
     ("tiny-hybrid", 4, "long-context", 0.05, 3, 0),  # 16-32K prompts in 64-token chunks
     ("tiny-mimo", 64, "long-context", 0.05, 3, 0),
     ("tiny-hybrid", 16, "mixed", 0.05, 8, 2),
+    ("tiny-hybrid", 4, "shared-prefix", 0.0005, 40, 0),  # full eviction with leaves to choose
+    ("tiny-mimo", 16, "shared-prefix", 0.0005, 40, 1),
     *[("gpt-oss-120b", ps, "multi-turn", gib, 12, 0)
       for ps, gib in ((1, 0.1), (4, 0.1), (16, 0.1), (64, 0.05))],
 ]  # fmt: skip
