@@ -56,12 +56,15 @@ tokens the cache holds after the call). A backend's answer must equal `expect` i
   that the window rule cut off.
 - `evicted`: what an `evict` freed, whole nodes, [full, SWA] tokens.
 
-Some `evict` lines with full = swa = pool size (taken every 50 engine steps and at the end of a
-case) drain the cache: after them, `available` must count everything no request holds, and at
-the end of a case both pools exactly (a slot leaked or freed twice surfaces there).
+Every 50 engine steps and at the end of a case, a pair of `evict` lines (SWA, then full, each
+asking for both pools' sizes together) drains the cache: after them, `available` counts
+everything no request holds, and at the end of a case both pools exactly (a slot leaked or
+freed twice surfaces there).
 """
 
 from __future__ import annotations
+
+from swajax.trace.check import BOOL, HANDLE, INT, INTS, OPS, OPTIONAL, PROFILES
 
 _INTS = {"type": "array", "items": {"type": "integer"}}
 _HANDLE = {"type": ["integer", "null"]}
@@ -73,16 +76,17 @@ _COMMON = {
 }  # fmt: skip
 
 
-def _op(name: str, args: dict, expect: dict, optional: tuple[str, ...] = ()) -> dict:
+def _op(name: str, args: dict, optional) -> dict:
+    answer = ANSWERS[name]
     return {
         "type": "object",
         "properties": {
             "op": {"const": name},
-            **args,
+            **{field: _TYPES[kind] for field, kind in args.items()},
             "expect": {
                 "type": "object",
-                "properties": {**_COMMON, **expect},
-                "required": sorted({*_COMMON, *expect}),
+                "properties": {**_COMMON, **answer},
+                "required": sorted({*_COMMON, *answer}),
                 "additionalProperties": False,
             },
         },
@@ -91,42 +95,26 @@ def _op(name: str, args: dict, expect: dict, optional: tuple[str, ...] = ()) -> 
     }
 
 
-_REQUEST = {"tokens": _INTS, "slots": _INTS, "cache_protected_len": {"type": "integer"},
-            "swa_evicted_seqlen": {"type": "integer"}, "handle": _HANDLE}  # fmt: skip
+# The arguments' types come from the trace format's own checks (`trace/check.py`); the answers
+# are what `trace.recorder.observe` records.
+_TYPES = {INTS: _INTS, INT: {"type": "integer"}, BOOL: {"type": "boolean"}, HANDLE: _HANDLE}
 _STATUS = {"status": {"enum": [0, 1, 2, 3]}, "slots": _INTS}
-OPERATIONS = [
-    _op("alloc_extend", {"prefix_lens": _INTS, "seq_lens": _INTS, "last_loc": _INTS}, _STATUS),
-    _op("alloc_decode", {"seq_lens": _INTS, "last_loc": _INTS}, _STATUS),
-    _op("free", {"slots": _INTS}, {}),
-    _op("free_swa", {"slots": _INTS}, {}),
-    _op(
-        "match",
-        {"tokens": _INTS},
-        {"length": {"type": "integer"}, "slots": _INTS, "tail_miss": {"type": "integer"}},
-    ),  # fmt: skip
-    _op("lock", {"node": _INTS}, {"handle": {"type": "integer"}}),
-    _op("unlock", {"handle": _HANDLE}, {}),
-    _op("release_swa", {"handle": _HANDLE}, {}),
-    _op(
-        "evict",
-        {"full": {"type": "integer"}, "swa": {"type": "integer"}},
-        {"evicted": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
-    ),  # fmt: skip
-    _op(
-        "insert",
-        {
-            "tokens": _INTS,
-            "slots": _INTS,
-            "prev_prefix_len": {"type": "integer"},
-            "swa_evicted_seqlen": {"type": "integer"},
-            "keep_tombstone_leaf": {"type": "boolean"},
-        },
-        {"prefix_len": {"type": "integer"}},
-        optional=("prev_prefix_len", "swa_evicted_seqlen", "keep_tombstone_leaf"),
-    ),  # fmt: skip
-    _op("cache_unfinished", _REQUEST, {"prefix": _INTS, "handle": _HANDLE}),
-    _op("cache_finished", {**_REQUEST, "insert": {"type": "boolean"}}, {}),
-]
+ANSWERS = {
+    "alloc_extend": _STATUS,
+    "alloc_decode": _STATUS,
+    "free": {},
+    "free_swa": {},
+    "match": {"length": {"type": "integer"}, "slots": _INTS, "tail_miss": {"type": "integer"}},
+    "lock": {"handle": {"type": "integer"}},
+    "unlock": {},
+    "release_swa": {},
+    "evict": {"evicted": {"type": "array", "items": {"type": "integer"}, "minItems": 2,
+                          "maxItems": 2}},
+    "insert": {"prefix_len": {"type": "integer"}},
+    "cache_unfinished": {"prefix": _INTS, "handle": _HANDLE},
+    "cache_finished": {},
+}  # fmt: skip
+OPERATIONS = [_op(name, args, OPTIONAL.get(name, ())) for name, args in OPS.items()]
 HEADER = {
     "type": "object",
     "properties": {
@@ -138,7 +126,7 @@ HEADER = {
         "mode": {"enum": ["hybrid", "all_swa", "single"]},
         "window": {"type": ["integer", "null"]},
         "cap_leaf_to_window": {"type": "boolean"},
-        "profile": {"type": "string"},
+        "profile": {"enum": list(PROFILES)},
         "ops": {"type": "integer", "minimum": 0},
         "config": {"type": "object"},
     },

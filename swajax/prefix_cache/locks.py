@@ -30,57 +30,53 @@ class WindowLocks:
         """Lock the full KV from `node` to the root and the SWA KV of the last W tokens."""
         t = self.tree
         handle = LockHandle(node, next(self._ids))
-        if t.policy.node_window_lock:
-            return self._lock_nodes(handle)
-        size, done = 0, not t.swa
+        if t.swa:  # first: the window may split a node, and the full lock then covers both parts
+            (self._lock_nodes if t.policy.node_window_lock else self._lock_window)(handle)
         for x in node.path_to_root():
-            if t.cap_leaf and not done and x.swa_live:
+            if x.full_lock == 0:
+                t.sizes.full_evictable -= len(x)
+                t.sizes.full_protected += len(x)
+            x.full_lock += 1
+        return handle
+
+    def _lock_window(self, handle: LockHandle) -> None:
+        """swajax's rule: the last W live tokens exactly; tombstones are passed over."""
+        t = self.tree
+        size = 0
+        for x in handle.node.path_to_root():
+            if not x.swa_live:
+                x.swa_skips.add(handle.id)  # remembered, so the release skips it too
+                continue
+            if t.cap_leaf:
                 # Pin exactly the window: a node reaching past it is split first, so its upper
                 # part stays SWA-evictable (a long chunk node once pinned W + chunk tokens and
                 # a small SWA pool had no room left for the next chunk). Part of the leaf cap.
                 needed = round_up(t.window - size, t.ps)
                 if len(x) > needed:
                     t.split(x, len(x) - needed)
-            if x.full_lock == 0:
-                t.sizes.full_evictable -= len(x)
-                t.sizes.full_protected += len(x)
-            x.full_lock += 1
-            if done:
-                continue
-            if not x.swa_live:
-                x.swa_skips.add(handle.id)  # remembered, so the release skips it too
-                continue
-            if x.swa_lock == 0:
-                t.sizes.swa_evictable -= len(x)
-                t.sizes.swa_protected += len(x)
-            x.swa_lock += 1
+            self._pin(x)
             size += len(x)
             if size >= t.window:
                 x.swa_tops.add(handle.id)
-                done = True
-        return handle
+                return
 
-    def _lock_nodes(self, handle: LockHandle) -> LockHandle:
+    def _lock_nodes(self, handle: LockHandle) -> None:
         """The node-window rule: whole nodes up to W tokens of path, tombstones counted (they
         take a lock count, so the release walks exactly the same nodes)."""
         t = self.tree
-        covered, done = 0, not t.swa
+        covered = 0
         for x in handle.node.path_to_root():
-            if x.full_lock == 0:
-                t.sizes.full_evictable -= len(x)
-                t.sizes.full_protected += len(x)
-            x.full_lock += 1
-            if done:
-                continue
-            if x.swa_lock == 0 and x.swa_live:
-                t.sizes.swa_evictable -= len(x)
-                t.sizes.swa_protected += len(x)
-            x.swa_lock += 1
+            self._pin(x)
             covered += len(x)
             if covered >= t.window:
                 x.swa_tops.add(handle.id)
-                done = True
-        return handle
+                return
+
+    def _pin(self, x: Node) -> None:
+        if x.swa_lock == 0 and x.swa_live:
+            self.tree.sizes.swa_evictable -= len(x)
+            self.tree.sizes.swa_protected += len(x)
+        x.swa_lock += 1
 
     def _swa_unlock(self, handle: LockHandle, on_zero) -> None:
         """Drop the handle's SWA lock from its node up to the top of its window."""
@@ -120,16 +116,11 @@ class WindowLocks:
         """Release only the SWA part of a lock early (the request has moved past its window)."""
         t = self.tree
         if t.swa and not handle.swa_released:
+            # The lazy rule leaves it to LRU eviction (the request still holds the full KV, so
+            # no node it releases here can be deleted).
             lazy = t.policy.lazy_window_release
-            on_zero = self._leaf_or_evictable if lazy else self._tombstone_leaf_or_evictable
+            on_zero = self._make_swa_evictable if lazy else self._tombstone_leaf_or_evictable
             self._swa_unlock(handle, on_zero)
-
-    def _leaf_or_evictable(self, node: Node) -> None:
-        """The lazy rule: evictable, unless nothing at all holds the node any more (no child,
-        no full lock): then it goes now, as any unlocked leaf would on eviction."""
-        self.tree.sizes.swa_evictable += len(node)
-        if node.is_leaf and node.full_lock == 0:
-            self.evictor.delete_leaf(node)
 
     def _make_swa_evictable(self, node: Node) -> None:
         t = self.tree

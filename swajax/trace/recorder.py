@@ -92,13 +92,8 @@ class Tracer:
         """End of a run (no request holds anything): drain, and require both pools exactly
         free, so a trace's last line says what an empty system holds."""
         free = self.drain()
-        if self.lines[0]["mode"] == "all_swa":
-            free = (free[1], free[1])
-            expected = (self.sizes[1], self.sizes[1])
-        else:
-            expected = self.sizes
-        if free != expected:
-            raise AssertionError(f"pools not free after the run: {free} of {expected}")
+        if free != self.sizes:
+            raise AssertionError(f"pools not free after the run: {free} of {self.sizes}")
 
     def called(self, name, args, kwargs, result, *, outermost: bool) -> None:
         if name == "lock":  # handles are numbered in the order locks are taken, nested ones too

@@ -59,9 +59,7 @@ def _key(tokens) -> RadixKey:
 
 
 def _ints(x) -> np.ndarray:
-    if x is None:
-        return np.zeros(0, np.int32)
-    return np.asarray(torch.as_tensor(x).reshape(-1).tolist(), np.int64).astype(np.int32)
+    return np.asarray(torch.as_tensor(x).reshape(-1).tolist(), np.int32)
 
 
 class Allocator:
@@ -220,9 +218,6 @@ class Cache:
         req.swa_branching_seqlen = None
         return req
 
-    def _done(self, req):
-        self.pool.free(req)
-
     def cache_unfinished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen,
                          handle):  # fmt: skip
         req = self._request(tokens, slots, cache_protected_len, swa_evicted_seqlen, handle)
@@ -230,7 +225,7 @@ class Cache:
         n = req.kv.cache_protected_len
         prefix = _ints(self.pool.req_to_token[req.kv.req_pool_idx, :n])
         new = None if req.lock is None else self._wrapped.get(id(req.lock))
-        self._done(req)
+        self.pool.free(req)
         return prefix, new
 
     def cache_finished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen,
@@ -247,7 +242,7 @@ class Cache:
         self.sg.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
         self.sg.unlock(req.lock)
         self.sg.on_release(req, checkpointed=insert)
-        self._done(req)
+        self.pool.free(req)
 
 
 class SGLangAdapter:

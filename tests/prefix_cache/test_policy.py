@@ -157,3 +157,81 @@ def test_branch_insert_stops_checkpoints_at_the_full_match():
     assert full is not None and 0 < full <= 80
     assert protected["branch_insert"][0] <= full < protected["swajax"][0]
     assert protected["swajax"][1] is None
+
+
+def test_node_window_lock_pins_whole_nodes_and_counts_tombstones():
+    """W = 4. A match ending at a live 12-token node: swajax splits it and pins its last 4;
+    the rule pins all 12. A 2-token live leaf under a 14-token tombstone: swajax pins the 2
+    and passes the tombstone; the rule counts the tombstone toward W and takes a lock count
+    on it (SGLang 0.5.23's acquire_component_lock). Releases restore every count."""
+    for policy, pinned in ((SWAJAX, 4), (only("node_window_lock"), 12)):
+        alloc, cache = _tree(policy)
+        _insert(alloc, cache, list(range(16)))  # the leaf capped: 12 + 4
+        handle = cache.lock(cache.match(list(range(12)) + [99]).node)
+        assert cache.swa_protected == pinned
+        check_invariants(cache)
+        cache.unlock(handle)
+        assert cache.swa_protected == 0 and cache.swa_evictable == 16
+    for policy, tombstone_locks in ((SWAJAX, 0), (only("node_window_lock"), 1)):
+        alloc, cache = _tree(policy, cap=False)
+        _insert(alloc, cache, list(range(16)), evicted=14)
+        handle = cache.lock(cache.walk(tuple(range(16)))[-1])
+        tombstone = cache.walk(tuple(range(14)))[-1]
+        assert not tombstone.swa_live and tombstone.swa_lock == tombstone_locks
+        assert cache.swa_protected == 2
+        check_invariants(cache)
+        cache.unlock(handle)
+        assert tombstone.swa_lock == 0 and cache.swa_protected == 0
+
+
+def test_lazy_window_release():
+    """A request moved past its window releases it early: swajax tombstones the leaf the
+    request still holds at once (its SWA slots go back); the rule leaves it SWA-evictable."""
+    for policy, live, freed in ((SWAJAX, False, 4), (only("lazy_window_release"), True, 0)):
+        alloc, cache = _tree(policy)
+        _insert(alloc, cache, list(range(8)))  # capped: 4 + 4
+        swa_free = alloc.available()[1]
+        handle = cache.lock(cache.match(list(range(8)) + [0]).node)
+        cache.release_swa(handle)
+        leaf = cache.walk(tuple(range(8)))[-1]
+        assert leaf.swa_live is live and alloc.available()[1] - swa_free == freed
+        assert cache.swa_protected == 0 and cache.swa_evictable == 8 - freed
+        check_invariants(cache)
+        cache.unlock(handle)
+
+
+def test_relock_checkpoint():
+    """A chunk checkpoint that inserts nothing new: swajax keeps the request's lock (and its
+    released window stays released); the rule takes a new lock, pinning the window again."""
+    keep = CachePolicy("lazy", lazy_window_release=True)
+    relock = CachePolicy("relock", lazy_window_release=True, relock_checkpoint=True)
+    for policy, same, pinned in ((keep, True, 0), (relock, False, 4)):
+        alloc, cache = _tree(policy)
+        tokens = list(range(8))
+        _insert(alloc, cache, tokens)
+        match = cache.match(tokens + [0])
+        handle = cache.lock(match.node)
+        cache.release_swa(handle)
+        prefix, new = cache.cache_unfinished(tokens, match.slots, cache_protected_len=8,
+                                             swa_evicted_seqlen=0, handle=handle)  # fmt: skip
+        assert (new is handle) is same and list(prefix) == list(match.slots)
+        assert cache.swa_protected == pinned and cache.full_protected == 8
+        check_invariants(cache)
+
+
+def test_a_tombstone_leaf_outlives_its_lock_when_childless_tombstones_stay():
+    """A chunk checkpoint whose SWA KV is all out of the window inserts a locked tombstone
+    leaf; on unlock swajax deletes it (and frees its full KV), the rule keeps it."""
+    for policy, kept in ((SWAJAX, False), (only("keep_childless_tombstones"), True)):
+        alloc, cache = _tree(policy)
+        tokens = list(range(8))
+        _, slots, _ = alloc.alloc_extend([0], [8], [-1])
+        alloc.free_swa(slots)
+        full_free = alloc.available()[0]
+        _, handle = cache.cache_unfinished(tokens, np.asarray(slots, np.int32),
+                                           cache_protected_len=0, swa_evicted_seqlen=8,
+                                           handle=None)  # fmt: skip
+        cache.unlock(handle)
+        assert bool(cache.root.children) is kept
+        assert alloc.available()[0] - full_free == (0 if kept else 8)
+        check_invariants(cache)
