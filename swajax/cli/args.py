@@ -200,6 +200,17 @@ def add_draft_choice(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-hf-config", metavar="PATH", help="the draft's config.json")
 
 
+def add_emulated_speculation(p: argparse.ArgumentParser) -> None:
+    """The null model's emulated draft: how many tokens a round verifies, how often each is
+    accepted."""
+    g = p.add_argument_group("speculative decoding (an emulated draft)")
+    add_draft_choice(g)
+    g.add_argument("--num-speculative-tokens", type=int_at_least(0, 64), default=0,
+                   help="draft tokens verified per decode step")  # fmt: skip
+    g.add_argument("--acceptance", type=PROBABILITY, default=0.7,
+                   help="chance that each draft token is accepted")  # fmt: skip
+
+
 def draft_config(args: argparse.Namespace):
     """A speculative draft model's config (`--draft-preset NAME` or `--draft-hf-config PATH`),
     or None."""

@@ -57,11 +57,12 @@ def _run_record(args: argparse.Namespace) -> int:
         ratio=args.ratio,
         page_size=args.page_size,
         dtype="bf16",
+        draft=args_lib.draft_config(args),
     )
     tracers = []
     options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size,
-                            cache_policy=args.cache_policy,
-                            tail_rebuild=args.tail_rebuild)  # fmt: skip
+                            cache_policy=args.cache_policy, tail_rebuild=args.tail_rebuild,
+                            num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
     run_workload(
         cfg,
         sizes,
@@ -69,9 +70,14 @@ def _run_record(args: argparse.Namespace) -> int:
         options=options,
         progress=False,
         on_engine=lambda e: tracers.append(Tracer(e)),
+        acceptance=args.acceptance,
+        overlap=args.overlap,
     )
     tracers[0].write(args.out)
-    print(f"wrote {len(tracers[0].lines)} lines to {args.out}")
+    ran = tracers[0].ran()
+    print(f"wrote {tracers[0].ops} operations to {args.out} (overlap {ran['overlap']}: "
+          f"{ran['launched_ahead']} steps launched ahead; {ran['speculative_tokens']} draft "
+          f"tokens per round: {ran['accepted_tokens']} accepted)")  # fmt: skip
     return 0
 
 
@@ -117,6 +123,10 @@ def _register_tools(sub) -> None:
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=12)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     args_lib.add_cache_policy(p)
+    p.add_argument("--overlap", action="store_true",
+                   help="overlap scheduling: decode step n + 1 launched before n's result is "
+                   "read (the trace says so in its header's `ran`)")  # fmt: skip
+    args_lib.add_emulated_speculation(p)
     p.add_argument(
         "--out",
         type=args_lib.out_file(".jsonl", ".jsonl.gz"),

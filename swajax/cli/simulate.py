@@ -89,12 +89,7 @@ def register(sub) -> None:
                    "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip
     args_lib.add_timer_choice(p, required=False)
     args_lib.add_cache_policy(p)
-    g = p.add_argument_group("speculative decoding (an emulated draft)")
-    args_lib.add_draft_choice(g)
-    g.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(0, 64), default=0,
-                   help="draft tokens verified per decode step")  # fmt: skip
-    g.add_argument("--acceptance", type=args_lib.PROBABILITY, default=0.7,
-                   help="chance that each draft token is accepted")  # fmt: skip
+    args_lib.add_emulated_speculation(p)
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")

@@ -7,9 +7,11 @@ A case `ops/NAME.jsonl` is JSON lines. Line 1, the header (`op` "init"): `full_s
 `swa_size` (tokens in each pool; page 0 of each is reserved), `page_size`, `mode` ("hybrid":
 two pools; "all_swa": one pool, SWA only; "single": one pool, no window), `window` (W, tokens
 before the query; null for "single"), `cap_leaf_to_window`, `profile` (the cache-policy rules
-the case follows, `prefix_cache/policy.py`), `ops` (the number of operation lines). The last
-line is `{"op": "end", "ops": n}`. Kit cases write every list plainly (a recorded trace may
-delta-encode long lists, `swajax.trace.codec`).
+the case follows, `prefix_cache/policy.py`), `ops` (the number of operation lines), `ran` (what
+the recorded engine ran: `overlap`, `launched_ahead`, `speculative_tokens`, `accepted_tokens`;
+the operations are the same calls either way). The last line is `{"op": "end", "ops": n}`.
+Kit cases write every list plainly (a recorded trace may delta-encode long lists,
+`swajax.trace.codec`).
 
 Every other line is one call, its arguments, and `expect`, the answer. Slots are full-pool
 token indices (page p holds slots p*page_size ... p*page_size + page_size - 1); in hybrid mode
@@ -48,9 +50,13 @@ tokens the cache holds after the call). A backend's answer must equal `expect` i
   pages in any order. When an allocation's slot sits at offset 0 of its page, the recorded page
   and the backend's page pair (replacing older pairings of either); every other slot must
   continue the page its predecessor paired with. Slots passed *in* are recorded numbers: the
-  backend translates them through the pairing. -1 and 0 map to themselves.
-- `handle`: locks are numbered 0, 1, 2, ... in the order they are taken, including the lock a
-  `cache_unfinished` takes (it returns that handle; null if it kept the request's lock).
+  backend translates them through the pairing. A slot passed in may lie on a page freed and
+  handed out again since (an all-SWA request's positions that slid out of its window, which
+  the backend must skip): it translates as its page last did. -1 and 0 map to themselves.
+- `handle`: locks are numbered 0, 1, 2, ... in the order they are taken: each `lock`, and each
+  `cache_unfinished` that moves the request's lock (it answers the new lock's number; when it
+  keeps the lock it was given, that lock's number, or null if it was given none). Arguments
+  name locks by these numbers.
 - `length` / `tail_miss`: the accepted prefix (a page multiple meeting the window rule: W live
   tokens before its end, or no tombstone on the whole path) and the full-KV tokens after it
   that the window rule cut off.
@@ -64,7 +70,7 @@ freed twice surfaces there).
 
 from __future__ import annotations
 
-from swajax.trace.check import BOOL, HANDLE, INT, INTS, OPS, OPTIONAL, PROFILES
+from swajax.trace.check import BOOL, HANDLE, INT, INTS, OPS, OPTIONAL, PROFILES, RAN
 
 _INTS = {"type": "array", "items": {"type": "integer"}}
 _HANDLE = {"type": ["integer", "null"]}
@@ -129,6 +135,14 @@ HEADER = {
         "profile": {"enum": list(PROFILES)},
         "ops": {"type": "integer", "minimum": 0},
         "config": {"type": "object"},
+        "ran": {
+            "type": "object",
+            "properties": {
+                k: {"type": "boolean"} if v is False else {"type": "integer", "minimum": 0}
+                for k, v in RAN.items()
+            },
+            "additionalProperties": False,
+        },  # fmt: skip
     },
     "required": [
         "op",

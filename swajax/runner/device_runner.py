@@ -24,6 +24,7 @@ from swajax.memory.padding import bucket, pad
 from swajax.memory.req_to_token import ReqToToken
 from swajax.models.sampling import SampleMode, init_penalties, seed_penalties
 from swajax.models.speculative import verify_round
+from swajax.observe import Observer, observed
 from swajax.runner.commit import (
     FREE_FULL,
     FREE_SWA,
@@ -38,6 +39,7 @@ from swajax.runner.commit import (
 )
 from swajax.runner.packing import pack
 from swajax.runner.step_inputs import MIN_TOKENS, SEEDS, offset, pad_forward, seed_arrays
+from swajax.serving import overlap
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
@@ -120,6 +122,8 @@ def _mode(plan: StepPlan) -> SampleMode:
 
 
 class DeviceRunner:
+    observer: Observer | None = None  # swajax.observe: a recorder, if any
+
     def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int,
                  draft=None):  # fmt: skip
         """`draft` (a `HybridLM` or None) proposes the tokens of each plan's `lookahead`."""
@@ -183,8 +187,12 @@ class DeviceRunner:
 
     @property
     def supports_overlap(self) -> bool:
-        """Whether a step can be launched before the previous one's result is read."""
-        return self.model.needs_kv and self.model.fused_forward is not None
+        """Whether a step can be launched before the previous one's result is read: a fused
+        model's, or the null model's when asked to emulate it (what the allocator sees is the
+        same; `serving.overlap.resolved` fills the placeholders on the host)."""
+        if self.model.fused_forward is None:
+            return not self.model.needs_kv and self.model.overlap
+        return self.model.needs_kv
 
     def run(self, plan: StepPlan) -> StepResult:
         """One step, launched and read. If it raises, the device state is as if the step had
@@ -196,6 +204,7 @@ class DeviceRunner:
             self.discard(step)
             raise
 
+    @observed
     def collect(self, step: Dispatched) -> StepResult:
         """Read a launched step's result: the step's one read."""
         if step.result is not None:  # run in `dispatch` (a model outside the fused program)
@@ -203,6 +212,7 @@ class DeviceRunner:
         out, sampled = jax.device_get((step.out, step.sampled))
         return self._result(step.plan, out, sampled)
 
+    @observed
     def discard(self, step: Dispatched) -> None:
         """A launched step whose result will not be taken (reading it failed): give back the
         pages it took, so the device state is as if it had only applied its releases (which
@@ -215,6 +225,7 @@ class DeviceRunner:
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
         return last
 
+    @observed
     def dispatch(self, plan: StepPlan, after: Dispatched | None = None) -> Dispatched:
         """Upload and launch one step of a fused model without waiting for it; `after`: the
         step launched before, whose sampled tokens this plan's placeholders name. If it raises,
@@ -222,6 +233,8 @@ class DeviceRunner:
         program runs the whole step here (`collect` then hands its result back)."""
         fused = self.model.fused_forward
         if fused is None:
+            if after is not None:
+                plan = overlap.resolved(plan, after.plan, after.result)
             return self._run_unfused(plan)
         last = self._split_releases(plan)
         try:

@@ -140,8 +140,12 @@ class PoolLedger:
     # ------------------------------------------------------------------------------------------
     # Allocation results
 
-    def allocated(self, slots) -> None:
-        """The device handed out `slots` (new pages, or the free tail of a held last page)."""
+    @observed
+    def allocated(self, slots) -> tuple[int, int]:
+        """The device handed out `slots` (new pages, or the free tail of a held last page);
+        returns the (full, SWA) tokens that took from the free pools (observed: a trace records
+        the allocation where the step was launched and learns here what it took)."""
+        before = self.available()
         pages = _pages(slots, self.page_size)
         fresh = pages[~self.used[pages]]
         self.used[fresh] = True
@@ -150,6 +154,7 @@ class PoolLedger:
             fresh = pages[~self.paired[pages]]
             self.paired[fresh] = True
             self.free_swa_pages -= len(fresh)
+        return tuple(a - b for a, b in zip(before, self.available()))
 
     def check(self, free_full: int, free_swa: int, in_flight=(0, 0)) -> None:
         """Compare the device's free counts after a step with the mirror, less what releases

@@ -14,12 +14,17 @@ class NullModel:
     needs_kv = False
     fused_forward = None
 
-    def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0):
+    def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0,
+                 overlap: bool = False):  # fmt: skip
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         self.vocab_size, self.seed = vocab_size, seed
         # Speculative decoding: the chance that an emulated draft's token is accepted.
         self.acceptance = acceptance
+        # Overlap scheduling emulated (decode step n + 1 planned before n's result is taken):
+        # the allocator sees what a fused model's would. Off by default, so the simulator's
+        # numbers stay those of plain steps.
+        self.overlap = overlap
 
     def init_pools(self, sizes):
         return None

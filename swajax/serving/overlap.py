@@ -21,6 +21,7 @@ evict to fit, speculative rounds and kept logits all take the plain (synchronous
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,3 +95,17 @@ def build(reqs: list[Request], prev: StepPlan, releases, released) -> StepPlan:
         top_logprobs=top_logprobs(reqs),
         released=released,
     )
+
+
+def resolved(plan: StepPlan, prev: StepPlan, result) -> StepPlan:
+    """`plan` (launched ahead of `prev`) with its placeholders filled from `prev`'s result, as
+    the device fills them: for a model that runs outside the fused program (the null model),
+    whose step has already run when the next one is launched."""
+    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}  # decode: one slot each
+    rows = np.asarray([row_in_prev[id(r)] for r in plan.requests], np.int64)
+    on_device = plan.last_loc == LAST_LOC_ON_DEVICE
+    last_loc = np.where(on_device, np.asarray(result.slots)[rows], plan.last_loc)
+    tokens = plan.forward.tokens
+    sampled = np.asarray(result.tokens)[np.clip(-tokens - 1, 0, len(result.tokens) - 1)]
+    forward = plan.forward._replace(tokens=np.where(tokens < 0, sampled, tokens).astype(np.int32))
+    return dataclasses.replace(plan, last_loc=last_loc.astype(np.int32), forward=forward)

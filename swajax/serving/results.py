@@ -35,7 +35,7 @@ def take(
             f"allocation failed with status {result.status} after the pools were checked"
         )
     plan, result, extra = _without_ended(sched, plan, result)
-    sched.allocated(plan, result.slots)
+    sched.ledger.allocated(result.slots)
     if len(extra):
         sched.ledger.allocated(extra)
     in_flight = launched.released if launched is not None else (0, 0)

@@ -17,7 +17,6 @@ from collections import deque
 import numpy as np
 
 from swajax.arith import ceil_div, round_up
-from swajax.observe import Observer, observed
 from swajax.serving import overlap, progress, results, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
@@ -28,8 +27,6 @@ from swajax.serving.request import Request, Status
 
 
 class Scheduler:
-    observer: Observer | None = None  # swajax.observe: a recorder, if any
-
     def __init__(self, cfg: SchedulerConfig, options: EngineOptions, cache, ledger: PoolLedger):
         self.cfg, self.options, self.cache, self.ledger = cfg, options, cache, ledger
         self.waiting: deque[Request] = deque()
@@ -315,12 +312,6 @@ class Scheduler:
         """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
         `launched`: the step already launched after it (overlap scheduling), if any."""
         results.take(self, plan, result, launched)
-
-    @observed
-    def allocated(self, plan: StepPlan, slots) -> None:
-        """The device gave `plan` these slots (observed: a trace records them as the allocation
-        call a standalone allocator would have made)."""
-        self.ledger.allocated(slots)
 
     def plan_ahead(self, prev: StepPlan) -> StepPlan | None:
         """Plan the decode step after `prev` while `prev` runs; None: take the plain path."""

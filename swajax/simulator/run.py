@@ -60,11 +60,13 @@ def run_workload(
     on_engine=None,
     timer: StepTimeModel | None = None,
     acceptance: float = 1.0,
+    overlap: bool = False,
 ) -> RunSummary:
     """Run `workload` on the null model. With a `timer`, a modeled clock advances by each
     step's modeled time: arrivals are submitted when the clock reaches them, follow-ups (the
-    next chat turn) as soon as their predecessor finishes."""
-    model = NullModel(acceptance=acceptance)  # its emulated draft's acceptance rate
+    next chat turn) as soon as their predecessor finishes. `acceptance`: the emulated draft's
+    acceptance rate (speculative decoding); `overlap`: emulate overlap scheduling."""
+    model = NullModel(acceptance=acceptance, overlap=overlap)
     engine = engine_for(cfg, model, sizes, options)
     if on_engine is not None:
         on_engine(engine)  # e.g. attach a trace recorder

@@ -21,6 +21,11 @@ PROFILES = ("swajax", "sglang-0.5.23", "lean")  # cache policy profiles a trace 
 MAX_TOKENS = 1 << 26  # pool tokens, and the longest token / slot list on a line
 MAX_PAGE = 1 << 16
 
+# The header's `ran`: what the recorded engine ran (overlap scheduling and how many steps were
+# launched ahead, speculative decoding's draft tokens per round and how many were accepted);
+# the operations are the same calls either way. Values: a sample of each field's type.
+RAN = {"overlap": False, "launched_ahead": 0, "speculative_tokens": 0, "accepted_tokens": 0}
+
 INTS, INT, BOOL, HANDLE, EXPECT = "ints", "int", "bool", "handle", "expect"
 OPS = {
     "alloc_extend": {"prefix_lens": INTS, "seq_lens": INTS, "last_loc": INTS},
@@ -112,6 +117,13 @@ def check_header(init, path: str) -> None:
         raise TraceError(f"{path}:1: cap_leaf_to_window must be true or false")
     if not _is_int(init.get("ops")) or init["ops"] < 0:
         raise TraceError(f"{path}:1: ops must be the number of operation lines")
+    ran = init.get("ran", {})  # what ran (version 3 traces written since it was added)
+    if not isinstance(ran, dict) or set(ran) - set(RAN):
+        raise TraceError(f"{path}:1: ran must be an object with fields among {sorted(RAN)}")
+    for name, value in ran.items():
+        if type(value) is not type(RAN[name]) or (_is_int(value) and value < 0):
+            kind = "true or false" if RAN[name] is False else "an integer >= 0"
+            raise TraceError(f"{path}:1: ran.{name} must be {kind}, got {value!r}")
 
 
 def check_line(line, number: int, path: str, limit: int) -> None:

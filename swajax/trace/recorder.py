@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
 from swajax.serving.batch import StepKind
 from swajax.trace import codec
 from swajax.trace.check import FORMAT_VERSION
@@ -35,23 +36,28 @@ def _node_tokens(node) -> list[int]:
 
 
 class Tracer:
-    """Observes an engine's ledger and prefix cache and records their outermost calls.
+    """Observes an engine's ledger, prefix cache and runner and records their outermost calls.
 
-    A step's allocation happens on device inside `commit_step`; it is recorded when the
-    scheduler takes the step's result, as the `alloc_extend` / `alloc_decode` call a standalone
-    allocator would have made at that point.
+    A step's allocation happens on device, in the step's program, after the releases queued
+    before it was launched; so it is recorded where the step is launched (`dispatch`), as the
+    `alloc_extend` / `alloc_decode` call a standalone allocator would have made there, and
+    filled in when its result is read. With overlap scheduling a step is launched before the
+    previous one's result is read: its `last_loc` (read on device) comes from that result, and
+    lines recorded while a step was in flight count its pages as taken (the ledger learns them
+    only when the result is taken). A speculative round allocates k + 1 positions per request
+    as an extend; its rejected pages come back as `free` lines.
     """
 
     def __init__(self, engine, *, drain_every: int = 0):
         """`drain_every` N > 0: after every N-th step, evict everything unlocked (an `evict`
         line whose expected free counts are then exact: what outputs alone do not show, a
         leaked or twice-freed slot, surfaces there)."""
-        # A trace lists each allocation with its `last_loc`; a step planned ahead reads it on
-        # device, so a recorded engine runs its steps one at a time.
-        engine.overlap = False
         ledger, cache = engine.ledger, engine.cache
-        self.alloc, self.cache, self.lines, self.depth = ledger, cache, [], 0
+        self.engine, self.alloc, self.cache, self.lines, self.depth = engine, ledger, cache, [], 0
         self.handles: dict[int, object] = {}  # trace id -> LockHandle
+        self.launched: dict[int, tuple[int, object]] = {}  # id(step) -> (line number, plan)
+        self.taking: int | None = None  # line number of the step whose result is being taken
+        self.last_slot: dict[int, int] = {}  # id(request) -> its slot in the last decode step
         ps = ledger.page_size
         self.lines.append(
             dict(
@@ -66,8 +72,8 @@ class Tracer:
                 config=dict(model_type=engine.cfg.model_type, kinds=engine.cfg.kinds),
             )
         )
-        # The ledger, the cache and the scheduler report their calls (swajax.observe).
-        ledger.observer = cache.observer = engine.scheduler.observer = self
+        # The ledger, the cache and the runner report their calls (swajax.observe).
+        ledger.observer = cache.observer = engine.runner.observer = self
         self.sizes = (self.lines[0]["full_size"], self.lines[0]["swa_size"])
         if drain_every > 0:
             step, count = engine.step, [0]
@@ -80,6 +86,17 @@ class Tracer:
                 return out
 
             engine.step = drained_step
+
+    def ran(self) -> dict:
+        """What ran: overlap scheduling (and how many steps were launched ahead), speculative
+        decoding (draft tokens per round, accepted tokens)."""
+        e = self.engine
+        return dict(
+            overlap=bool(e.overlap),
+            launched_ahead=int(e.launched_ahead),
+            speculative_tokens=int(e.options.num_speculative_tokens),
+            accepted_tokens=int(e.scheduler.accepted_tokens),
+        )
 
     def drain(self) -> tuple[int, int]:
         """Evict everything the cache holds unlocked, SWA first (tombstones, and unlocked
@@ -101,31 +118,61 @@ class Tracer:
             self.handles[result.trace_id] = result
         if not outermost:
             return
-        if name == "allocated":
-            self._allocation(*args)
-            return
-        line = dict(op=name, **encode_args(name, args, kwargs), expect=self.observe(name, result))
+        if name == "dispatch":
+            self._launch(args[0], result)
+        elif name == "collect":
+            self._read(args[0], result)
+        elif name == "discard":  # rolled back: as if never launched
+            self.lines[self.launched.pop(id(args[0]))[0]]["dropped"] = True
+        elif name == "allocated":  # the ledger learns what a step took: lines since its launch
+            for line in self.lines[self.taking :]:
+                free = line["expect"]["available"]
+                line["expect"]["available"] = [a - b for a, b in zip(free, result)]
+        else:
+            expect = self.observe(name, result)
+            self.lines.append(dict(op=name, **encode_args(name, args, kwargs), expect=expect))
+
+    def _launch(self, plan, step) -> None:
+        if plan.kind is StepKind.DECODE and not plan.lookahead:
+            op, args = "alloc_decode", dict(seq_lens=plan.seq_lens)
+        else:  # a prefill, or a speculative round's k + 1 positions per request
+            op, args = "alloc_extend", dict(prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens)
+        line = dict(op=op, **{k: _ints(v) for k, v in args.items()}, last_loc=_ints(plan.last_loc))
+        line["expect"] = self.observe(op, (0, []))
+        self.launched[id(step)] = (len(self.lines), plan)
         self.lines.append(line)
 
-    def _allocation(self, plan, slots) -> None:
-        if plan.kind is StepKind.DECODE:
-            op, args = "alloc_decode", dict(seq_lens=plan.seq_lens, last_loc=plan.last_loc)
-        else:
-            op = "alloc_extend"
-            args = dict(prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens,
-                        last_loc=plan.last_loc)  # fmt: skip
-        args = {k: _ints(v) for k, v in args.items()}
-        self.lines.append(dict(op=op, **args, expect=self.observe(op, (0, slots))))
+    def _read(self, step, result) -> None:
+        number, plan = self.launched.pop(id(step))
+        line = self.lines[number]
+        line["expect"].update(status=int(result.status), slots=_ints(result.slots))
+        on_device = plan.last_loc == LAST_LOC_ON_DEVICE  # overlap: the previous step's slot
+        line["last_loc"] = [
+            self.last_slot[id(req)] if ahead else loc
+            for req, ahead, loc in zip(plan.requests, on_device, line["last_loc"])
+        ]
+        if plan.kind is StepKind.DECODE and not plan.lookahead:
+            self.last_slot = {id(r): int(s) for r, s in zip(plan.requests, result.slots)}
+        self.taking = number
 
     def observe(self, name, result) -> dict:
         return observe(name, result, self.alloc, self.cache)
 
+    def _operations(self) -> list[dict]:
+        return [line for line in self.lines[1:] if not line.get("dropped")]
+
+    @property
+    def ops(self) -> int:
+        """Operation lines so far (a rolled-back step's allocation is not one)."""
+        return len(self._operations())
+
     def write(self, path: str | Path, *, plain: bool = False) -> None:
         """Format 3; gzip-compressed when `path` ends in .gz; `plain`: no delta encoding (what
         another language reads without swajax's codec)."""
-        ops = len(self.lines) - 1
-        header = dict(self.lines[0], version=FORMAT_VERSION, ops=ops)
-        body = self.lines[1:] if plain else codec.encode_lines(self.lines[1:])
+        ops_lines = self._operations()
+        ops = len(ops_lines)
+        header = dict(self.lines[0], version=FORMAT_VERSION, ops=ops, ran=self.ran())
+        body = ops_lines if plain else codec.encode_lines(ops_lines)
         lines = [header, *body, dict(op="end", ops=ops)]
         data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
         Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)

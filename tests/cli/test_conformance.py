@@ -142,3 +142,20 @@ def test_a_checker_written_from_the_protocol_alone(kit, tmp_path):
     wrong.write_text("".join(json.dumps(a) + "\n" for a in answers))
     run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "operation 100 (" in run.stdout and "[available]" in run.stdout
+
+
+@pytest.mark.parametrize("backend, ok", [("python_model", True),
+                                         ("mutant_insert_leaks_duplicates", False)])  # fmt: skip
+def test_an_adapter_written_from_the_protocol_alone(kit, tmp_path, backend, ok):
+    """examples/kit_adapter.py (standard library only, written from the protocol document)
+    drives a backend through every operation case; the checker accepts a correct backend's
+    answers and refuses a buggy one's."""
+    answers = tmp_path / "answers"
+    adapter = [sys.executable, str(EXAMPLES / "kit_adapter.py"), str(kit), str(answers),
+               "--backend", f"helpers.op_backend:{backend}"]  # fmt: skip
+    subprocess.run(adapter, check=True, capture_output=True, cwd=EXAMPLES.parent / "tests",
+                   timeout=300)  # fmt: skip
+    checker = [sys.executable, str(EXAMPLES / "kit_checker.py"), str(kit), str(answers)]
+    run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
+    assert (run.returncode == 0) is ok, run.stdout
+    assert run.stdout.count("OK") == (len(kit_lib.OPS) if ok else 1), run.stdout  # all-SWA: no leak

@@ -19,3 +19,15 @@ def check_clean(engine):
     assert engine.ledger.available() == full
     avail = A.available(engine.runner.alloc)
     assert (int(avail.full), int(avail.swa)) == full
+
+
+def check_replays(tracer, path):
+    """A recorded run (`swajax.trace.recorder.Tracer`, its engine idle): both pools free once
+    drained, and the trace, written to `path`, replays with every result as recorded."""
+    from swajax.trace.replay import replay
+
+    tracer.finish()
+    tracer.write(path)
+    result = replay(path)
+    assert result["ok"], result
+    return result

@@ -266,3 +266,11 @@ class SGLangAdapter:
 
     def logits(self, model_dir, prompt):
         raise NotImplementedError("the memory system only")
+
+
+def op_backend(header: dict):
+    """SGLang's objects behind the interface `examples/kit_adapter.py` asks of a backend
+    (`--backend peers.sglang_adapter:op_backend`, run from tests/)."""
+    from helpers.op_backend import OpBackend
+
+    return OpBackend(*SGLangAdapter().allocator_and_cache(header))

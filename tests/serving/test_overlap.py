@@ -6,10 +6,12 @@ token (a request ends while the next step, planned ahead, already includes it), 
 between steps, and pools tight enough to retract.
 """
 
+import json
+
 import numpy as np
 import pytest
 from helpers import FIXTURES
-from helpers.engine_checks import check_clean
+from helpers.engine_checks import check_clean, check_replays
 
 from swajax import sizing
 from swajax.api import engine_for
@@ -17,6 +19,7 @@ from swajax.models import load_decoder
 from swajax.models.decoder import HybridLM
 from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
+from swajax.trace.recorder import Tracer
 
 PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(5)]
 PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
@@ -30,10 +33,12 @@ def overlap_engine(decoder, overlap, *, gib=0.002):
     return engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
 
 
-def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None):
+def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None, trace=None):
+    """`trace`: a path to record the run's allocator and cache calls to (then replayed)."""
     engine = overlap_engine(decoder, overlap, gib=gib)
     if check is not None:
         engine.instrument = check(engine)
+    tracer = Tracer(engine) if trace is not None else None
     rids = [
         engine.add_request(p, SamplingParams(max_new_tokens=10 + 2 * i, stop_token_ids=stop))
         for i, p in enumerate(PROMPTS)
@@ -45,9 +50,16 @@ def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None):
         if steps == abort_at:
             engine.abort(rids[4])  # between steps: with overlap, a launched step holds it
     engine.flush()
+    if tracer is not None:
+        check_replays(tracer, trace)
     check_clean(engine)
     outs = [(engine.requests[r].output, engine.requests[r].logprobs) for r in rids]
     return outs, engine
+
+
+def header(path) -> dict:
+    with open(path) as f:
+        return json.loads(f.readline())
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +74,12 @@ def stop(decoder):
     return (outs[2][0][4],)
 
 
-def test_overlap_changes_no_token_and_no_logprob(decoder, stop):
+def test_overlap_changes_no_token_and_no_logprob(decoder, stop, tmp_path):
     plain, plain_engine = run(decoder, False, stop)
-    overlapped, engine = run(decoder, True, stop)
+    overlapped, engine = run(decoder, True, stop, trace=tmp_path / "overlap.jsonl")
     assert engine.launched_ahead > 0 and engine.scheduler.dropped_tokens > 0
+    # Recorded with steps launched ahead, the allocations sit where the device made them.
+    assert header(tmp_path / "overlap.jsonl")["ran"]["launched_ahead"] == engine.launched_ahead
     assert plain_engine.launched_ahead == 0
     for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(plain, overlapped):
         assert tokens_a == tokens_b
@@ -158,10 +172,12 @@ def test_the_instrument_catches_a_premature_release(decoder):
     assert instrument.violations and "released by 1" in instrument.violations[0]
 
 
-def _run_with_faulty_collect(decoder, should_fail):
+def _run_with_faulty_collect(decoder, should_fail, trace=None):
     """The overlapped engine, where reading a launched step's result raises when
-    `should_fail(engine, plan)` says so (the step itself ran on the device)."""
+    `should_fail(engine, plan)` says so (the step itself ran on the device). `trace`: a path
+    to record to; the rolled-back steps' allocations are not in it, and it replays."""
     engine = overlap_engine(decoder, True)
+    tracer = Tracer(engine) if trace is not None else None
     collect, seen = engine.runner.collect, []
 
     def faulty(step):
@@ -174,11 +190,13 @@ def _run_with_faulty_collect(decoder, should_fail):
     rids = [engine.add_request(p, SamplingParams(max_new_tokens=10 + 2 * i))
             for i, p in enumerate(PROMPTS)]  # fmt: skip
     engine.run()
+    if tracer is not None:
+        check_replays(tracer, trace)
     check_clean(engine)  # nothing leaked on the host or the device
     return engine, rids, seen
 
 
-def test_a_transient_read_failure_loses_nothing(decoder):
+def test_a_transient_read_failure_loses_nothing(decoder, tmp_path):
     clean, _ = run(decoder, True, (), abort_at=-1)
     for ahead in (True, False):  # with a step launched after it, and on the plain path
         fired = []
@@ -190,7 +208,8 @@ def test_a_transient_read_failure_loses_nothing(decoder):
             fired.append(True)
             return True
 
-        engine, rids, seen = _run_with_faulty_collect(decoder, once)
+        trace = tmp_path / f"{ahead}.jsonl"
+        engine, rids, seen = _run_with_faulty_collect(decoder, once, trace)
         assert seen == [ahead] and len(engine.errors) == 1
         got = [(engine.requests[r].output, engine.requests[r].logprobs) for r in rids]
         for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(clean, got):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import FIXTURES
-from helpers.engine_checks import check_clean
+from helpers.engine_checks import check_clean, check_replays
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
@@ -23,6 +23,7 @@ from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
 from swajax.serving.request import Status
 from swajax.serving.sampling_params import SamplingParams
+from swajax.trace.recorder import Tracer
 
 PROMPTS = [[(5 * i + 3 * j) % 120 + 1 for i in range(18 + 9 * j)] for j in range(3)]
 PARAMS = SamplingParams(max_new_tokens=14)
@@ -33,7 +34,8 @@ def target():
     return load_decoder(FIXTURES / "gpt_oss")  # S F S F, W = 5: smaller than k + page size
 
 
-def run(decoder, k=0, draft=None, *, page_size=4, prefix_cache=True):
+def run(decoder, k=0, draft=None, *, page_size=4, prefix_cache=True, trace=None):
+    """`trace`: a path to record the run's allocator and cache calls to (then replayed)."""
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(
         cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=page_size, dtype="fp32",
@@ -43,11 +45,14 @@ def run(decoder, k=0, draft=None, *, page_size=4, prefix_cache=True):
                             num_speculative_tokens=k, prefix_cache=prefix_cache)  # fmt: skip
     draft_lm = HybridLM(draft, dtype="fp32") if draft is not None else None
     engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options, draft=draft_lm)
+    tracer = Tracer(engine) if trace is not None else None
     rids = [engine.add_request(p, PARAMS) for p in PROMPTS]
     engine.add_request(PROMPTS[2][:25] + [9, 9], PARAMS)  # a prefix hit, drafted too
     rids.append(max(engine.requests))
     engine.run()
     outputs = [engine.requests[r].output for r in rids]
+    if tracer is not None:  # a round's k + 1 positions and its rejected pages, as they went
+        check_replays(tracer, trace)
     check_clean(engine)  # no page of a rejected token is left behind
     return outputs, engine
 
@@ -68,15 +73,17 @@ def rotated(decoder):
 
 @pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3,
                                pytest.param(5, marks=pytest.mark.slow)])  # fmt: skip
-def test_the_target_as_its_own_draft_accepts_everything(target, plain, k):
-    outputs, engine = run(target, k, target)
+def test_the_target_as_its_own_draft_accepts_everything(target, plain, k, tmp_path):
+    outputs, engine = run(target, k, target, trace=tmp_path / "t.jsonl")
     assert outputs == plain
     rounds = sum(1 for m in engine.metrics if m.kind == "decode")
     assert engine.scheduler.accepted_tokens >= (rounds - 2 * len(PROMPTS)) * k  # all but the ends
 
 
-def test_an_always_wrong_draft_changes_nothing(target, plain):
-    outputs, engine = run(target, 3, rotated(target))  # W = 5 < k + page size = 7
+def test_an_always_wrong_draft_changes_nothing(target, plain, tmp_path):
+    outputs, engine = run(
+        target, 3, rotated(target), trace=tmp_path / "t.jsonl"
+    )  # W = 5 < k + page size = 7
     assert outputs == plain and engine.scheduler.accepted_tokens == 0
 
 

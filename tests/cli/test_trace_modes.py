@@ -1,0 +1,82 @@
+"""Recording what actually ran: overlap scheduling and speculative decoding change when the
+host learns a step's slots, not what the allocator is asked; the trace puts each allocation
+where the device made it (its step's launch), says in its header what ran, and replays.
+
+Here through the null model (the `record` command); through a real model in
+tests/serving/test_overlap.py (a stop token ending a request while the step planned after it
+runs, an abort between steps, a read that fails and is rolled back) and
+tests/serving/test_speculative.py (drafts always right and always wrong).
+"""
+
+import json
+
+import pytest
+from helpers.engine_checks import check_clean
+
+from swajax import sizing
+from swajax.api import engine_for
+from swajax.cli.main import main
+from swajax.errors import InputError
+from swajax.presets import load_preset
+from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
+from swajax.serving.sampling_params import SamplingParams
+from swajax.trace.check import check_header
+from swajax.trace.replay import replay
+
+PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(5)]
+PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
+
+
+def header(path) -> dict:
+    with open(path) as f:
+        return json.loads(f.readline())
+
+
+@pytest.mark.parametrize(
+    "flags, overlap, k",
+    [
+        (["--overlap"], True, 0),
+        (["--num-speculative-tokens", "3", "--acceptance", "0.5"], False, 3),
+    ],
+)
+def test_record_says_what_ran_and_replays(tmp_path, capsys, flags, overlap, k):
+    path = tmp_path / "t.jsonl"
+    assert main(["record", "--requests", "8", *flags, "--out", str(path)]) == 0
+    assert "operations" in capsys.readouterr().out
+    ran = header(path)["ran"]
+    assert ran["overlap"] is overlap and (ran["launched_ahead"] > 0) is overlap
+    assert ran["speculative_tokens"] == k and (ran["accepted_tokens"] > 0) is (k > 0)
+    assert replay(path)["ok"]
+
+
+def null_engine(overlap):
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 600, ratio=0.5, page_size=4)  # tight: evictions
+    options = EngineOptions(chunk_size=16, max_context=400, eviction_interval=1)
+    return engine_for(cfg, NullModel(overlap=overlap), sizes, options)
+
+
+def test_the_null_models_overlap_changes_no_token():
+    outputs = []
+    for overlap in (False, True):
+        engine = null_engine(overlap)
+        rids = [engine.add_request(p * 4, SamplingParams(max_new_tokens=30)) for p in PROMPTS]
+        engine.run()
+        check_clean(engine)
+        assert (engine.launched_ahead > 0) is overlap
+        outputs.append([engine.requests[r].output for r in rids])
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    "ran, message",
+    [([], "ran must be an object"), ({"overlap": 1}, "ran.overlap must be true or false"),
+     ({"launched_ahead": -1}, "ran.launched_ahead must be an integer"),
+     ({"warp": True}, "fields among")],
+)  # fmt: skip
+def test_a_malformed_ran_is_refused(ran, message):
+    init = dict(op="init", version=3, profile="lean", page_size=4, full_size=64, swa_size=64,
+                mode="hybrid", window=8, cap_leaf_to_window=True, ops=0, ran=ran)  # fmt: skip
+    with pytest.raises(InputError, match=message):
+        check_header(init, "t.jsonl")
