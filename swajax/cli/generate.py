@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE
+from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS
 from swajax.cli import args as args_lib
 from swajax.json_lines import read_json_lines
 from swajax.serving.sampling_params import SamplingParams
@@ -76,6 +76,7 @@ def engine_fields(args) -> dict:
         tail_rebuild=args.tail_rebuild,
         num_speculative_tokens=_speculative_tokens(args),
         overlap=not getattr(args, "no_overlap", False),
+        **({"decode_steps": args.decode_steps} if getattr(args, "decode_steps", None) else {}),
         attention=args.attention,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
@@ -271,6 +272,9 @@ def register(sub) -> None:
                    help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
+    p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
+                   help="multi-step decode: at most this many decode steps in one program, "
+                   f"read once (default {SPEC_OPTIONS.decode_steps}; 1: off)")  # fmt: skip
     _add_sampling_args(p)
     p.add_argument("--json", action="store_true",
                    help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip

@@ -136,25 +136,32 @@ class Decoder(nnx.Module):
 class Forward:
     """The traced body of a step's model half: forward the batch, sample inside the same
     program. Static (hashable) so it can be an argument of any jit, the engine's fused step
-    included; instances are interned, so equal (graphdef, mode) pairs share one object and jit's
-    cache compares them by identity (hashing a GraphDef walks the whole module tree, ~160 us for
-    a 3-layer model, which every step would pay)."""
+    included; instances are interned, so equal (graphdef, mode, treedef) share one object and
+    jit's cache compares them by identity (hashing a GraphDef walks the whole module tree, ~160
+    us for a 3-layer model, which every step would pay).
 
-    __slots__ = ("graphdef", "mode")
+    The parameters come in as a flat tuple of arrays (`HybridLM.params`) and are rebuilt into
+    the module's state by `treedef` while tracing: jit flattens a tuple in C++, where an
+    `nnx.State` is flattened leaf by leaf in Python on every call (60 leaves for the demo)."""
 
-    def __init__(self, graphdef, mode: AttentionMode):
-        self.graphdef, self.mode = graphdef, mode
+    __slots__ = ("graphdef", "mode", "treedef")
 
-    def logits(self, state, pools, tokens, meta, rows):
+    def __init__(self, graphdef, mode: AttentionMode, treedef):
+        self.graphdef, self.mode, self.treedef = graphdef, mode, treedef
+
+    def _model(self, params):
+        return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, params))
+
+    def logits(self, params, pools, tokens, meta, rows):
         """Logits of the flat rows `rows` of a forward of `tokens` (a draft's proposals, a
         verify step's rows), and the pools with the batch's KV written."""
-        model = nnx.merge(self.graphdef, state)
+        model = self._model(params)
         return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
-    def __call__(self, state, pools, batch, meta, return_logits: bool, penalties=None,
+    def __call__(self, params, pools, batch, meta, return_logits: bool, penalties=None,
                  mode: SampleMode = GREEDY_OR_PLAIN):  # fmt: skip
         """(pools, penalties, Sampled): forward the batch, then sample its sampled rows."""
-        model = nnx.merge(self.graphdef, state)
+        model = self._model(params)
         logits, pools = model(
             batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
         )
@@ -165,8 +172,9 @@ class Forward:
 _FORWARDS: dict = {}
 
 
-def forward_of(graphdef, mode: AttentionMode) -> Forward:
-    return _FORWARDS.setdefault((graphdef, mode), Forward(graphdef, mode))
+def forward_of(graphdef, mode: AttentionMode, treedef) -> Forward:
+    key = (graphdef, mode, treedef)
+    return _FORWARDS[key] if key in _FORWARDS else _FORWARDS.setdefault(key, Forward(*key))
 
 
 @functools.partial(
@@ -174,8 +182,8 @@ def forward_of(graphdef, mode: AttentionMode) -> Forward:
     static_argnames=("forward", "return_logits", "mode"),
     donate_argnames=("pools", "penalties"),
 )
-def _forward_and_sample(forward, state, pools, batch, meta, return_logits, penalties, mode):
-    return forward(state, pools, batch, meta, return_logits, penalties, mode)
+def _forward_and_sample(forward, params, pools, batch, meta, return_logits, penalties, mode):
+    return forward(params, pools, batch, meta, return_logits, penalties, mode)
 
 
 class HybridLM:
@@ -197,7 +205,6 @@ class HybridLM:
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
         self.mesh = mesh  # tensor parallel over KV heads (swajax.models.sharding)
-        self.forward = forward_of(self.graphdef, AttentionMode(implementation, interpret, mesh))
         if mesh is not None:
             from swajax.models import sharding
 
@@ -205,6 +212,10 @@ class HybridLM:
             self.state = sharding.shard_state(self.state, mesh)
         else:  # parameters live on the device once, not uploaded with every step
             self.state = jax.device_put(self.state)
+        # What every step passes: the parameters as one flat tuple (see `Forward`).
+        self.params = tuple(jax.tree.leaves(self.state))
+        mode = AttentionMode(implementation, interpret, mesh)
+        self.forward = forward_of(self.graphdef, mode, jax.tree.structure(self.state))
 
     @property
     def decoder(self) -> Decoder:
@@ -228,7 +239,7 @@ class HybridLM:
             meta = replicate(meta, self.mesh)
             batch = replicate(batch, self.mesh)
             penalties = None if penalties is None else replicate(penalties, self.mesh)
-        return _forward_and_sample(self.forward, self.state, pools, batch, meta, return_logits,
+        return _forward_and_sample(self.forward, self.params, pools, batch, meta, return_logits,
                                    penalties, mode)  # fmt: skip
 
     @property

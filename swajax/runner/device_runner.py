@@ -3,9 +3,9 @@
 `DeviceRunner` owns the device state (allocator, `req_to_token`, KV pools). `run(plan)` pads the
 scheduler's plan to a few bucket shapes, uploads it with one `device_put`, runs `commit_step`
 (releases, allocation, req_to_token tail, metadata) and the model's forward-and-sample as ONE
-jitted program (`_fused_step`; a model under a mesh, whose allocator state lives on one device,
-gets the two dispatched back to back instead), and reads the step's result (status, new slots,
-free counts, sampled tokens and logprobs) with one `device_get`.
+jitted program (`programs.fused_step`; a model under a mesh, whose allocator state lives on
+one device, gets the two dispatched back to back instead), and reads the step's result
+(status, new slots, free counts, sampled tokens and logprobs) with one `device_get`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from swajax.attention.metadata import metadata_shape
@@ -22,8 +21,8 @@ from swajax.memory import allocator as A
 from swajax.memory.compilations import compilation_count
 from swajax.memory.padding import bucket, pad
 from swajax.memory.req_to_token import ReqToToken
-from swajax.models.sampling import SampleMode, init_penalties, seed_penalties
-from swajax.models.speculative import verify_round
+from swajax.models.multi_step import round_shape
+from swajax.models.sampling import SampleMode, init_penalties
 from swajax.observe import Observer, observed
 from swajax.runner.commit import (
     FREE_FULL,
@@ -38,15 +37,19 @@ from swajax.runner.commit import (
     commit_step,
 )
 from swajax.runner.packing import pack
+from swajax.runner.programs import (
+    fill_placeholders,
+    fused_round,
+    fused_step,
+    fused_verify,
+    seed_only,
+)
 from swajax.runner.step_inputs import MIN_TOKENS, SEEDS, offset, pad_forward, seed_arrays
 from swajax.serving import overlap
 from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
 MIN_REQS, MIN_EDITS = 8, 64
-
-
-_COMMIT = ("layout", "decode", "num_tokens", "meta_shape")
 
 
 class Dispatched(NamedTuple):
@@ -57,64 +60,6 @@ class Dispatched(NamedTuple):
     out: jax.Array
     sampled: tuple
     result: StepResult | None = None
-
-
-@functools.partial(jax.jit, static_argnames=("start", "size"))
-def _fill_placeholders(packed, prev_tokens, *, start: int, size: int):
-    """A step planned while the previous one ran names each not-yet-sampled input token as
-    -(1 + its row in the previous step's sampled tokens); fill them in on device, in a program
-    of its own, so the step's program (and its numerics) is the one a plain step runs."""
-    tokens = packed[start : start + size]
-    row = jnp.clip(-tokens - 1, 0, prev_tokens.shape[0] - 1)
-    return packed.at[start : start + size].set(jnp.where(tokens < 0, prev_tokens[row], tokens))
-
-
-def _seeded(pen, extra: dict):
-    """The penalty counts with a step's seeds loaded (if it carries any)."""
-    if SEEDS[0] not in extra:
-        return pen
-    return seed_penalties(pen, *(extra.pop(name) for name in SEEDS))
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("forward", "draft", "return_logits", "mode", *_COMMIT),
-    donate_argnums=(0, 1, 2, 3, 4),
-)
-def _fused_step(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                return_logits, mode, **commit):  # fmt: skip
-    """commit_step then the model's forward (a static `Forward`) and sampling, traced into one
-    program; a speculative draft (`draft`, or None) writes its KV of the same tokens."""
-    alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    extra.pop("verify_rows", None)
-    pen = _seeded(pen, extra)
-    batch = ForwardBatch(**extra)
-    pools, pen, sampled = forward(weights, pools, batch, meta, return_logits, pen, mode)
-    if draft is not None:
-        _, d_pools = draft.logits(d_weights, d_pools, batch.tokens, meta, batch.logit_index[:1])
-    return alloc, r2t, pools, d_pools, pen, out, sampled
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("forward", "draft", "k", "draft_shapes", "mode", *_COMMIT),
-    donate_argnums=(0, 1, 2, 3, 4),
-)
-def _fused_verify(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                  k, draft_shapes, mode, **commit):  # fmt: skip
-    """commit_step (k + 1 positions per decoding request) then a speculative round."""
-    alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    rows = extra.pop("verify_rows")
-    pools, d_pools, verified = verify_round(
-        forward, draft, weights, d_weights, pools, d_pools, r2t, alloc, meta,
-        ForwardBatch(**extra), rows, k=k, draft_shapes=draft_shapes,
-    )  # fmt: skip
-    return alloc, r2t, pools, d_pools, pen, out, verified
-
-
-@jax.jit
-def _seed_only(pen, reset_rows, rows, tokens, is_output):
-    return seed_penalties(pen, reset_rows, rows, tokens, is_output)
 
 
 def _mode(plan: StepPlan) -> SampleMode:
@@ -194,6 +139,12 @@ class DeviceRunner:
             return not self.model.needs_kv and self.model.overlap
         return self.model.needs_kv
 
+    @property
+    def supports_rounds(self) -> bool:
+        """Whether a decode round (N positions per request) can run: in the fused program, or
+        emulated by a model without KV (the null model)."""
+        return self.model.fused_forward is not None or not self.model.needs_kv
+
     def run(self, plan: StepPlan) -> StepResult:
         """One step, launched and read. If it raises, the device state is as if the step had
         only applied its releases (the host counted those): the new pages are given back."""
@@ -240,20 +191,26 @@ class DeviceRunner:
         try:
             packed, commit = self._prepare(plan, last)
             draft = self.draft.fused_forward if self.draft is not None else None
-            d_state = self.draft.state if self.draft is not None else None
+            d_state = self.draft.params if self.draft is not None else None
             pen = self._penalties(plan)
             state = (self.alloc, self.r2t, self.pools, self.draft_pools, pen)
-            if plan.lookahead:
+            if plan.lookahead and not plan.speculative:  # multi-step decode
+                shape = round_shape(plan.prefix_lens, plan.seq_lens,
+                                    page_size=self.alloc.page_size, window=self.window,
+                                    min_tokens=self.min_reqs)  # fmt: skip
+                shapes = (shape,) * (plan.lookahead + 1)
+                step = functools.partial(fused_round, shapes=shapes)
+            elif plan.lookahead:
                 step = functools.partial(
-                    _fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
+                    fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
                 )
             else:
-                step = functools.partial(_fused_step, return_logits=plan.return_logits)
+                step = functools.partial(fused_step, return_logits=plan.return_logits)
             if after is not None:
                 start, size = offset(commit["layout"], "tokens")
-                packed = _fill_placeholders(packed, after.sampled[0], start=start, size=size)
+                packed = fill_placeholders(packed, after.sampled[0], start=start, size=size)
             *state, out, sampled = step(
-                *state, packed, self.model.state, d_state, forward=fused, draft=draft,
+                *state, packed, self.model.params, d_state, forward=fused, draft=draft,
                 mode=_mode(plan), **commit,
             )  # fmt: skip
             self.alloc, self.r2t, self.pools, self.draft_pools, pen = state
@@ -289,7 +246,7 @@ class DeviceRunner:
             elif self.model.needs_kv:
                 pen = self._penalties(plan)
                 if seeds is not None:
-                    pen = _seed_only(pen, *seeds)
+                    pen = seed_only(pen, *seeds)
                 self.pools, pen, sampled = self.model.forward_and_sample(
                     self.pools, fwd, meta, return_logits=plan.return_logits, penalties=pen,
                     mode=_mode(plan),

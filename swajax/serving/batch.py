@@ -139,9 +139,11 @@ class StepPlan:
     # i32[T] or None: per new token, the full slot whose KV full layers store instead of
     # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
     full_src: np.ndarray | None = None
-    # Speculative decoding: a decode step that verifies `lookahead` draft tokens per request
-    # (k + 1 positions each, allocated as an extend); 0: a plain step.
+    # A decode round of `lookahead` + 1 positions per request, allocated as an extend: a
+    # speculative verify round (k draft tokens) when `speculative`, else multi-step decode
+    # (N = lookahead + 1 steps in one program); 0: a plain step.
     lookahead: int = 0
+    speculative: bool = False
     # (full, SWA) tokens its releases give back: counted on the host when it was planned, on
     # the device only when it runs (overlap scheduling checks the previous step against it).
     released: tuple[int, int] = (0, 0)
@@ -233,6 +235,7 @@ class Runner(Protocol):
     `dispatch` and return its result from `collect`; the engine then launches one at a time."""
 
     supports_overlap: bool
+    supports_rounds: bool  # decode rounds (multi-step decode) can run
 
     def dispatch(self, plan: StepPlan, after=None): ...
     def collect(self, step) -> StepResult: ...

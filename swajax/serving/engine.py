@@ -66,7 +66,9 @@ class Engine:
                                        enabled=options.prefix_cache, policy=policy)  # fmt: skip
         layout = SchedulerConfig(page_size=sizes.page_size, window=self.window,
                                  pool_mode=sizes.mode, policy=policy,
-                                 rebuild_reach=self._rebuild_reach())  # fmt: skip
+                                 rebuild_reach=self._rebuild_reach(),
+                                 decode_steps=options.decode_steps
+                                 if runner.supports_rounds and draft is None else 1)  # fmt: skip
         self.scheduler = Scheduler(layout, options, self.cache, self.ledger)
         self.overlap = options.overlap and runner.supports_overlap
         self._launched = None  # a step launched but not read yet (overlap scheduling)

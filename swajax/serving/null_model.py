@@ -41,8 +41,10 @@ class NullModel:
     def verify(self, plan, k: int):
         """An emulated verify round: the target's tokens are the `next_token` chain from each
         pending token (so outputs equal plain decoding's), and each draft token is accepted
-        with probability `acceptance` (a fixed hash of the position decides)."""
-        t = plan.forward.tokens[:: k + 1]
+        with probability `acceptance` (a fixed hash of the position decides); a multi-step
+        round (not `speculative`) keeps all k + 1."""
+        n = plan.seq_lens - plan.prefix_lens  # positions per request (a round: k + 1 each)
+        t = plan.forward.tokens[np.cumsum(n) - n]
         pos = plan.prefix_lens.astype(np.int64)
         greedy = np.zeros((len(t), k + 1), np.int32)
         for j in range(k + 1):
@@ -50,6 +52,8 @@ class NullModel:
             greedy[:, j] = t
         draws = (self.next_token(pos[:, None] + np.arange(k), 7) % 1000) / 1000.0
         accepted = np.cumprod(draws < self.acceptance, axis=1).sum(axis=1).astype(np.int32)
+        if not plan.speculative:  # multi-step decode: every step a request took is kept
+            accepted = (n - 1).astype(np.int32)
         return greedy, np.zeros(greedy.shape, np.float32), accepted
 
     def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,

@@ -31,6 +31,10 @@ class EngineOptions:
     # (greedy requests: by equality); 0: off. Needs a draft model (`Engine(draft=...)`),
     # except on the null model, which emulates one.
     num_speculative_tokens: int = 0
+    # Multi-step decode: up to this many decode steps in one program, read once, when every
+    # running request decodes and nothing waits (`Scheduler._decode_steps` chooses N, a power
+    # of two, each round); 1: off. Not with a speculative draft (its rounds come first).
+    decode_steps: int = 1
     # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
     # where the runner can launch a step without reading the previous one (a fused model).
     overlap: bool = True
@@ -40,7 +44,7 @@ class EngineOptions:
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
         for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
-                         ("num_speculative_tokens", 0), ("chunk_size", 1),
+                         ("num_speculative_tokens", 0), ("chunk_size", 1), ("decode_steps", 1),
                          ("max_logprobs", 0)):  # fmt: skip
             value = getattr(self, name)
             optional = name in ("chunk_size", "max_context")
@@ -68,6 +72,9 @@ class SchedulerConfig:
     window: int  # memory window W (0 without local layers)
     pool_mode: PoolMode
     policy: CachePolicy = SWAJAX  # the resolved cache-policy profile of `options.cache_policy`
+    # Multi-step decode's most steps per program: `options.decode_steps` where the runner can
+    # run a round (a fused model, or the null model) and no draft does; else 1.
+    decode_steps: int = 1
     decode_reserve_ratio: float = 0.5  # share of a running request's remaining tokens reserved
     # Exact SWA-tail rebuild (serving/tail_rebuild.py): the windows of every local layer but the
     # top one (`tail_rebuild.lower_reach`); None: off (always fall back as SGLang does).

@@ -22,10 +22,12 @@ from swajax.serving.batch import (
 from swajax.serving.request import Request
 
 
-def build_plan(batch, releases: tuple[Releases, ...], lookahead: int = 0) -> StepPlan:
+def build_plan(batch, releases: tuple[Releases, ...], speculative: bool = False) -> StepPlan:
     """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it; a
-    decode batch with `lookahead` k is a speculative verify round."""
-    spec = lookahead if batch.kind is StepKind.DECODE else 0
+    decode batch of n > 1 positions per request is a round: a speculative verify round of
+    n - 1 draft tokens (`speculative`), else up to n decode steps in one program (each
+    request its own number)."""
+    spec = max(batch.lens) - 1 if batch.kind is StepKind.DECODE and batch.reqs else 0
     reqs, lens = batch.reqs, batch.lens
     pre = np.asarray([r.kv_len for r in reqs], np.int32)
     seq = pre + np.asarray(lens, np.int32)
@@ -51,10 +53,11 @@ def build_plan(batch, releases: tuple[Releases, ...], lookahead: int = 0) -> Ste
             np.asarray(ends, np.int32),
             np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
         ),
-        forward=verify_batch(reqs, spec) if spec else forward_batch(reqs, lens),
+        forward=round_batch(reqs, lens) if spec else forward_batch(reqs, lens),
         return_logits=any(r.keep_logits for r in reqs),
         full_src=full_sources(reqs, lens),
         lookahead=spec,
+        speculative=speculative and spec > 0,
         penalize=any(r.params.penalized for r in reqs),
         penalty_seeds=penalty_seeds(reqs),
         top_logprobs=top_logprobs(reqs),
@@ -80,10 +83,11 @@ def penalty_seeds(reqs: list[Request]) -> PenaltySeeds | None:
     return PenaltySeeds(reset, rows, tokens, out.astype(np.int32))
 
 
-def verify_batch(reqs: list[Request], k: int) -> ForwardBatch:
-    """A verify round's tokens: each request's pending token, then k places the draft fills."""
-    tokens = np.zeros(len(reqs) * (k + 1), np.int32)
-    tokens[:: k + 1] = [r.output[-1] for r in reqs]
+def round_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
+    """A round's tokens: each request's pending token, then the places the round fills (a
+    verify round's draft tokens, a multi-step round's own samples): lens[i] per request."""
+    tokens = np.zeros(sum(lens), np.int32)
+    tokens[np.cumsum(lens) - lens] = [r.output[-1] for r in reqs]
     empty = np.zeros(0, np.int32)
     # Per request: its sampling fields, keyed from the position of its pending token's successor.
     fields = sampling_fields([r.params for r in reqs], [r.num_tokens for r in reqs],

@@ -93,9 +93,24 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        return Batch(
-            StepKind.DECODE, decoding, [1 + self.options.num_speculative_tokens] * len(decoding)
-        )
+        k = self.options.num_speculative_tokens
+        lens = [1 + k] * len(decoding) if k else self._decode_steps(decoding)
+        return Batch(StepKind.DECODE, decoding, lens)
+
+    def _decode_steps(self, decoding: list[Request]) -> list[int]:
+        """Each request's decode steps in one program (multi-step decode): N, the largest power
+        of two (few programs) within `EngineOptions.decode_steps` and the most tokens any of
+        them has left, and for each request no more than it has left. Only when every running
+        request decodes and nothing waits (admission is settled), and none asks for what a
+        round does not return (penalties, top-N logprobs, kept logits); else one each."""
+        cap, one = self.cfg.decode_steps, [1] * len(decoding)
+        if cap <= 1 or self.waiting or len(decoding) != len(self.running):
+            return one
+        if any(r.keep_logits or r.params.penalized or r.params.logprobs for r in decoding):
+            return one
+        left = [r.params.max_new_tokens - len(r.output) for r in decoding]
+        n = 1 << (min(cap, max(left)).bit_length() - 1)
+        return [max(1, min(n, x)) for x in left]
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -115,7 +130,7 @@ class Scheduler:
             else:
                 batch = progress.force(self)
         plan = build_plan(
-            batch, self.ledger.take_releases(), lookahead=self.options.num_speculative_tokens
+            batch, self.ledger.take_releases(), speculative=self.options.num_speculative_tokens > 0
         )
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from swajax.serving.scheduler_view import SchedulerView
 
+import numpy as np
+
 from swajax.arith import round_up
 from swajax.serving.batch import StepPlan, StepResult
 from swajax.serving.request import Request
@@ -34,9 +36,9 @@ def kept(req: Request, tokens) -> int:
 def take_round(sched: SchedulerView, plan: StepPlan, result: StepResult, take_token) -> None:
     """Take a verify round's result; `take_token(sched, req, token, logprob)` appends one token
     (finishing the request on a stop token or at its length limit)."""
-    k, ps = plan.lookahead, sched.cfg.page_size
-    for i, req in enumerate(plan.requests):
-        slots = result.slots[i * (k + 1) : (i + 1) * (k + 1)]
+    ps, n = sched.cfg.page_size, plan.seq_lens - plan.prefix_lens  # positions per request
+    for i, (req, start) in enumerate(zip(plan.requests, np.cumsum(n) - n)):
+        slots = result.slots[start : start + n[i]]
         new = result.tokens[i, : int(result.accepted[i]) + 1].tolist()
         m = kept(req, new)
         p = req.kv_len
@@ -44,6 +46,7 @@ def take_round(sched: SchedulerView, plan: StepPlan, result: StepResult, take_to
         own = round_up(p + m, ps) - p  # positions on pages that hold a kept position
         if own < len(slots):
             sched.ledger.free(slots[own:])
-        sched.accepted_tokens += m - 1
+        if plan.speculative:
+            sched.accepted_tokens += m - 1
         for token, logprob in zip(new[:m], result.logprobs[i, :m].tolist()):
             take_token(sched, req, token, logprob)

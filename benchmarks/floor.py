@@ -1,0 +1,261 @@
+"""The engine against its model's floor: the same weights run as a bare jitted decode loop.
+
+    python benchmarks/floor.py [--json] [--batches 1,16,64] [--prompt-len 16] [--new 128]
+        [--repeats 3] [--wide] [--smoke]
+
+The floor is written here from the checkpoint's config.json alone (MiMo-V2-Flash's layout, the
+demo's family): a dense static KV cache [batch, context, kv heads, head dim] per layer, no
+pages, no allocator, no prefix cache; one jitted prefill, then one jitted step per token with
+the cache donated and greedy sampling on device; tokens are read once, at the end. The engine
+runs the same prompts through `swajax.api.generate` (hybrid pools, one exchange per step, or per
+round of up to `--decode-steps` steps). Everything is compiled before timing and run
+interleaved, best of `--repeats`; the greedy tokens must be identical (all in float32). Prints
+tokens / s for each and engine / floor.
+
+`--wide`: a randomly initialised model of the same family, wider and deeper (hidden 512, 8
+layers), where the model's own arithmetic weighs more than per-step overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "swajax" / "demo"
+F32 = jnp.float32
+
+
+def weights_of(decoder) -> dict:
+    """The decoder's parameters as plain arrays, named as the floor reads them."""
+    layers = []
+    for layer in decoder.layers:
+        a, m = layer.self_attn, layer.mlp
+        layers.append(dict(
+            ln1=layer.input_layernorm.weight[...], ln2=layer.post_attention_layernorm.weight[...],
+            q=a.q_proj.kernel[...], k=a.k_proj.kernel[...], v=a.v_proj.kernel[...],
+            o=a.o_proj.kernel[...], sinks=None if a.sinks is None else a.sinks[...],
+            gate=m.gate_proj.kernel[...], up=m.up_proj.kernel[...], down=m.down_proj.kernel[...],
+        ))  # fmt: skip
+    return dict(embed=decoder.embed[...], norm=decoder.norm.weight[...], layers=layers,
+                head=decoder.lm_head.kernel[...])  # fmt: skip
+
+
+class Floor:
+    """MiMo-V2-Flash (dense MLPs) from its config.json: per-type heads, sinks on sliding
+    layers, window = `sliding_window_size` tokens before the query, rotate-half RoPE."""
+
+    def __init__(self, config: dict, batch: int, context: int):
+        c = config
+        self.eps, self.b, self.t = c["rms_norm_eps"], batch, context
+        self.window = c["sliding_window_size"]
+        self.local = [kind == "sliding_attention" for kind in c["layer_types"]]
+        self.shape = {
+            True: (c["swa_num_attention_heads"], c["swa_num_key_value_heads"], c["swa_head_dim"],
+                   c["swa_v_head_dim"]),
+            False: (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
+                    c["v_head_dim"]),
+        }  # fmt: skip
+        rope = c["rope_parameters"]
+        self.theta = {True: rope["sliding_attention"]["rope_theta"],
+                      False: rope["full_attention"]["rope_theta"]}  # fmt: skip
+
+    def cache(self):
+        return [
+            (jnp.zeros((self.b, self.t, kv, d), F32), jnp.zeros((self.b, self.t, kv, dv), F32))
+            for local in self.local
+            for _, kv, d, dv in [self.shape[local]]
+        ]
+
+    def _norm(self, x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + self.eps) * w
+
+    def _rope(self, x, pos, theta):  # x [b, s, h, d], pos [b, s]
+        d = x.shape[-1]
+        inv = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=F32) / d)
+        ang = pos[..., None].astype(F32) * inv
+        cos, sin = jnp.cos(ang)[:, :, None], jnp.sin(ang)[:, :, None]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def forward(self, w, cache, tokens, pos):
+        """tokens, pos [b, s] (s new tokens at positions pos); logits of the last [b, V]."""
+        hi = jax.lax.Precision.HIGHEST
+        x = w["embed"][tokens]
+        keys = jnp.arange(self.t)
+        out = []
+        for lw, local, (k_cache, v_cache) in zip(w["layers"], self.local, cache):
+            heads, kv, d, dv = self.shape[local]
+            h = self._norm(x, lw["ln1"])
+            b, s = tokens.shape
+            q = jnp.dot(h, lw["q"], precision=hi).reshape(b, s, heads, d)
+            k = jnp.dot(h, lw["k"], precision=hi).reshape(b, s, kv, d)
+            v = jnp.dot(h, lw["v"], precision=hi).reshape(b, s, kv, dv)
+            theta = self.theta[local]
+            q, k = self._rope(q, pos, theta), self._rope(k, pos, theta)
+            rows = jnp.arange(b)[:, None]
+            k_cache = k_cache.at[rows, pos].set(k)
+            v_cache = v_cache.at[rows, pos].set(v)
+            out.append((k_cache, v_cache))
+            group = heads // kv  # query heads per KV head, grouped: no repeated KV
+            q = q.reshape(b, s, kv, group, d)
+            scores = jnp.einsum("bskgd,btkd->bkgst", q, k_cache, precision=hi) / np.sqrt(d)
+            lag = pos[:, None, None, :, None] - keys  # query - key, [b, 1, 1, s, t]
+            visible = (lag >= 0) & ((lag <= self.window) if local else True)
+            scores = jnp.where(visible, scores, -jnp.inf)
+            if lw["sinks"] is not None:  # one more logit per head, dropped after the softmax
+                sink = lw["sinks"].reshape(1, kv, group, 1, 1)
+                sink = jnp.broadcast_to(sink, (*scores.shape[:-1], 1))
+                probs = jax.nn.softmax(jnp.concatenate([scores, sink], -1), -1)[..., :-1]
+            else:
+                probs = jax.nn.softmax(scores, -1)
+            att = jnp.einsum("bkgst,btkd->bskgd", probs, v_cache, precision=hi)
+            att = att.reshape(b, s, heads * dv)
+            x = x + jnp.dot(att, lw["o"], precision=hi)
+            h = self._norm(x, lw["ln2"])
+            gate = jax.nn.silu(jnp.dot(h, lw["gate"], precision=hi))
+            x = x + jnp.dot(gate * jnp.dot(h, lw["up"], precision=hi), lw["down"], precision=hi)
+        x = self._norm(x[:, -1], w["norm"])
+        return jnp.dot(x, w["head"], precision=hi), out
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _prefill(floor, w, cache, prompts):
+    pos = jnp.broadcast_to(jnp.arange(prompts.shape[1]), prompts.shape)
+    logits, cache = floor.forward(w, cache, prompts, pos)
+    return jnp.argmax(logits, -1).astype(jnp.int32), cache
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _step(floor, w, cache, token, pos):
+    logits, cache = floor.forward(w, cache, token[:, None], pos[:, None])
+    return jnp.argmax(logits, -1).astype(jnp.int32), cache
+
+
+def run_floor(floor, w, prompts, new):
+    """(seconds, greedy tokens [b, new]); the host reads the tokens once, after the last step."""
+    t0 = time.perf_counter()
+    token, cache = _prefill(floor, w, floor.cache(), jnp.asarray(prompts, jnp.int32))
+    tokens, p = [token], prompts.shape[1]
+    for i in range(new - 1):
+        token, cache = _step(floor, w, cache, token, jnp.full(len(prompts), p + i, jnp.int32))
+        tokens.append(token)
+    out = np.asarray(jax.device_get(jnp.stack(tokens, 1)))
+    return time.perf_counter() - t0, out
+
+
+def run_engine(decoder, prompts, new, steps=1):
+    from swajax.api import EngineSpec, generate, make_engine
+    from swajax.serving.sampling_params import SamplingParams
+
+    context = prompts.shape[1] + new + 16
+    setup = EngineSpec.of(kv_budget_gib=0.05, page_size=16, chunk_size=None,
+                          max_running=len(prompts), max_context=context,
+                          decode_steps=steps)  # fmt: skip
+    engine = make_engine(decoder, setup)  # pools allocated outside the timed part
+    t0 = time.perf_counter()
+    reqs, _ = generate(engine, prompts.tolist(), SamplingParams(max_new_tokens=new))
+    return time.perf_counter() - t0, np.asarray([r.output for r in reqs])
+
+
+def model(wide: bool, folder: Path):
+    """(decoder, config): the demo checkpoint in float32, or (`wide`) a random checkpoint of the
+    same family written to `folder` in the hub's layout and loaded like any other."""
+    from swajax.models import load_decoder
+
+    config = json.loads((DEMO / "config.json").read_text())
+    if not wide:
+        return load_decoder(DEMO, dtype="float32"), config
+    from safetensors.numpy import save_file
+
+    n, h, f, heads, kv, d = 8, 512, 1536, 8, 4, 64
+    config = dict(config, hidden_size=h, intermediate_size=f, num_hidden_layers=n,
+                  num_attention_heads=heads, swa_num_attention_heads=heads,
+                  num_key_value_heads=kv, swa_num_key_value_heads=kv, head_dim=d, swa_head_dim=d,
+                  v_head_dim=d, swa_v_head_dim=d, mlp_layer_types=["dense"] * n,
+                  layer_types=["sliding_attention"] * 3 + ["full_attention"]
+                  + ["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
+    rng, vocab = np.random.default_rng(0), config["vocab_size"]
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": rand(vocab, h), "lm_head.weight": rand(vocab, h),
+         "model.norm.weight": np.ones(h, np.float32)}  # fmt: skip
+    for i, kind in enumerate(config["layer_types"]):
+        pre = f"model.layers.{i}"
+        for name, shape in (("q_proj", (heads * d, h)), ("k_proj", (kv * d, h)),
+                            ("v_proj", (kv * d, h)), ("o_proj", (h, heads * d))):  # fmt: skip
+            t[f"{pre}.self_attn.{name}.weight"] = rand(*shape)
+        if kind == "sliding_attention":
+            t[f"{pre}.self_attn.attention_sink_bias"] = rng.standard_normal(heads).astype(
+                np.float32
+            )
+        for name, shape in (("gate_proj", (f, h)), ("up_proj", (f, h)), ("down_proj", (h, f))):
+            t[f"{pre}.mlp.{name}.weight"] = rand(*shape)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            t[f"{pre}.{name}.weight"] = np.ones(h, np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(dict(config, torch_dtype="float32")))
+    save_file(t, str(folder / "model.safetensors"))
+    return load_decoder(folder, dtype="float32"), config
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--wide", action="store_true")
+    p.add_argument("--decode-steps", default="1,8",
+                   help="the engine's multi-step decode settings to run, side by side")  # fmt: skip
+    p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.batches, a.prompt_len, a.new, a.repeats, a.decode_steps = "2", 8, 6, 1, "1,4"
+    import tempfile
+
+    decoder, config = model(a.wide, Path(tempfile.mkdtemp(prefix="swajax_floor_")))
+    w = weights_of(decoder)
+    rows = []
+    for b in map(int, a.batches.split(",")):
+        prompts = np.random.default_rng(b).integers(3, config["vocab_size"], (b, a.prompt_len))
+        floor = Floor(config, b, a.prompt_len + a.new)
+        floor_tokens = run_floor(floor, w, prompts, a.new)[1]  # compiles
+        settings = [int(x) for x in a.decode_steps.split(",")]
+        best = dict.fromkeys(["floor", *settings], float("inf"))
+        for n in settings:
+            same = (run_engine(decoder, prompts, a.new, n)[1] == floor_tokens).all(axis=1)
+            if not same.all():  # compiled now, and checked: greedy tokens are the floor's
+                raise SystemExit(f"batch {b}, decode_steps {n}: {int((~same).sum())} of {b} "
+                                 "outputs differ from the floor's")  # fmt: skip
+        for _ in range(a.repeats):  # interleaved: every setting sees the same machine
+            best["floor"] = min(best["floor"], run_floor(floor, w, prompts, a.new)[0])
+            for n in settings:
+                best[n] = min(best[n], run_engine(decoder, prompts, a.new, n)[0])
+        for n in settings:
+            rows.append(dict(batch=b, decode_steps=n, engine_tok_s=b * a.new / best[n],
+                             floor_tok_s=b * a.new / best["floor"],
+                             ratio=best["floor"] / best[n]))  # fmt: skip
+    if a.json:
+        print(json.dumps(rows))
+    else:
+        print(f"{'batch':>5} {'steps':>5} {'engine tok/s':>13} {'floor tok/s':>12} "
+              f"{'engine/floor':>13}  (greedy tokens identical)")  # fmt: skip
+        for r in rows:
+            print(f"{r['batch']:>5} {r['decode_steps']:>5} {r['engine_tok_s']:>13.1f} "
+                  f"{r['floor_tok_s']:>12.1f} {r['ratio']:>13.2f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

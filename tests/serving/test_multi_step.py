@@ -1,0 +1,131 @@
+"""Multi-step decode: N decode steps in one program give the tokens (and the logprobs, to
+float rounding) of N = 1, stop where N = 1 stops, give back the pages of positions past a stop,
+and only run when every request can take them.
+
+The oracle is the same engine with `decode_steps=1`. A real model (the gpt-oss fixture: MoE,
+sinks, W = 5 below the page size, a prefix hit, greedy and seeded sampling, a stop token, length
+limits that are not multiples of N) and the null model (a production preset's shapes).
+"""
+
+import numpy as np
+import pytest
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean, check_replays
+
+from swajax import sizing
+from swajax.api import engine_for
+from swajax.demo import DEMO_DIR
+from swajax.errors import RequestError
+from swajax.models import load_decoder
+from swajax.models.decoder import HybridLM
+from swajax.presets import load_preset
+from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
+from swajax.serving.sampling_params import SamplingParams
+from swajax.trace.recorder import Tracer
+
+PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in range(4)]
+PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
+
+
+def params(stop=()):
+    return [SamplingParams(max_new_tokens=9 + 5 * i, temperature=0.9 * (i % 2), seed=11 + i,
+                           stop_token_ids=stop) for i in range(len(PROMPTS))]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return HybridLM(load_decoder(FIXTURES / "qwen3"), dtype="fp32")
+
+
+def run(lm, steps, stop=(), trace=None):
+    cfg = lm.spec.hybrid
+    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=4,
+                               dtype="fp32")  # fmt: skip
+    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256,
+                            decode_steps=steps)  # fmt: skip
+    engine = engine_for(cfg, lm, sizes, options)
+    tracer = Tracer(engine) if trace is not None else None
+    rids = [engine.add_request(p, q) for p, q in zip(PROMPTS, params(stop))]
+    engine.run()
+    if tracer is not None:
+        check_replays(tracer, trace)  # the round's N positions as one extend, as they ran
+    check_clean(engine)  # the pages of positions past a stop came back
+    return [(engine.requests[r].output, engine.requests[r].logprobs) for r in rids], engine
+
+
+def _cut(tokens, stop):
+    """Plain decoding's tokens as a stop token would have ended them."""
+    return tokens[: tokens.index(stop) + 1] if stop in tokens else tokens
+
+
+@pytest.mark.slow  # ~70 s of compiling on 2 cores; the quick case below runs by default
+def test_n_steps_in_one_program_change_no_token_and_no_logprob(lm, tmp_path):
+    plain, plain_engine = run(lm, 1)
+    stop = plain[2][0][6]  # request 2 samples it at its seventh token: inside a round
+    got, engine = run(lm, 2, (stop,), trace=tmp_path / "t.jsonl")  # N = 2: few programs
+    for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(plain, got):
+        assert _cut(tokens_a, stop) == tokens_b
+        assert np.allclose(logprobs_a[: len(tokens_b)], logprobs_b, atol=1e-5)
+    assert got[2][0][-1] == stop and len(got[2][0]) <= 7
+    decode_steps = [m for m in engine.metrics if m.kind == "decode"]
+    assert len(decode_steps) < len([m for m in plain_engine.metrics if m.kind == "decode"]) / 2
+    assert engine.scheduler.accepted_tokens == 0  # not a speculative round
+
+
+def test_one_request_through_a_model():
+    """One greedy request on the demo model: a round's tokens and logprobs are N = 1's."""
+    from swajax.api import EngineSpec, generate, make_engine
+
+    decoder = load_decoder(DEMO_DIR, dtype="float32")
+    outputs = []
+    for steps in (1, 4):
+        setup = EngineSpec.of(kv_budget_gib=0.01, page_size=16, max_running=1, max_context=96,
+                              decode_steps=steps)  # fmt: skip
+        engine = make_engine(decoder, setup)
+        (req,), _ = generate(engine, [PROMPTS[1]], SamplingParams(max_new_tokens=10))
+        outputs.append((req.output, req.logprobs, len(engine.metrics)))
+        check_clean(engine)
+    (tokens_a, logprobs_a, steps_a), (tokens_b, logprobs_b, steps_b) = outputs
+    assert tokens_a == tokens_b and np.allclose(logprobs_a, logprobs_b, atol=1e-5)
+    assert steps_b < steps_a / 2
+
+
+def null_engine(steps, *, logprobs=0):
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 4000, ratio=0.5, page_size=16)
+    options = EngineOptions(chunk_size=64, max_context=1000, decode_steps=steps)
+    engine = engine_for(cfg, NullModel(), sizes, options)
+    dispatch, engine.rounds = engine.runner.dispatch, []
+
+    def seen(plan, *args, **kwargs):  # each round's N and its requests' steps
+        if plan.lookahead:
+            engine.rounds.append((plan.lookahead + 1, (plan.seq_lens - plan.prefix_lens).tolist()))
+        return dispatch(plan, *args, **kwargs)
+
+    engine.runner.dispatch = seen
+    rids = [engine.add_request(p * 3, SamplingParams(max_new_tokens=20 + 3 * i, logprobs=logprobs))
+            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    engine.run()
+    check_clean(engine)
+    return [engine.requests[r].output for r in rids], engine
+
+
+def test_the_null_model_runs_rounds_and_n_is_a_power_of_two():
+    want, plain = null_engine(1)
+    got, engine = null_engine(16)
+    assert got == want and len(engine.metrics) < len(plain.metrics) / 2
+    assert {n for n, _ in engine.rounds} == {2, 4, 8, 16}  # N shrinks as the longest ends
+    # Each request takes what it has left, up to N: shorter ones sit out the round's end.
+    assert any(len(set(steps)) > 1 for _, steps in engine.rounds)
+    assert all(max(steps) == n for n, steps in engine.rounds)
+
+
+def test_no_round_where_a_request_asks_what_a_round_does_not_return():
+    _, engine = null_engine(8, logprobs=2)  # top-N logprobs: plain steps only
+    assert engine.rounds == []
+
+
+def test_bad_decode_steps_is_refused():
+    with pytest.raises(RequestError, match="decode_steps must be an integer >= 1"):
+        EngineOptions(decode_steps=0)
