@@ -100,9 +100,9 @@ class Floor:
             v = jnp.dot(h, lw["v"], precision=hi).reshape(b, s, kv, dv)
             theta = self.theta[local]
             q, k = self._rope(q, pos, theta), self._rope(k, pos, theta)
-            rows = jnp.arange(b)[:, None]
-            k_cache = k_cache.at[rows, pos].set(k)
-            v_cache = v_cache.at[rows, pos].set(v)
+            # Every row writes at the same positions (one batch, one length): a slice update.
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, pos[0, 0], 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, pos[0, 0], 0, 0))
             out.append((k_cache, v_cache))
             group = heads // kv  # query heads per KV head, grouped: no repeated KV
             q = q.reshape(b, s, kv, group, d)
