@@ -21,10 +21,10 @@ from swajax.sizing import PoolSizes
 from swajax.tokenizer import Tokenizer
 
 # The library's defaults for small models and short generations (the demo): chunked prefill,
-# frequent eviction so the SWA KV is seen going back, a model-derived context (None), up to 8
-# decode steps per program (benchmarks/floor.py: 0.2x -> 0.8x of a bare loop at batch 1).
+# frequent eviction so the SWA KV is seen going back, a model-derived context (None).
+# Multi-step decode stays opt-in (`decode_steps`): each N compiles a round program of its own.
 SPEC_OPTIONS = EngineOptions(max_running=16, max_context=None, chunk_size=64, eviction_interval=16,
-                             cache_policy="lean", decode_steps=8)  # fmt: skip
+                             cache_policy="lean")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -273,8 +273,8 @@ def register(sub) -> None:
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
     p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
-                   help="multi-step decode: at most this many decode steps in one program, "
-                   f"read once (default {SPEC_OPTIONS.decode_steps}; 1: off)")  # fmt: skip
+                   help="multi-step decode: up to this many decode steps in one program, "
+                   f"read once (default {SPEC_OPTIONS.decode_steps}: off; try 8)")  # fmt: skip
     _add_sampling_args(p)
     p.add_argument("--json", action="store_true",
                    help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip

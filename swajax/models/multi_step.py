@@ -13,50 +13,58 @@ masked keys; on the fixtures they are bit-identical).
 The host keeps each request's tokens up to its first stop token or length limit and gives the
 pages holding only positions after it back (`serving.speculation.take_round`, which a verify
 round with every proposal accepted shares): a request that stops early costs the steps it
-computed past its stop, never a token. The loop is unrolled (each step's metadata shape is
-static and may differ), so N is kept small and a power of two (`Scheduler._decode_steps`).
+computed past its stop, never a token. The loop's trip count is the round's longest request,
+on device; N (a power of two, `Scheduler._decode_steps`) only sizes the outputs.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from swajax.attention.metadata import metadata_core, metadata_shape
 
 
-def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, shapes, mode):
-    """N = len(shapes) decode steps (traced inside the runner's jit). Request r takes
-    n_r = seq_r - prefix_r <= N of them (its flat tokens, n_r of them from offset
-    sum(n_<r), start with its pending token; its sampling fields are entry r). At step j the
-    requests with j < n_r are the batch, compacted into the first rows as a plain step's
-    requests are. Returns (pools, (tokens i32[R, N], logprobs f32[R, N], accepted i32[R] =
-    n_r - 1: every step a request took is kept, the host cuts at stops))."""
-    prefix = meta.prefix_lens
+def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, steps: int, shape,
+                 mode):  # fmt: skip
+    """Up to `steps` decode steps (traced inside the runner's jit), as a `fori_loop` over one
+    step's body: compiled once whatever the steps. Request r takes n_r = seq_r - prefix_r of
+    them (its flat tokens, n_r of them from offset sum(n_<r), start with its pending token; its
+    sampling fields are entry r). At step j the requests with j < n_r are the batch, compacted
+    into the first rows as a plain step's requests are. Returns (pools, (tokens i32[R, steps],
+    logprobs f32[R, steps], accepted i32[R] = n_r - 1: every step a request took is kept, the
+    host cuts at stops))."""
+    prefix, n_rows, s = meta.prefix_lens, rows.shape[0], shape.num_tokens
     n = meta.seq_lens - prefix  # steps of each request (0: a padding row)
     start = jnp.cumsum(n) - n
-    current = jnp.take(batch.tokens, start, mode="clip")  # each request's pending token
-    tokens, logprobs = [], []
-    for j, shape in enumerate(shapes):
+    index0 = jnp.arange(s, dtype=jnp.int32)
+
+    def step(j, carry):
+        pools, current, tokens, logprobs = carry
         active = (j < n).astype(jnp.int32)
         pre = prefix + jnp.minimum(j, n)
         m = metadata_core(r2t, alloc, rows, pre, pre + active, shape)
-        s = shape.num_tokens
         live = jnp.sum(active)
         flat = jnp.cumsum(active) - 1  # each active request's row in the step
         (order,) = jnp.nonzero(active, size=s, fill_value=0)  # the request of each row
-        index = jnp.arange(s, dtype=jnp.int32)
-        index = jnp.where(index < live, index, 0)  # padding rows read row 0, as a plain step's
+        index = jnp.where(index0 < live, index0, 0)  # padding rows read row 0, as a plain step's
         fields = {name: getattr(batch, name)[order] for name in batch._fields[3:]}
         fields["sample_positions"] = fields["sample_positions"] + j
-        step = type(batch)(tokens=jnp.where(index < live, current[order], 0),
-                           logit_index=index, sample_index=index, **fields)  # fmt: skip
-        pools, _, sampled = forward(params, pools, step, m, False, None, mode)
-        mine = jnp.clip(flat, 0, s - 1)
-        current = jnp.where(active > 0, sampled.tokens[mine], current)
-        tokens.append(current)
-        logprobs.append(jnp.where(active > 0, sampled.logprobs[mine], 0.0))
+        one = type(batch)(tokens=jnp.where(index < live, current[order], 0),
+                          logit_index=index, sample_index=index, **fields)  # fmt: skip
+        pools, _, sampled = forward(params, pools, one, m, False, None, mode)
+        mine, on = jnp.clip(flat, 0, s - 1), active > 0
+        current = jnp.where(on, sampled.tokens[mine], current)
+        tokens = tokens.at[:, j].set(current)
+        logprobs = logprobs.at[:, j].set(jnp.where(on, sampled.logprobs[mine], 0.0))
+        return pools, current, tokens, logprobs
+
+    current = jnp.take(batch.tokens, start, mode="clip")  # each request's pending token
+    carry = (pools, current, jnp.zeros((n_rows, steps), jnp.int32),
+             jnp.zeros((n_rows, steps), jnp.float32))  # fmt: skip
+    pools, _, tokens, logprobs = jax.lax.fori_loop(0, jnp.max(n), step, carry)
     accepted = jnp.maximum(n - 1, 0).astype(jnp.int32)
-    return pools, (jnp.stack(tokens, 1), jnp.stack(logprobs, 1), accepted)
+    return pools, (tokens, logprobs, accepted)
 
 
 def round_shape(prefix_lens, seq_lens, *, page_size: int, window: int, min_tokens: int):

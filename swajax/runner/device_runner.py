@@ -198,8 +198,7 @@ class DeviceRunner:
                 shape = round_shape(plan.prefix_lens, plan.seq_lens,
                                     page_size=self.alloc.page_size, window=self.window,
                                     min_tokens=self.min_reqs)  # fmt: skip
-                shapes = (shape,) * (plan.lookahead + 1)
-                step = functools.partial(fused_round, shapes=shapes)
+                step = functools.partial(fused_round, steps=plan.lookahead + 1, shape=shape)
             elif plan.lookahead:
                 step = functools.partial(
                     fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)

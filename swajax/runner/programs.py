@@ -75,18 +75,18 @@ def fused_verify(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *,
 
 @functools.partial(
     jax.jit,
-    static_argnames=("forward", "draft", "shapes", "mode", *_COMMIT),
+    static_argnames=("forward", "draft", "steps", "shape", "mode", *_COMMIT),
     donate_argnums=(0, 1, 2, 3, 4),
 )
 def fused_round(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                 shapes, mode, **commit):  # fmt: skip
-    """commit_step (N positions per decoding request) then N decode steps (multi-step)."""
+                steps, shape, mode, **commit):  # fmt: skip
+    """commit_step (up to `steps` positions per decoding request) then those decode steps
+    (multi-step decode)."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
     rows = extra.pop("verify_rows")
     batch = ForwardBatch(**extra)
-    pools, decoded = decode_round(
-        forward, weights, pools, r2t, alloc, meta, batch, rows, shapes=shapes, mode=mode
-    )
+    pools, decoded = decode_round(forward, weights, pools, r2t, alloc, meta, batch, rows,
+                                  steps=steps, shape=shape, mode=mode)  # fmt: skip
     return alloc, r2t, pools, d_pools, pen, out, decoded
 
 
