@@ -3,7 +3,7 @@ float rounding) of N = 1, stop where N = 1 stops, give back the pages of positio
 and only run when every request can take them.
 
 The oracle is the same engine with `decode_steps=1`. A real model (the gpt-oss fixture: MoE,
-sinks, W = 5 below the page size, a prefix hit, greedy and seeded sampling, a stop token, length
+sinks, W = 5 over pages of 4, a prefix hit, greedy and seeded sampling, a stop token, length
 limits that are not multiples of N) and the null model (a production preset's shapes).
 """
 
@@ -35,7 +35,7 @@ def params(stop=()):
 
 @pytest.fixture(scope="module")
 def lm():
-    return HybridLM(load_decoder(FIXTURES / "qwen3"), dtype="fp32")
+    return HybridLM(load_decoder(FIXTURES / "gpt_oss"), dtype="fp32")
 
 
 def run(lm, steps, stop=(), trace=None):
