@@ -23,11 +23,13 @@ def check_clean(engine):
 
 def check_replays(tracer, path):
     """A recorded run (`swajax.trace.recorder.Tracer`, its engine idle): both pools free once
-    drained, and the trace, written to `path`, replays with every result as recorded."""
+    drained, and the trace, written to `path`, replays with every result as recorded, through
+    the plain-Python allocator model under swajax's tree (no JAX: nothing to compile)."""
+    from helpers.conformance_adapters import PythonModelAdapter
     from swajax.trace.replay import replay
 
     tracer.finish()
     tracer.write(path)
-    result = replay(path)
+    result = replay(path, PythonModelAdapter().allocator_and_cache)
     assert result["ok"], result
     return result
