@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 
 from swajax.arith import ceil_div, round_up
-from swajax.serving import overlap, progress, results, tail_rebuild, window as win
+from swajax.serving import overlap, progress, results, rounds, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
 from swajax.serving.ledger import PoolLedger
@@ -93,24 +93,7 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        k = self.options.num_speculative_tokens
-        lens = [1 + k] * len(decoding) if k else self._decode_steps(decoding)
-        return Batch(StepKind.DECODE, decoding, lens)
-
-    def _decode_steps(self, decoding: list[Request]) -> list[int]:
-        """Each request's decode steps in one program (multi-step decode): N, the largest power
-        of two (few programs) within `EngineOptions.decode_steps` and the most tokens any of
-        them has left, and for each request no more than it has left. Only when every running
-        request decodes and nothing waits (admission is settled), and none asks for what a
-        round does not return (penalties, top-N logprobs, kept logits); else one each."""
-        cap, one = self.cfg.decode_steps, [1] * len(decoding)
-        if cap <= 1 or self.waiting or len(decoding) != len(self.running):
-            return one
-        if any(r.keep_logits or r.params.penalized or r.params.logprobs for r in decoding):
-            return one
-        left = [r.params.max_new_tokens - len(r.output) for r in decoding]
-        n = 1 << (min(cap, max(left)).bit_length() - 1)
-        return [max(1, min(n, x)) for x in left]
+        return Batch(StepKind.DECODE, decoding, rounds.decode_lens(self, decoding))
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If

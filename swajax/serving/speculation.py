@@ -1,7 +1,9 @@
-"""Speculative decoding's host half: taking a verify round's result (host code, no JAX).
+"""Speculative decoding's host half: taking a round's result (host code, no JAX); a multi-step
+decode round is taken the same way, every step of it kept up to a stop.
 
-A round allocated k + 1 positions [p, p + k] per request in both pools; the device returns the
-target's greedy token at each position and how many draft tokens it accepted (a). The request
+A round allocated n positions [p, p + n) per request in both pools (a verify round: k + 1); the
+device returns the target's token at each position and how many of the round's tokens after the
+first it accepted (a). The request
 keeps a + 1 new tokens (fewer if a stop token or its length limit comes first): their KV
 positions are [p, p + m), and the pages holding only rejected positions go back to both pools
 at once. A page shared with a kept position stays with the request; the next allocation

@@ -1,0 +1,32 @@
+"""How many positions each decoding request takes in a decode step (host code): one, or a
+round: a speculative draft's k + 1, or up to N steps of multi-step decode. A function of the
+`Scheduler` (see BUILD_NOTES.md, "Multi-step decode")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swajax.serving.scheduler_view import SchedulerView
+
+from swajax.serving.request import Request
+
+
+def decode_lens(sched: SchedulerView, decoding: list[Request]) -> list[int]:
+    """Each decoding request's positions this step. With a draft, k + 1 (a verify round).
+    Multi-step decode: N, the largest power of two (few programs) within
+    `SchedulerConfig.decode_steps` and the most tokens any request has left, and for each
+    request no more than it has left; only when every running request decodes and nothing
+    waits (admission is settled) and none asks for what a round does not return (penalties,
+    top-N logprobs, kept logits). Otherwise one each."""
+    k, one = sched.options.num_speculative_tokens, [1] * len(decoding)
+    if k:
+        return [1 + k] * len(decoding)
+    cap = sched.cfg.decode_steps
+    if cap <= 1 or sched.waiting or len(decoding) != len(sched.running):
+        return one
+    if any(r.keep_logits or r.params.penalized or r.params.logprobs for r in decoding):
+        return one
+    left = [r.params.max_new_tokens - len(r.output) for r in decoding]
+    n = 1 << (min(cap, max(left)).bit_length() - 1)
+    return [max(1, min(n, x)) for x in left]
