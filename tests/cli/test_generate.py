@@ -29,6 +29,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
         ["--no-overlap"],
+        ["--decode-steps", "8"],  # multi-step decode: eight tokens from one program
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
@@ -88,6 +89,7 @@ def test_logits_match_the_fixture(cli, tmp_path):
         (["--max-new-tokens", "0"], "--max-new-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
         (["--num-speculative-tokens", "2"], "--num-speculative-tokens needs --draft-model"),
+        (["--decode-steps", "0"], "--decode-steps: must be an integer in [1,"),
     ],
 )
 def test_bad_input(cli, argv, needle):
