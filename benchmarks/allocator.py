@@ -118,15 +118,18 @@ def bench_free_swa(ps, iters, rng):
     return jit_us, median_us(lambda: reqs.model.free_swa(spans().tolist()), iters)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
-    for ps in (1, 16, 64):
-        for n in (64, 256):
+    if args.smoke:
+        args.iters = 2
+    for ps in (16,) if args.smoke else (1, 16, 64):
+        for n in (64,) if args.smoke else (64, 256):
             rows.append((f"alloc_decode {n} reqs", ps, *bench_decode(n, ps, args.iters, rng)))
         rows.append(("alloc_extend 8 x 2048", ps, *bench_extend(ps, args.iters, rng)))
         rows.append(("free_swa 64 x 128", ps, *bench_free_swa(ps, args.iters, rng)))

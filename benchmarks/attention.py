@@ -61,24 +61,27 @@ def time_layer(meta, pages, q, layer, iters):
     return median_s(lambda: fn(q, pages, pages, meta), iters)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="smaller T (a smoke run)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="smaller T")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = parser.parse_args(argv)
     lengths = (1024, 2048, 4096) if args.quick else (4096, 16384, 32768)
+    lengths = (256, 512) if args.smoke else lengths
+    iters = 1 if args.smoke else 10
     decode = []
     for t in lengths:
         meta, pages, q = setup(8, t - 1, 1)
-        full = time_layer(meta, pages, q, FULL, 10)
-        swa = time_layer(meta, pages, q, SLIDING, 10)
+        full = time_layer(meta, pages, q, FULL, iters)
+        swa = time_layer(meta, pages, q, SLIDING, iters)
         decode.append(dict(T=t, full_ms=full * 1e3, swa_ms=swa * 1e3, swa_over_full=swa / full,
                            ideal=2 * W / t))  # fmt: skip
         del meta, pages, q
     prefill = {}
-    for t in (1024, 4096) if args.quick else (4096, 16384):
+    for t in (256, 1024) if args.smoke else (1024, 4096) if args.quick else (4096, 16384):
         meta, pages, q = setup(1, 0, t)
-        prefill[t] = {name: time_layer(meta, pages, q, layer, 2) for name, layer in
+        prefill[t] = {name: time_layer(meta, pages, q, layer, min(iters, 2)) for name, layer in
                       (("full", FULL), ("swa", SLIDING))}  # fmt: skip
     small, large = sorted(prefill)
     growth = {kind: prefill[large][kind] / prefill[small][kind] for kind in ("full", "swa")}

@@ -28,7 +28,7 @@ def policies():
     yield SGLANG_0_5_23
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpt-oss-20b")
     ap.add_argument("--gib", type=float, default=0.5)
@@ -36,7 +36,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--workloads", default="multi-turn,long-context")
     ap.add_argument("--chunk", type=int, default=512)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.workloads = 2, "multi-turn"
     cfg = load_preset(args.preset)
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(args.gib), ratio=args.ratio,
                                page_size=16, dtype="bf16")  # fmt: skip

@@ -43,10 +43,11 @@ def rows():
             yield name, kept, dequantized, acc.name, chips, budget, tokens
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--markdown", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="the same run (it is quick)")
+    a = p.parse_args(argv)
     head = ("model", "weights as loaded GB", "dequantized GB", "device", "KV GB",
             "bf16 hybrid", "bf16 one pool", "FP8 hybrid", "FP8 one pool")  # fmt: skip
     if a.markdown:

@@ -45,13 +45,16 @@ def _time(fn, iters):
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--small", action="store_true", help="tiny shapes (smoke run)")
     parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode")
     parser.add_argument("--backend", choices=("gpu", "tpu"), default=None)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="--small --interpret (tests)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.small = args.interpret = True
     backend = args.backend or ("tpu" if jax.default_backend() == "tpu" else "gpu")
     batch, seq, hkv, g, d, ps = (2, 64, 2, 2, 16, 4) if args.small else (64, 32768, 8, 8, 128, 16)
     window = 8 if args.small else 128

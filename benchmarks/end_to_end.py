@@ -109,7 +109,7 @@ def compare(n: int, a) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
@@ -120,7 +120,10 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--batches", default="8,1")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.prompt_len, args.new, args.batches, args.repeats = 8, 4, "2", 1
     results = [compare(int(n), args) for n in args.batches.split(",")]
     if args.json:
         print(json.dumps(results))

@@ -102,11 +102,13 @@ def probe(folder: Path, how: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gib", type=float, default=2.0)
     p.add_argument("--json", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    a = p.parse_args(argv)
+    a.gib = 0.01 if a.smoke else a.gib
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         info = write_checkpoint(folder, a.gib)

@@ -28,7 +28,7 @@ def gpt_oss_act(h, limit=7.0, alpha=1.702):
     return (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--hidden", type=int, default=2880)
@@ -37,7 +37,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--block", type=int, default=None, help="rows per block (default: automatic)")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.tokens, a.hidden, a.experts, a.top_k, a.repeats = 16, 64, 8, 2, 1
     t, h, e, k = a.tokens, a.hidden, a.experts, a.top_k
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(t, h)), jnp.float32)

@@ -66,13 +66,16 @@ def run(decoder, prompts, new: int, overlap: bool):
                 ahead=engine.launched_ahead, steps=steps, outputs=outputs)  # fmt: skip
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.new, args.repeats = 2, 8, 1
     decoder = demo_decoder()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(32, 127, args.prompt_len).tolist() for _ in range(args.requests)]

@@ -87,11 +87,13 @@ def turn(alloc, cache, timer, prompt, reply):
     return len(match)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--conversations", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = parser.parse_args(argv)
+    args.conversations = 4 if args.smoke else args.conversations
     rng = np.random.default_rng(0)
     alloc = KVAllocator.create(FULL, SWA, PS)
     cache = RadixCache(alloc, page_size=PS, window=W)

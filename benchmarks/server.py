@@ -93,12 +93,15 @@ def _columns(requests: int, tokens: int, seconds: float, ttft) -> str:
     return f"{requests / seconds:8.2f} {tokens / seconds:6.0f} {p50:7.0f}/{p99:<7.0f}"
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8,32")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.new, args.concurrency = 2, 4, "2"
     levels = [int(x) for x in args.concurrency.split(",")]
     texts = prompts(args.requests)
     proc, base = start_server()
@@ -108,7 +111,7 @@ def main() -> None:
             llm = swajax.LLM("tiny", ignore_eos=True, **dict(SETTINGS, max_running=c))
             # Warm-up: the first pass compiles the cold shapes, the second those of prefix hits
             # (the same prompts again), so the measured pass compiles nothing.
-            for _ in range(2):
+            for _ in range(0 if args.smoke else 2):
                 api_run(llm, texts, args.new)
                 asyncio.run(server_run(base, texts, args.new, c))
             a_sec, a_ttft = api_run(llm, texts, args.new)

@@ -43,13 +43,16 @@ def run(decoder, prompts, new: int, k: int):
     return dict(tokens_per_step=per_step, tokens_per_s=tokens / seconds, outputs=outputs)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--ks", default="1,3,5")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.new, args.ks = 1, 8, "2"
     decoder = demo_decoder()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(32, 127, args.prompt_len).tolist() for _ in range(args.requests)]

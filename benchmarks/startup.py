@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ARGV = ["generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "120"]
 
 
-def timed_run(cache: str) -> dict:
+def timed_run(cache: str, argv=ARGV) -> dict:
     env = {**os.environ, "SWAJAX_COMPILE_CACHE": cache, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "swajax", *ARGV, "--json"], env=env,
+    out = subprocess.run([sys.executable, "-m", "swajax", *argv, "--json"], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     wall = time.perf_counter() - start
     summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
@@ -38,7 +38,7 @@ def timed_run(cache: str) -> dict:
             "cache_hits": summary["compile_cache_hits"]}  # fmt: skip
 
 
-def programs() -> list[tuple[str, int, float]]:
+def programs(argv=ARGV) -> list[tuple[str, int, float]]:
     """(program, times compiled, seconds) of one in-process run with the cache off."""
     os.environ["SWAJAX_COMPILE_CACHE"] = "off"
     import jax
@@ -53,13 +53,20 @@ def programs() -> list[tuple[str, int, float]]:
             if m:
                 found.append((m.group(1), float(m.group(2))))
 
-    logger = logging.getLogger("jax")
-    logger.addHandler(Collect())
+    logger, handler = logging.getLogger("jax"), Collect()
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
     from swajax.cli.main import main
 
-    main([*ARGV, "--no-compile-cache"])
+    try:
+        main([*argv, "--no-compile-cache"])
+    finally:  # leave the process as it was (tests run this in process)
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        jax.config.update("jax_log_compiles", False)
     counts = collections.Counter(name for name, _ in found)
     seconds = collections.defaultdict(float)
     for name, s in found:
@@ -67,14 +74,16 @@ def programs() -> list[tuple[str, int, float]]:
     return sorted(((n, counts[n], seconds[n]) for n in counts), key=lambda x: -x[2])
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="4 new tokens (tests)")
+    a = p.parse_args(argv)
+    run = [*ARGV[:-1], "4"] if a.smoke else ARGV
     with tempfile.TemporaryDirectory() as cache:
-        cold = timed_run(cache)
-        warm = timed_run(cache)
-    listing = programs()
+        cold = timed_run(cache, run)
+        warm = timed_run(cache, run)
+    listing = programs(run)
     result = {"cold": cold, "warm": warm,
               "programs": [dict(name=n, count=c, seconds=s) for n, c, s in listing]}  # fmt: skip
     if a.json:

@@ -70,12 +70,14 @@ def measure(running: int, steps: int) -> dict:
     )
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=50)
-    args = parser.parse_args()
-    rows = [measure(n, args.steps) for n in (64, 256)]
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = parser.parse_args(argv)
+    runs = [(8, 3)] if args.smoke else [(64, args.steps), (256, args.steps)]
+    rows = [measure(n, steps) for n, steps in runs]
     if args.json:
         print(json.dumps(rows))
         return

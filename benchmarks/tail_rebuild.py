@@ -58,7 +58,7 @@ def document_chats(documents: int, conversations: int, turns: int, doc: int, see
     return Workload(initial, follow_up, documents * conversations * turns)
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpt-oss-120b")
     ap.add_argument("--gib", type=float, default=16.0)
@@ -71,7 +71,11 @@ def main() -> None:
     ap.add_argument("--max-running", type=int, default=8)
     ap.add_argument("--accelerator", default=None, help="e.g. h200: add modeled time")
     ap.add_argument("--cache-policy", default="lean")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.documents, args.conversations, args.turns, args.doc, args.chunk = 1, 2, 2, 512, 512
+        args.gib = 1.0
     cfg = load_preset(args.preset)
     budget = sizing.gib_to_bytes(args.gib)
     sizes = sizing.size_hybrid(cfg, budget, ratio=args.ratio, page_size=16, dtype="bf16")

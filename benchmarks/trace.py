@@ -25,12 +25,15 @@ from swajax.trace.recorder import Tracer
 from swajax.trace.replay import read_lines, replay
 
 
-def main() -> None:
+def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--preset", default="tiny-hybrid")
     ap.add_argument("--chunk", type=int, default=1024)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.chunk = 2, 4096
     cfg = load_preset(args.preset)
     sizes = sizing.solve_pool_sizes(cfg, 1 << 18, ratio=0.25, page_size=16)
     tracers = []

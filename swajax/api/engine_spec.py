@@ -41,6 +41,7 @@ class EngineSpec:
     page_size: int = 4
     hybrid_memory: bool = True
     attention: str = "xla"
+    scan_layers: bool = True  # repeating runs of layers as one scan (swajax.models.layer_stack)
     dtype: str = "float32"  # parameters and activations
     kv_dtype: str | None = None  # KV pools; None: the same as dtype
     options: EngineOptions = SPEC_OPTIONS
@@ -135,10 +136,10 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
             cfg, budget, page_size=spec.page_size, dtype=kv, draft=draft_cfg
         )
     pallas = spec.attention == "pallas"
-    model = HybridLM(decoder, dtype=kv, implementation=spec.attention, interpret=pallas)
-    draft_lm = None
-    if draft is not None:
-        draft_lm = HybridLM(draft, dtype=kv, implementation=spec.attention, interpret=pallas)
+    lm = dict(dtype=kv, implementation=spec.attention, interpret=pallas,
+              scan_layers=spec.scan_layers)  # fmt: skip
+    model = HybridLM(decoder, **lm)
+    draft_lm = None if draft is None else HybridLM(draft, **lm)
     options = _options(decoder, spec, sizes)
     logging.getLogger(__name__).info(
         "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",

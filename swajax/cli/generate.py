@@ -78,6 +78,7 @@ def engine_fields(args) -> dict:
         overlap=not getattr(args, "no_overlap", False),
         **({"decode_steps": args.decode_steps} if getattr(args, "decode_steps", None) else {}),
         attention=args.attention,
+        scan_layers=not args.unroll_layers,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
     )
@@ -209,6 +210,9 @@ def add_model_args(p, prompts: bool = True) -> None:
         chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
         p.add_argument("--chat", action="store_true", help=chat)
     p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
+    p.add_argument("--unroll-layers", action="store_true",
+                   help="trace every layer on its own instead of scanning repeating runs of "
+                   "layers (compile time then grows with depth)")  # fmt: skip
     p.add_argument(
         "--dtype",
         choices=tuple(KV_DTYPE),

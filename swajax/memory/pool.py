@@ -42,6 +42,14 @@ def stored(x: jax.Array, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
+class Slot(NamedTuple):
+    """Where one layer's KV lives: its index in a sub-pool's stacked buffers (an int, or a
+    traced scalar inside a scan over layers) and which sub-pool."""
+
+    index: int | jax.Array
+    is_swa: bool
+
+
 class KVWriteLoc(NamedTuple):
     """Where the new tokens' KV goes: full slots, and for SWA layers their SWA slots."""
 
@@ -79,6 +87,34 @@ class KVPools:
             return k, k if self.k_is_v[1] else self.swa_v[index]
         k = self.full_k[index]
         return k, k if self.k_is_v[0] else self.full_v[index]
+
+    def slot(self, layer: int | Slot) -> Slot:
+        """The slot of a global layer id (a `Slot` passes through)."""
+        return layer if isinstance(layer, Slot) else Slot(*self.layers[layer])
+
+    def stacked(self, is_swa: bool) -> tuple[jax.Array, jax.Array]:
+        """A sub-pool's (K, V) buffers [layers, rows, heads, dim] (K twice where keys are
+        values)."""
+        k, v = (self.swa_k, self.swa_v) if is_swa else (self.full_k, self.full_v)
+        return k, k if self.k_is_v[1 if is_swa else 0] else v
+
+    def pages(self, slot: Slot) -> tuple[jax.Array, jax.Array, int | jax.Array]:
+        """(K pages, V pages, page offset) of one layer without slicing its buffers out: the
+        whole sub-pool viewed as [layers * pages, page_size, heads, dim], where the layer's page
+        p is page `offset + p`. No copy of a layer's pool is made, even for a traced index (a
+        scan over layers) or a kernel operand, which XLA would otherwise materialize."""
+        k, v = self.stacked(slot.is_swa)
+        per_layer = k.shape[1] // self.page_size
+        return (
+            _flat_pages(k, self.page_size),
+            _flat_pages(v, self.page_size),
+            (slot.index * per_layer),
+        )
+
+
+def _flat_pages(buffer: jax.Array, page_size: int) -> jax.Array:
+    layers, rows, heads, dim = buffer.shape
+    return buffer.reshape(layers * rows // page_size, page_size, heads, dim)
 
 
 def layers_mapping(cfg: HybridConfig) -> tuple[tuple[int, bool], ...]:
@@ -119,21 +155,23 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPo
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v)
 
 
-def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVWriteLoc) -> KVPools:
-    """Store one layer's new K [T, heads, k_dim] and V [T, heads, v_dim] at `loc`.
+def write_kv(pools: KVPools, layer_id: int | Slot, k: jax.Array, v: jax.Array,
+             loc: KVWriteLoc) -> KVPools:  # fmt: skip
+    """Store one layer's new K [T, heads, k_dim] and V [T, heads, v_dim] at `loc`; the layer
+    is a global layer id or its `Slot` (whose index may be traced).
 
     Full layers write at `loc.full` (any `loc.swa` is ignored); SWA layers write at `loc.swa`,
     which must be given: a missing SWA location is a bug in the caller and fails at trace time.
     Where keys are values the pool stores `k` only (`v` must be None).
     """
-    index, is_swa = pools.layers[layer_id]
+    index, is_swa = pools.slot(layer_id)
     if pools.k_is_v[1 if is_swa else 0] != (v is None):
         raise ValueError(f"layer {layer_id}: pass v=None exactly where the pool's keys are values")
     if not is_swa:
-        full_k = pools.full_k.at[index, loc.full].set(_sourced(pools.full_k[index], k, loc))
+        full_k = pools.full_k.at[index, loc.full].set(_sourced(pools.full_k, index, k, loc))
         if v is None:
             return dataclasses.replace(pools, full_k=full_k)
-        full_v = pools.full_v.at[index, loc.full].set(_sourced(pools.full_v[index], v, loc))
+        full_v = pools.full_v.at[index, loc.full].set(_sourced(pools.full_v, index, v, loc))
         return dataclasses.replace(pools, full_k=full_k, full_v=full_v)
     if loc.swa is None:
         raise ValueError(
@@ -148,12 +186,12 @@ def write_kv(pools: KVPools, layer_id: int, k: jax.Array, v: jax.Array, loc: KVW
     )
 
 
-def _sourced(buffer: jax.Array, new: jax.Array, loc: KVWriteLoc) -> jax.Array:
+def _sourced(buffers: jax.Array, index, new: jax.Array, loc: KVWriteLoc) -> jax.Array:
     """The rows a full layer stores: `new`, or where `loc.full_src` names a slot, its KV."""
-    new = stored(new, buffer.dtype)
+    new = stored(new, buffers.dtype)
     if loc.full_src is None:
         return new
-    return jnp.where((loc.full_src > 0)[:, None, None], buffer[loc.full_src], new)
+    return jnp.where((loc.full_src > 0)[:, None, None], buffers[index, loc.full_src], new)
 
 
 write_kv_jit = jax.jit(write_kv, static_argnames="layer_id", donate_argnums=0)

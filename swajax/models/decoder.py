@@ -14,6 +14,7 @@ from flax import nnx
 
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
+from swajax.models import layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
@@ -68,14 +69,15 @@ class DecoderLayer(nnx.Module):
                 w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}"
             )
 
-    def __call__(self, x, positions, pools, meta, mode):
+    def __call__(self, x, positions, pools, meta, mode, slot=None):
+        """`slot`: where the layer's KV lives, when a `LayerStack` scans it."""
         block = self.spec.block
         if block is Block.POST:
-            a, pools = self.self_attn(x, positions, pools, meta, mode)
+            a, pools = self.self_attn(x, positions, pools, meta, mode, slot)
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(self.mlp(x)), pools
         h = self.input_layernorm(x)
-        a, pools = self.self_attn(h, positions, pools, meta, mode)
+        a, pools = self.self_attn(h, positions, pools, meta, mode, slot)
         if block is Block.PARALLEL:
             return x + a + self.mlp(h), pools
         if block is Block.SANDWICH:
@@ -99,9 +101,26 @@ class Decoder(nnx.Module):
             None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
         )
         self.lm_head = head
+        self.scanned = False
+
+    def scan_layers(self) -> None:
+        """Regroup the layers in place into `layer_stack` segments: repeating runs become one
+        `LayerStack` (a scan), the rest stay single layers. Done once the weights are in
+        (loading and export address layer i of the checkpoint); Gemma 4 is not scanned."""
+        if self.scanned or self.per_layer_inputs is not None:
+            return
+        layers = list(self.layers)
+        out = []
+        for seg in layer_stack.segments(self.spec):
+            run = layers[seg.start : seg.stop]
+            out.extend(run if seg.repeats == 1 else [layer_stack.LayerStack(run, seg)])
+        self.layers = nnx.List(out)
+        self.scanned = True
 
     def load(self, w):
         """Fill every parameter through `w` (a `swajax.models.weights.WeightLoader`)."""
+        if self.scanned:
+            raise ValueError("load the weights before scan_layers() regroups the layers")
         w.fill(self.embed, "model.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
             layer.load(w, f"model.layers.{i}")
@@ -199,8 +218,14 @@ class HybridLM:
         implementation: str = "xla",
         interpret: bool = False,
         mesh=None,
+        scan_layers: bool = True,
     ):
+        """`scan_layers`: run repeating runs of layers as scans (`layer_stack`); the caller's
+        `decoder` is left as it is either way."""
         self.spec = decoder.spec
+        if scan_layers:
+            decoder = nnx.merge(*nnx.split(decoder))  # a new module tree over the same arrays
+            decoder.scan_layers()
         self.vocab_size = self.spec.vocab_size
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret

@@ -6,11 +6,13 @@ Linear kernels are stored [in, out]; `load(weights, prefix)` reads the Hugging F
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from swajax.attention import AttentionMode, as_pages, attention
+from swajax.attention import AttentionMode, attention
 from swajax.memory import pool as pool_lib
 from swajax.models import quantized
 from swajax.models.quantization import Quantization
@@ -149,8 +151,11 @@ class Attention(nnx.Module):
             w.fill(self.k_scale, f"{prefix}.k_scale", transform=SCALAR)
             w.fill(self.v_scale, f"{prefix}.v_scale", transform=SCALAR)
 
-    def __call__(self, x, positions, pools, meta, mode: AttentionMode):
+    def __call__(self, x, positions, pools, meta, mode: AttentionMode, slot=None):
+        """`slot`: where this layer's KV lives (`pool.Slot`, its index traced inside a scan
+        over layers); by default the pools' slot of `layer_id`."""
         t, s, spec = x.shape[0], self.shape, self.spec
+        slot = pools.slot(self.layer_id if slot is None else slot)
         q, k = self.q_proj(x), self.k_proj(x)
         if spec.qk_norm is QkNorm.FULL:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -169,14 +174,14 @@ class Attention(nnx.Module):
             tune = jnp.log1p(jnp.floor((positions.astype(jnp.float32) + 1) / floor)) * scale + 1
             q = (q.astype(F32) * tune[:, None, None]).astype(q.dtype)
         scales = None
-        if self.k_scale is not None and pools.layer(self.layer_id)[0].dtype in pool_lib.FP8:
+        if self.k_scale is not None and pools.stacked(slot.is_swa)[0].dtype in pool_lib.FP8:
             scales = (self.k_scale[...], self.v_scale[...])
             k, v = k.astype(F32) / scales[0], v.astype(F32) / scales[1]
-        pools = pool_lib.write_kv(pools, self.layer_id, k, v, meta.write)
+        pools = pool_lib.write_kv(pools, slot, k, v, meta.write)
         out = paged_attention(
             q,
             pools,
-            self.layer_id,
+            slot,
             meta,
             self.layer,
             mode,
@@ -205,28 +210,40 @@ def unit_rms(x, eps):
     return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def paged_attention(q, pools, layer_id: int, meta, layer, mode: AttentionMode, *,
+def paged_attention(q, pools, where: int | pool_lib.Slot, meta, layer, mode: AttentionMode, *,
                     kv_scales=None, **kwargs):  # fmt: skip
-    """`attention` over one global layer's pool buffers (a KV-shared layer reads its
-    source's), run as `mode` says. `kv_scales` (k, v): the pool holds K / k and V / v, so
-    q.K = (q k).(K / k) and the output is v times the attention over V / v, exactly."""
-    k_buf, v_buf = pools.layer(layer_id)
+    """`attention` over one layer's pool buffers (`where`: a global layer id, whose KV-shared
+    layers read their source's, or a `Slot`), run as `mode` says. `kv_scales` (k, v): the pool
+    holds K / k and V / v, so q.K = (q k).(K / k) and the output is v times the attention over
+    V / v, exactly."""
     if kv_scales is not None:
         k_scale, v_scale = kv_scales
         q = (q.astype(F32) * k_scale).astype(q.dtype)
-        out = paged_attention(q, pools, layer_id, meta, layer, mode, **kwargs)
+        out = paged_attention(q, pools, where, meta, layer, mode, **kwargs)
         return (out.astype(F32) * v_scale).astype(out.dtype)
+    slot = pools.slot(where)
+    k_pages, v_pages, offset = pools.pages(slot)
     return attention(
         q,
-        as_pages(k_buf, meta.page_size),
-        as_pages(v_buf, meta.page_size),
-        meta,
+        k_pages,
+        v_pages,
+        offset_tables(meta, slot.is_swa, offset),
         layer,
         implementation=mode.implementation,
         interpret=mode.interpret,
         mesh=mode.mesh,
         **kwargs,
     )
+
+
+def offset_tables(meta, is_swa: bool, offset):
+    """`meta` with the page table a layer of this sub-pool reads shifted by `offset`: its pages
+    in the sub-pool's [layers * pages] view (`KVPools.pages`)."""
+    if isinstance(offset, int) and offset == 0:
+        return meta
+    if is_swa:
+        return dataclasses.replace(meta, swa_page_table=meta.swa_page_table + offset)
+    return dataclasses.replace(meta, full_page_table=meta.full_page_table + offset)
 
 
 class DenseMLP(nnx.Module):

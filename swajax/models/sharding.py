@@ -73,9 +73,11 @@ def check_divisible(spec, mesh: Mesh) -> None:
 
 
 def param_spec(path) -> P:
-    """How the parameter at `path` (NNX graph keys) splits: by heads, else replicated."""
+    """How the parameter at `path` (NNX graph keys) splits: by heads, else replicated. The
+    parameters of scanned layers (`layer_stack`) carry a leading layer axis, never split."""
     names = tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-    return next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
+    spec = next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
+    return P(None, *spec) if "stacks" in names and spec != P() else spec
 
 
 def fitted(spec: P, shape, mesh: Mesh) -> P:

@@ -85,6 +85,7 @@ class DeviceRunner:
         # Per-row token counts for the penalties: allocated by the first step that needs them.
         self.penalties, self._rows = None, max_running
         self._compiles0 = compilation_count()
+        self._edits: dict[bool, int] = {}  # edit bucket high-water marks (see `_inputs`)
 
     def compilations(self) -> int:
         """XLA compilations since this runner was made (process-wide counter)."""
@@ -115,7 +116,12 @@ class DeviceRunner:
             ]
         )
         pos = [np.arange(a, b) for a, b in zip(rp.starts, rp.ends)]
-        e = bucket(len(kinds), MIN_EDITS)
+        # The edit bucket only grows, per step kind: runtime eviction releases a few pages more
+        # or fewer per round as windows cross page boundaries, and a bucket that followed each
+        # round would flap between two programs. Decode steps keep their own mark, so a long
+        # prefix hit's re-pointed tokens (an extend step) do not pad every later decode step.
+        key = plan.kind is StepKind.DECODE
+        e = self._edits[key] = max(self._edits.get(key, MIN_EDITS), bucket(len(kinds), MIN_EDITS))
         no_slot = np.zeros(len(last.swa) + len(last.full), np.int32)
         inputs = StepInputs(
             rows=pad(plan.rows, r),

@@ -1,0 +1,114 @@
+"""Layers scanned by their repeating pattern, so tracing and compiling do not grow with depth.
+
+A decoder's layers are cut into segments: a run of `repeats` copies of the same `period`
+consecutive layers (gpt-oss: S F x 12; Gemma 3: S S S S S F x k; the demo: S S F x 2) becomes
+one `LayerStack`, run as a `lax.scan` over the copies whose body is one period of layers with
+their parameters stacked on a leading axis; the layers in between stay as they are. Two layers
+are copies when everything the model reads per layer is equal (`signature`): the layer's kind,
+window and RoPE, its attention scale, its MLP kind, width and clamps. Only where each layer's
+KV sits in the pools differs, and that comes into the scan as a traced slot index
+(`KVPools.pages` reads a layer's pages without slicing its buffers out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from swajax.memory.pool import Slot
+from swajax.models.spec import ModelSpec
+
+MAX_PERIOD = 16  # longer repeating patterns are not worth searching for
+
+
+class Segment(NamedTuple):
+    start: int
+    period: int
+    repeats: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.period * self.repeats
+
+
+def signature(spec: ModelSpec, i: int) -> tuple:
+    """Everything static the model reads for layer `i`: its `LayerSpec` and the i-th entry of
+    every per-layer field of the spec (found by length, so a new per-layer field is covered
+    without being named here)."""
+    n = spec.num_layers
+    per_layer = tuple(
+        (f.name, value[i])
+        for f in dataclasses.fields(spec)
+        if isinstance(value := getattr(spec, f.name), tuple) and len(value) == n
+    )
+    return spec.hybrid.layers[i], per_layer
+
+
+def segments(spec: ModelSpec, min_repeats: int = 2) -> tuple[Segment, ...]:
+    """The decoder's layers as segments (`runs` of their signatures). KV-shared layers
+    (Gemma 4) read another layer's pool slot, so a model that has any is not scanned."""
+    n = spec.num_layers
+    if any(layer.kv_source is not None for layer in spec.hybrid.layers):
+        return tuple(Segment(i, 1, 1) for i in range(n))
+    return runs([signature(spec, i) for i in range(n)], min_repeats)
+
+
+def runs(sigs: list, min_repeats: int = 2) -> tuple[Segment, ...]:
+    """Greedily, from each position on: the period whose copies cover the most items (the
+    shortest among equals), if it repeats at least `min_repeats` times; else the item alone."""
+    n, out, i = len(sigs), [], 0
+    while i < n:
+        best = Segment(i, 1, 1)
+        for period in range(1, min(MAX_PERIOD, (n - i) // min_repeats) + 1):
+            k = 1
+            while i + (k + 1) * period <= n and (
+                sigs[i + k * period : i + (k + 1) * period] == sigs[i : i + period]
+            ):
+                k += 1
+            if k >= min_repeats and period * k > best.period * best.repeats:
+                best = Segment(i, period, k)
+        out.append(best)
+        i = best.stop
+    return tuple(out)
+
+
+def _stacked(layers: list[nnx.Module]) -> nnx.Module:
+    """The first layer's module holding every layer's parameters stacked on a leading axis."""
+    graphdef, _ = nnx.split(layers[0])
+    states = [nnx.split(layer)[1] for layer in layers]
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+
+class LayerStack(nnx.Module):
+    """`repeats` copies of `period` layers run as one `lax.scan` (see the module docstring)."""
+
+    def __init__(self, layers: list[nnx.Module], segment: Segment):
+        self.segment = segment
+        p = segment.period
+        self.stacks = nnx.List([_stacked(layers[j::p]) for j in range(p)])
+
+    def __call__(self, x, positions, pools, meta, mode):
+        start, period, repeats = self.segment
+        slots = [
+            [pools.slot(start + j * period + p) for p in range(period)] for j in range(repeats)
+        ]
+        is_swa = [slots[0][p].is_swa for p in range(period)]
+        index = jnp.asarray(np.array([[s.index for s in row] for row in slots], np.int32))
+        graphdefs, states = zip(*(nnx.split(stack) for stack in self.stacks), strict=True)
+
+        def body(carry, xs):
+            x, pools = carry
+            layer_states, layer_index = xs
+            for p in range(period):
+                layer = nnx.merge(graphdefs[p], layer_states[p])
+                slot = Slot(layer_index[p], is_swa[p])
+                x, pools = layer(x, positions, pools, meta, mode, slot=slot)
+            return (x, pools), None
+
+        (x, pools), _ = jax.lax.scan(body, (x, pools), (tuple(states), index))
+        return x, pools

@@ -1,0 +1,125 @@
+"""Layers scanned by their repeating pattern (swajax.models.layer_stack): how layers are grouped,
+that scanning computes what unrolling does, and that tracing does not grow with depth."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean
+from hypothesis import given, strategies as st
+
+from swajax import sizing
+from swajax.api import engine_for
+from swajax.demo import DEMO_DIR
+from swajax.models import layer_stack, layers, load_decoder
+from swajax.models.decoder import Decoder, HybridLM
+from swajax.models.layer_stack import LayerStack, Segment
+from swajax.models.loading import decoder_spec
+from swajax.serving.options import EngineOptions
+from swajax.serving.sampling_params import SamplingParams
+
+
+@given(st.lists(st.integers(0, 2), max_size=40), st.integers(2, 3))
+def test_runs_cover_every_layer_once_with_equal_copies(sigs, min_repeats):
+    segs = layer_stack.runs(sigs, min_repeats)
+    assert [i for s in segs for i in range(s.start, s.stop)] == list(range(len(sigs)))
+    for s in segs:
+        assert s.repeats == 1 or s.repeats >= min_repeats
+        first = sigs[s.start : s.start + s.period]
+        for j in range(s.repeats):
+            assert sigs[s.start + j * s.period : s.start + (j + 1) * s.period] == first
+        if s.repeats == 1:
+            assert s.period == 1
+
+
+def test_runs_take_the_pattern_that_covers_most():
+    s, f = "S", "F"
+    gemma3 = ([s] * 5 + [f]) * 4 + [s, s]  # 26 layers: five sliding, one full, x 4, then two
+    assert layer_stack.runs(gemma3) == (Segment(0, 6, 4), Segment(24, 1, 2))
+    assert layer_stack.runs([f, s, f, s, f, s, s]) == (Segment(0, 2, 3), Segment(6, 1, 1))
+    assert layer_stack.runs([s, f, f, s]) == (Segment(0, 1, 1), Segment(1, 1, 2),
+                                              Segment(3, 1, 1))  # fmt: skip
+
+
+def demo_spec(depth: int, **changes):
+    config = json.loads((DEMO_DIR / "config.json").read_text())
+    kinds = ["sliding_attention", "sliding_attention", "full_attention"]
+    config = dict(config, num_hidden_layers=depth, layer_types=(kinds * depth)[:depth],
+                  mlp_layer_types=["dense"] * depth, **changes)  # fmt: skip
+    return decoder_spec(config)
+
+
+def test_segments_of_a_spec_follow_everything_a_layer_reads():
+    spec = demo_spec(12)
+    assert layer_stack.segments(spec) == (Segment(0, 3, 4),)
+    # A per-layer field that differs (here the attention scale of layer 7) breaks the pattern
+    scales = tuple(2.0 if i == 7 else x for i, x in enumerate(spec.scales))
+    odd = dataclasses.replace(spec, scales=scales)
+    assert layer_stack.segments(odd) == (
+        Segment(0, 3, 2), Segment(6, 1, 1), Segment(7, 1, 1), Segment(8, 1, 1), Segment(9, 1, 2),
+        Segment(11, 1, 1))  # fmt: skip
+
+
+def test_kv_shared_models_are_not_scanned():
+    decoder = load_decoder(FIXTURES / "gemma4")
+    assert all(s.repeats == 1 for s in layer_stack.segments(decoder.spec))
+
+
+def serve(model, prompt, new=4):
+    cfg = model.spec.hybrid
+    sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=4)
+    options = EngineOptions(max_running=2, max_context=64, chunk_size=8, eviction_interval=1)
+    engine = engine_for(cfg, model, sizes, options)
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=new), keep_logits=True)
+    engine.run()
+    req = engine.requests[rid]
+    check_clean(engine)
+    return np.stack(req.logits), req.output
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "llama4"])
+def test_scanned_and_unrolled_agree(family):
+    """MoE with sinks (gpt-oss: S F x 2), chunked attention and NoPE (Llama 4): same logits
+    and tokens through the engine (chunked prefill, eviction every step)."""
+    decoder = load_decoder(FIXTURES / family)
+    prompt = json.loads((FIXTURES / family / "greedy.json").read_text())["prompt"]
+    scanned = HybridLM(decoder, scan_layers=True)
+    assert any(isinstance(x, LayerStack) for x in scanned.decoder.layers)
+    a_logits, a_out = serve(scanned, prompt)
+    b_logits, b_out = serve(HybridLM(decoder, scan_layers=False), prompt)
+    np.testing.assert_allclose(a_logits, b_logits, rtol=1e-5, atol=1e-5)
+    assert a_out == b_out
+    assert len(decoder.layers) == decoder.spec.num_layers  # the caller's decoder is untouched
+
+
+def test_tracing_does_not_grow_with_depth(monkeypatch):
+    calls = []
+    original = layers.Attention.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.layer_id)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(layers.Attention, "__call__", counted)
+    traced = {}
+    for depth in (6, 12):
+        for scan in (True, False):
+            decoder = Decoder(demo_spec(depth))  # zero weights: only the tracing is counted
+            calls.clear()
+            serve(HybridLM(decoder, scan_layers=scan), list(range(1, 11)), new=2)
+            traced[depth, scan] = len(calls)
+    assert traced[6, True] == traced[12, True]  # one period (S S F) per program
+    assert traced[12, False] == 2 * traced[6, False]
+    assert traced[12, False] == 4 * traced[12, True]
+
+
+def test_load_refuses_a_scanned_decoder():
+    decoder = Decoder(demo_spec(6))
+    decoder.scan_layers()
+    assert isinstance(decoder.layers[0], LayerStack)
+    with pytest.raises(ValueError, match="before scan_layers"):
+        decoder.load(None)
+    assert nnx.state(decoder.layers[0].stacks[0])["self_attn"]["q_proj"]["kernel"].shape[0] == 2

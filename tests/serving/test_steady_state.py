@@ -1,0 +1,43 @@
+"""A steady decode compiles nothing once warmed up: every step of the same kind reuses the
+programs of the first ones (buckets, not lengths, decide shapes), with runtime eviction
+releasing SWA pages every few steps, at 1, 64 and 256 running requests."""
+
+import pytest
+
+from swajax.demo import demo_decoder
+from swajax.memory.compilations import compilation_count
+from swajax.models import HybridLM
+from swajax.serving.sampling_params import SamplingParams
+
+
+def steady_compilations(engine, running, prompt, warm_steps, steps):
+    for i in range(running):
+        engine.add_request([(7 * i + j) % 200 + 1 for j in range(prompt)],
+                           SamplingParams(max_new_tokens=warm_steps + steps + 8))  # fmt: skip
+    for _ in range(warm_steps):
+        engine.step()
+    assert all(len(r.output) >= 1 for r in engine.requests.values())  # all decoding
+    start = compilation_count()
+    for _ in range(steps):
+        engine.step()
+    assert len(engine.scheduler.running) == running
+    return compilation_count() - start
+
+
+@pytest.mark.parametrize("running", [1, 64, 256])
+def test_null_model_steady_decode_compiles_nothing(tiny_engine, running):
+    # Warm-up: prefill, the first decode steps and two eviction rounds (the first frees more
+    # pages per request than the later ones, so it may pick a larger bucket).
+    engine = tiny_engine(full=running * 256, ps=16, chunk=4096, max_running=running,
+                         eviction_interval=16)  # fmt: skip
+    assert steady_compilations(engine, running, prompt=32, warm_steps=40, steps=64) == 0
+
+
+@pytest.mark.parametrize("running", [1, 64])
+def test_model_steady_decode_compiles_nothing(tiny_engine, running):
+    """The demo model (W = 64): prompts already past the window, so every eviction round
+    releases about as many pages as the next; four rounds in the warm-up."""
+    engine = tiny_engine(full=running * 192 + 256, ps=4, chunk=4096, max_running=running,
+                         model=HybridLM(demo_decoder()), max_context=200,
+                         eviction_interval=16)  # fmt: skip
+    assert steady_compilations(engine, running, prompt=72, warm_steps=64, steps=48) == 0
