@@ -151,14 +151,14 @@ def run_floor(floor, w, prompts, new):
     return time.perf_counter() - t0, out
 
 
-def run_engine(decoder, prompts, new, steps=1):
+def run_engine(decoder, prompts, new, steps=1, scan=True):
     from swajax.api import EngineSpec, generate, make_engine
     from swajax.serving.sampling_params import SamplingParams
 
     context = prompts.shape[1] + new + 16
     setup = EngineSpec.of(kv_budget_gib=0.05, page_size=16, chunk_size=None,
                           max_running=len(prompts), max_context=context,
-                          decode_steps=steps)  # fmt: skip
+                          decode_steps=steps, scan_layers=scan)  # fmt: skip
     engine = make_engine(decoder, setup)  # pools allocated outside the timed part
     t0 = time.perf_counter()
     reqs, _ = generate(engine, prompts.tolist(), SamplingParams(max_new_tokens=new))
@@ -217,6 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--wide", action="store_true")
     p.add_argument("--decode-steps", default="1,8",
                    help="the engine's multi-step decode settings to run, side by side")  # fmt: skip
+    p.add_argument("--unroll-layers", action="store_true", help="the engine's layers unrolled")
     p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -234,14 +235,14 @@ def main(argv=None) -> int:
         settings = [int(x) for x in a.decode_steps.split(",")]
         best = dict.fromkeys(["floor", *settings], float("inf"))
         for n in settings:
-            same = (run_engine(decoder, prompts, a.new, n)[1] == floor_tokens).all(axis=1)
+            same = (run_engine(decoder, prompts, a.new, n, not a.unroll_layers)[1] == floor_tokens).all(axis=1)
             if not same.all():  # compiled now, and checked: greedy tokens are the floor's
                 raise SystemExit(f"batch {b}, decode_steps {n}: {int((~same).sum())} of {b} "
                                  "outputs differ from the floor's")  # fmt: skip
         for _ in range(a.repeats):  # interleaved: every setting sees the same machine
             best["floor"] = min(best["floor"], run_floor(floor, w, prompts, a.new)[0])
             for n in settings:
-                best[n] = min(best[n], run_engine(decoder, prompts, a.new, n)[0])
+                best[n] = min(best[n], run_engine(decoder, prompts, a.new, n, not a.unroll_layers)[0])
         for n in settings:
             rows.append(dict(batch=b, decode_steps=n, engine_tok_s=b * a.new / best[n],
                              floor_tok_s=b * a.new / best["floor"],

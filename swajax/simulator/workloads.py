@@ -12,7 +12,7 @@ import numpy as np
 from swajax.json_lines import read_json_lines
 from swajax.serving.sampling_params import SamplingParams
 
-WORKLOADS = ("long-context", "multi-turn", "mixed", "shared-prefix")
+WORKLOADS = ("long-context", "multi-turn", "mixed", "shared-prefix", "reasoning")
 
 
 @dataclasses.dataclass
@@ -46,6 +46,18 @@ def long_context(rng, n: int, vocab: int) -> list[Arrival]:
     ]
 
 
+def reasoning(rng, n: int, vocab: int) -> list[Arrival]:
+    """Long generations: prompts of 128-1K tokens, replies of 8-32K (a reasoning model's
+    thinking), where how many requests fit at once decides decode throughput."""
+    return [
+        Arrival(
+            _tokens(rng, int(rng.integers(128, 1025)), vocab),
+            SamplingParams(max_new_tokens=int(rng.integers(8_192, 32_769))),
+        )
+        for _ in range(n)
+    ]
+
+
 def shared_prefix(rng, n: int, vocab: int) -> list[Arrival]:
     """`n` one-shot questions over max(2, n // 6) shared prefixes of 128-384 tokens (questions
     of 16-96 tokens, replies of 16-128): many short-lived leaves on a few shared paths, so
@@ -63,7 +75,8 @@ def shared_prefix(rng, n: int, vocab: int) -> list[Arrival]:
 
 def make_workload(name: str, n: int, seed: int = 0, vocab: int = 1024) -> Workload:
     """`n` requests: long-context, multi-turn (4-turn chats over a shared 512-token system
-    prompt, turns of 32-256 tokens, replies of 64-512), mixed (half each) or shared-prefix."""
+    prompt, turns of 32-256 tokens, replies of 64-512), mixed (half each), shared-prefix or
+    reasoning."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     rng = np.random.default_rng(seed)
@@ -71,6 +84,8 @@ def make_workload(name: str, n: int, seed: int = 0, vocab: int = 1024) -> Worklo
         return Workload(long_context(rng, n, vocab), lambda arrival, output: None, n)
     if name == "shared-prefix":
         return Workload(shared_prefix(rng, n, vocab), lambda arrival, output: None, n)
+    if name == "reasoning":
+        return Workload(reasoning(rng, n, vocab), lambda arrival, output: None, n)
     chats = n if name == "multi-turn" else n // 2
     conversations = max(1, chats // 4)
     system = _tokens(rng, 512, vocab)

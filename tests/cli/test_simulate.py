@@ -136,3 +136,14 @@ def test_simulate_sizes_fp8_pools_at_one_byte(cli):
         sizes[dtype] = (hybrid["full_tokens"], hybrid["swa_tokens"])
     for bf16, fp8 in zip(sizes["bf16"], sizes["fp8_e4m3"]):
         assert fp8 == pytest.approx(2 * bf16, rel=0.01)
+
+
+def test_reasoning_workload_is_short_prompts_and_long_generations():
+    from swajax.simulator.workloads import make_workload
+
+    w = make_workload("reasoning", 40, seed=3)
+    assert w.total == len(w.initial) == 40
+    assert all(128 <= len(a.prompt) <= 1024 for a in w.initial)
+    assert all(8_192 <= a.params.max_new_tokens <= 32_768 for a in w.initial)
+    assert w.follow_up(w.initial[0], [1, 2]) is None
+    assert len({a.params.max_new_tokens for a in w.initial}) > 20  # spread over the range
