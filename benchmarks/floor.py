@@ -234,15 +234,19 @@ def main(argv=None) -> int:
         floor_tokens = run_floor(floor, w, prompts, a.new)[1]  # compiles
         settings = [int(x) for x in a.decode_steps.split(",")]
         best = dict.fromkeys(["floor", *settings], float("inf"))
+
+        def engine(n):
+            return run_engine(decoder, prompts, a.new, n, not a.unroll_layers)
+
         for n in settings:
-            same = (run_engine(decoder, prompts, a.new, n, not a.unroll_layers)[1] == floor_tokens).all(axis=1)
+            same = (engine(n)[1] == floor_tokens).all(axis=1)
             if not same.all():  # compiled now, and checked: greedy tokens are the floor's
                 raise SystemExit(f"batch {b}, decode_steps {n}: {int((~same).sum())} of {b} "
                                  "outputs differ from the floor's")  # fmt: skip
         for _ in range(a.repeats):  # interleaved: every setting sees the same machine
             best["floor"] = min(best["floor"], run_floor(floor, w, prompts, a.new)[0])
             for n in settings:
-                best[n] = min(best[n], run_engine(decoder, prompts, a.new, n, not a.unroll_layers)[0])
+                best[n] = min(best[n], engine(n)[0])
         for n in settings:
             rows.append(dict(batch=b, decode_steps=n, engine_tok_s=b * a.new / best[n],
                              floor_tok_s=b * a.new / best["floor"],

@@ -1,8 +1,8 @@
 """Layers scanned by their repeating pattern, so tracing and compiling do not grow with depth.
 
 A decoder's layers are cut into segments: a run of `repeats` copies of the same `period`
-consecutive layers (gpt-oss: S F x 12; Gemma 3: S S S S S F x k; the demo: S S F x 2) becomes
-one `LayerStack`, run as a `lax.scan` over the copies whose body is one period of layers with
+consecutive layers (gpt-oss-20b: S F x 12; Gemma 3: S S S S S F x k; the demo: S S F x 2)
+becomes one `LayerStack`, run as a `lax.scan` over the copies whose body is one period of layers with
 their parameters stacked on a leading axis; the layers in between stay as they are. Two layers
 are copies when everything the model reads per layer is equal (`signature`): the layer's kind,
 window and RoPE, its attention scale, its MLP kind, width and clamps. Only where each layer's
