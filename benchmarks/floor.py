@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         settings = [int(x) for x in a.decode_steps.split(",")]
         best = dict.fromkeys(["floor", *settings], float("inf"))
 
-        def engine(n):
+        def engine(n, prompts=prompts):
             return run_engine(decoder, prompts, a.new, n, not a.unroll_layers)
 
         for n in settings:
