@@ -4,10 +4,10 @@ A decoder's layers are cut into segments: a run of `repeats` copies of the same 
 consecutive layers (gpt-oss-20b: S F x 12; Gemma 3: S S S S S F x k; the demo: S S F x 2)
 becomes one `LayerStack`, run as a `lax.scan` over the copies whose body is one period of
 layers with their parameters stacked on a leading axis; the layers in between stay as they
-are. Two layers are copies when everything the model reads per layer is equal (`signature`): the layer's kind,
-window and RoPE, its attention scale, its MLP kind, width and clamps. Only where each layer's
-KV sits in the pools differs, and that comes into the scan as a traced slot index
-(`KVPools.pages` reads a layer's pages without slicing its buffers out).
+are. Two layers are copies when everything the model reads per layer is equal (`signature`):
+the layer's kind, window and RoPE, its attention scale, its MLP kind, width and clamps. Only
+where each layer's KV sits in the pools differs, and that comes into the scan as a traced slot
+index (`KVPools.pages` reads a layer's pages without slicing its buffers out).
 """
 
 from __future__ import annotations
