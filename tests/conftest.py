@@ -11,10 +11,33 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["SWAJAX_COMPILE_CACHE"] = "off"  # tests that want the on-disk cache set their own
 
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import jax  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from swajax import compile_cache  # noqa: E402
+
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+# One on-disk compilation cache per test run, shared by the xdist workers and removed at the
+# end: the suite's time is mostly compiling, and tests build the same programs again and again
+# (each module drops its in-memory programs, below; each worker builds its own). Keyed by the
+# pytest process that runs the session (an xdist worker's parent). `SWAJAX_TEST_COMPILE_CACHE=
+# off` turns it off.
+_SESSION = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+TEST_CACHE = Path(tempfile.gettempdir()) / f"swajax-tests-{_SESSION}"
+if os.environ.get("SWAJAX_TEST_COMPILE_CACHE", "on") not in compile_cache.OFF:
+    compile_cache.enable(TEST_CACHE)
+
+
+def pytest_sessionfinish(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
+
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)
+
 
 # JIT warm-up makes first examples slow; long runs are separate tests marked `slow`.
 settings.register_profile("swajax", deadline=None, print_blob=True)
