@@ -121,7 +121,9 @@ def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOpti
 
 def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None) -> Engine:
     """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
-    (the sizing counts its layers)."""
+    (the sizing counts its layers). With `spec.scan_layers` the engine's model holds the layer
+    weights restacked (`swajax.models.layer_stack`): drop `decoder` afterwards, or its
+    per-layer arrays stay alive beside them."""
     cfg = decoder.spec.hybrid
     draft_cfg = draft.spec.hybrid if draft is not None else None
     kv = spec.kv_dtype or KV_DTYPE[decoder.spec.dtype]

@@ -187,6 +187,7 @@ def run_logits(args) -> int:
             f"{len(prompts)} prompts need --out FILE.npz (one array per prompt), got {args.out}"
         )
     engine = make_engine(decoder, _spec(args))
+    del decoder  # the engine holds the weights (restacked where layers are scanned)
     logits = [teacher_forced_logits(engine, prompt) for prompt in prompts]
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
         if str(args.out).endswith(".npz"):
