@@ -30,6 +30,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
         ["--no-overlap"],
         ["--decode-steps", "8"],  # multi-step decode: eight tokens from one program
+        ["--unroll-layers"],  # every layer traced on its own (the default scans S F x 2)
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):

@@ -123,3 +123,18 @@ def test_load_refuses_a_scanned_decoder():
     with pytest.raises(ValueError, match="before scan_layers"):
         decoder.load(None)
     assert nnx.state(decoder.layers[0].stacks[0])["self_attn"]["q_proj"]["kernel"].shape[0] == 2
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_engine_spec_decides_scanning(scan):
+    from swajax.api import EngineSpec, make_engine
+    from swajax.cli.generate import engine_fields
+    from swajax.cli.main import build_parser
+
+    argv = ["generate", "--model", str(FIXTURES / "gpt_oss"), "--kv-budget-gib", "0.01",
+            "--max-context", "64", *([] if scan else ["--unroll-layers"])]  # fmt: skip
+    spec = EngineSpec.of(**engine_fields(build_parser().parse_args(argv)))
+    assert spec.scan_layers is scan
+    engine = make_engine(load_decoder(FIXTURES / "gpt_oss"), spec)
+    stacks = [x for x in engine.runner.model.decoder.layers if isinstance(x, LayerStack)]
+    assert len(stacks) == (1 if scan else 0)
