@@ -21,19 +21,23 @@ from swajax import compile_cache  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
-# One on-disk compilation cache per test run, shared by the xdist workers and removed at the
-# end: the suite's time is mostly compiling, and tests build the same programs again and again
-# (each module drops its in-memory programs, below; each worker builds its own). Keyed by the
-# pytest process that runs the session (an xdist worker's parent). `SWAJAX_TEST_COMPILE_CACHE=
-# off` turns it off.
-_SESSION = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-TEST_CACHE = Path(tempfile.gettempdir()) / f"swajax-tests-{_SESSION}"
+# One on-disk compilation cache per test process and run, removed at the end: the suite's time
+# is mostly compiling, and tests build the same programs again and again (each module drops
+# its in-memory programs, below). Not shared between the xdist workers: JAX writes an entry in
+# place, so a worker could read another's half-written entry (seen once: JAX falls back to
+# compiling but warns, and warnings fail tests here). Kept under a folder named after the
+# pytest process that runs the session (an xdist worker's parent).
+# `SWAJAX_TEST_COMPILE_CACHE=off` turns it off.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+TEST_CACHE = (
+    Path(tempfile.gettempdir()) / f"swajax-tests-{os.getppid() if _WORKER else os.getpid()}"
+)
 if os.environ.get("SWAJAX_TEST_COMPILE_CACHE", "on") not in compile_cache.OFF:
-    compile_cache.enable(TEST_CACHE)
+    compile_cache.enable(TEST_CACHE / (_WORKER or "main"))
 
 
 def pytest_sessionfinish(session):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not _WORKER:
         import shutil
 
         shutil.rmtree(TEST_CACHE, ignore_errors=True)
