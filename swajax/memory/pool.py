@@ -81,12 +81,9 @@ class KVPools:
     def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
         """(K, V) buffers of one global layer, shape [rows, kv_heads, dim] (the same buffer
         twice where keys are values)."""
-        index, is_swa = self.layers[layer_id]
-        if is_swa:
-            k = self.swa_k[index]
-            return k, k if self.k_is_v[1] else self.swa_v[index]
-        k = self.full_k[index]
-        return k, k if self.k_is_v[0] else self.full_v[index]
+        slot = self.slot(layer_id)
+        k, v = self.stacked(slot.is_swa)
+        return k[slot.index], v[slot.index]
 
     def slot(self, layer: int | Slot) -> Slot:
         """The slot of a global layer id (a `Slot` passes through)."""
