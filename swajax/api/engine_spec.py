@@ -8,12 +8,16 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import jax
+from jax.sharding import Mesh
+
 from swajax import sizing
 from swajax.config import HybridConfig
 from swajax.demo import DEMO_DIR, demo_decoder
 from swajax.errors import InputError
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
+from swajax.models.sharding import kv_mesh
 from swajax.runner import DeviceRunner
 from swajax.serving.engine import Engine, engine_window, resolve_context
 from swajax.serving.options import EngineOptions
@@ -42,6 +46,9 @@ class EngineSpec:
     hybrid_memory: bool = True
     attention: str = "xla"
     scan_layers: bool = True  # repeating runs of layers as one scan (swajax.models.layer_stack)
+    # Devices the model splits over (KV heads, MLP intermediate: `swajax.models.sharding`).
+    # None: 1 in one process; every device of every process when several are joined.
+    tensor_parallel: int | None = None
     dtype: str = "float32"  # parameters and activations
     kv_dtype: str | None = None  # KV pools; None: the same as dtype
     options: EngineOptions = SPEC_OPTIONS
@@ -76,6 +83,22 @@ def model_folder(model: str, flag: str = "--model") -> Path:
     return path
 
 
+def tensor_mesh(tensor_parallel: int | None) -> Mesh | None:
+    """The mesh of `EngineSpec.tensor_parallel` devices, or None for one device. Joined to
+    other processes (`swajax.cluster`), the mesh is every device of every process: each
+    process runs the same program, so none may sit outside it."""
+    count, joined = jax.device_count(), jax.process_count() > 1
+    n = tensor_parallel or (count if joined else 1)
+    if joined and n != count:
+        raise InputError(
+            f"tensor_parallel={n}: {jax.process_count()} joined processes split the model over "
+            f"all {count} of their devices"
+        )
+    if not 1 <= n <= count:
+        raise InputError(f"tensor_parallel={n} needs that many devices; {count} are visible")
+    return kv_mesh(n) if n > 1 else None
+
+
 def load_model(
     model: str,
     dtype: str = "float32",
@@ -83,16 +106,18 @@ def load_model(
     *,
     flag: str = "--model",
     dequantize_weights: bool = False,
+    mesh: Mesh | None = None,
 ) -> tuple[Decoder, Tokenizer]:
     """`tiny` (the embedded byte-level demo model), or a checkpoint directory; `flag` names the
     argument in errors. A quantized checkpoint stays quantized on the device unless
-    `dequantize_weights`."""
+    `dequantize_weights`. `mesh` (`tensor_mesh`): each weight loaded straight into its
+    shards (across processes, each reads only its own devices' shards)."""
     path = model_folder(model, flag)
     if model == "tiny":
         if chat:
             raise InputError("--chat needs a checkpoint folder with a chat template")
-        return demo_decoder(dtype=dtype), Tokenizer(None)
-    decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights)
+        return demo_decoder(dtype=dtype, mesh=mesh), Tokenizer(None)
+    decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights, mesh=mesh)
     return decoder, Tokenizer(path, chat=chat)
 
 
@@ -139,7 +164,7 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
         )
     pallas = spec.attention == "pallas"
     lm = dict(dtype=kv, implementation=spec.attention, interpret=pallas,
-              scan_layers=spec.scan_layers)  # fmt: skip
+              scan_layers=spec.scan_layers, mesh=tensor_mesh(spec.tensor_parallel))  # fmt: skip
     model = HybridLM(decoder, **lm)
     draft_lm = None if draft is None else HybridLM(draft, **lm)
     options = _options(decoder, spec, sizes)

@@ -8,7 +8,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from swajax.api.engine_spec import EngineSpec, load_model, make_engine, model_folder
+from swajax.api.engine_spec import (
+    EngineSpec,
+    load_model,
+    make_engine,
+    model_folder,
+    tensor_mesh,
+)
 from swajax.api.generation import summary
 from swajax.api.sample_stream import SampleStream, add_samples
 from swajax.errors import InputError
@@ -55,7 +61,7 @@ class LLM:
     draft ("tiny" or a folder with the same vocabulary; set `num_speculative_tokens`, 4 by
     default); every other keyword is a
     field of `EngineSpec` or `EngineOptions` (`kv_budget_gib`, `max_context`, `max_running`,
-    `page_size`, `ratio`, `prefix_cache`, `cache_policy`, ...)."""
+    `page_size`, `ratio`, `prefix_cache`, `cache_policy`, `tensor_parallel`, ...)."""
 
     def __init__(
         self,
@@ -68,13 +74,15 @@ class LLM:
         dequantize_weights: bool = False,
         **engine: object,
     ):
-        decoder, self.tokenizer = load_model(model, dtype, chat,
+        if draft_model is not None:
+            engine.setdefault("num_speculative_tokens", 4)
+        spec = EngineSpec.of(dtype=dtype, **engine)
+        mesh = tensor_mesh(spec.tensor_parallel)
+        decoder, self.tokenizer = load_model(model, dtype, chat, mesh=mesh,
                                              dequantize_weights=dequantize_weights)  # fmt: skip
         draft = None
         if draft_model is not None:
-            draft = load_model(draft_model, dtype, flag="--draft-model")[0]
-            engine.setdefault("num_speculative_tokens", 4)
-        spec = EngineSpec.of(dtype=dtype, **engine)
+            draft = load_model(draft_model, dtype, flag="--draft-model", mesh=mesh)[0]
         self.engine: Engine = make_engine(decoder, spec, draft)
         self.stop_token_ids = () if ignore_eos else stop_token_ids(model_folder(model))
 

@@ -9,8 +9,9 @@ import sys
 import numpy as np
 
 from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS
+from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS, tensor_mesh
 from swajax.cli import args as args_lib
+from swajax.cli.cluster_args import add_cluster_args
 from swajax.json_lines import read_json_lines
 from swajax.serving.sampling_params import SamplingParams
 from swajax.tokenizer import Tokenizer
@@ -79,6 +80,7 @@ def engine_fields(args) -> dict:
         **({"decode_steps": args.decode_steps} if getattr(args, "decode_steps", None) else {}),
         attention=args.attention,
         scan_layers=not args.unroll_layers,
+        tensor_parallel=args.tensor_parallel,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
     )
@@ -180,7 +182,8 @@ def run_logits(args) -> int:
     """One prompt: FILE.npy holds its [len, vocab] logits. Several (--prompts-file): FILE.npz
     holds `logits_i` and `prompt_ids_i` for each, in the file's order."""
     decoder, tokenizer = load_model(args.model, args.dtype, args.chat,
-                                    dequantize_weights=args.dequantize_weights)  # fmt: skip
+                                    dequantize_weights=args.dequantize_weights,
+                                    mesh=tensor_mesh(args.tensor_parallel))  # fmt: skip
     prompts = _prompts(args, tokenizer)
     if len(prompts) > 1 and not str(args.out).endswith(".npz"):
         raise args_lib.UsageError(
@@ -240,6 +243,11 @@ def add_model_args(p, prompts: bool = True) -> None:
     p.add_argument("--no-prefix-cache", action="store_true")
     args_lib.add_cache_policy(p)
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
+    p.add_argument("--tensor-parallel", type=args_lib.int_at_least(1, 1 << 16), metavar="N",
+                   help="split the model's KV heads and MLPs over N devices (default: 1; "
+                   "joined processes: all of their devices)")  # fmt: skip
+    if prompts:  # the batch commands; a server takes requests in one process
+        add_cluster_args(p)
 
 
 def _add_sampling_args(p) -> None:

@@ -8,14 +8,17 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from swajax import compile_cache, sizing
-from swajax.cli import args as args_lib, conformance, generate, plan, serve, simulate
+from swajax import cluster, compile_cache, sizing
+from swajax.cli import args as args_lib, conformance, generate, launch_local, plan, serve, simulate
 from swajax.cli.args import UsageError
+from swajax.cli.cluster_args import cluster_of
 from swajax.version import __version__
 
 
@@ -158,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     _register_tools(sub)
     conformance.register(sub)
+    launch_local.register(sub)
     args_lib.fill_help(parser)
     return parser
 
@@ -202,11 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     _configure_logging(args.verbose, args.quiet)
     try:
+        joined = hasattr(args, "coordinator") and cluster_of(args).requested
+        if joined:  # before anything touches JAX's devices
+            cluster.join(cluster_of(args))
         if not getattr(args, "no_compile_cache", True):
             # Programs of an earlier run on this machine are reused; a cache that cannot be
             # used is one warning line and the run goes on without it.
             compile_cache.enable(report=lambda m: _warning(args.command, m))
-        return args.func(args)
+        if not joined or cluster.is_leader():
+            return args.func(args)
+        with open(os.devnull, "w") as out, contextlib.redirect_stdout(out):
+            return args.func(args)  # results are process 0's to print
     except Exception as e:  # noqa: BLE001 - the edge: every error becomes one line
         if args.debug:
             raise

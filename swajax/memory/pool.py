@@ -136,8 +136,9 @@ def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[
     )
 
 
-def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPools:
-    """Zeroed pools for the sizes of `swajax.sizing` (any mode)."""
+def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", sharding=None) -> KVPools:
+    """Zeroed pools for the sizes of `swajax.sizing` (any mode); `sharding`: where each
+    [layers, rows, heads, dim] buffer lives (tensor parallel: split on heads), made in place."""
     if dtype not in DTYPES:
         raise ValueError(f"KV pool dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     mode = sizes.mode
@@ -147,7 +148,7 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16") -> KVPo
     kind = jnp.dtype(DTYPES[dtype]).name
     full = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, kind)
     swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
-    full_k, full_v, swa_k, swa_v = zeros(*full, *swa)  # one program for all four
+    full_k, full_v, swa_k, swa_v = zeros(*full, *swa, sharding=sharding)  # one program
     k_is_v = (cfg.full_attention.k_is_v, cfg.swa_attention.k_is_v)
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v)
 

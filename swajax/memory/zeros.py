@@ -12,11 +12,16 @@ import jax
 import jax.numpy as jnp
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _zeros(specs):
-    return tuple(jnp.zeros(shape, dtype) for shape, dtype in specs)
+@functools.cache
+def _program(specs, sharding):
+    def make():
+        return tuple(jnp.zeros(shape, dtype) for shape, dtype in specs)
+
+    return jax.jit(make, out_shardings=None if sharding is None else (sharding,) * len(specs))
 
 
-def zeros(*specs: tuple[tuple[int, ...], str]) -> tuple[jax.Array, ...]:
-    """One zero array per (shape, dtype name) spec."""
-    return _zeros(tuple((tuple(shape), str(dtype)) for shape, dtype in specs))
+def zeros(*specs: tuple[tuple[int, ...], str], sharding=None) -> tuple[jax.Array, ...]:
+    """One zero array per (shape, dtype name) spec; `sharding` (a `jax.sharding.Sharding`):
+    made in place over its devices, so a buffer split over a mesh never exists whole on one
+    device (nor, across processes, on a device another process owns)."""
+    return _program(tuple((tuple(shape), str(dtype)) for shape, dtype in specs), sharding)()

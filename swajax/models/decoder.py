@@ -6,8 +6,6 @@ inside the engine; `HybridLM` is the engine's model interface (`init_pools`, `fo
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -196,15 +194,6 @@ def forward_of(graphdef, mode: AttentionMode, treedef) -> Forward:
     return _FORWARDS[key] if key in _FORWARDS else _FORWARDS.setdefault(key, Forward(*key))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("forward", "return_logits", "mode"),
-    donate_argnames=("pools", "penalties"),
-)
-def _forward_and_sample(forward, params, pools, batch, meta, return_logits, penalties, mode):
-    return forward(params, pools, batch, meta, return_logits, penalties, mode)
-
-
 class HybridLM:
     """The engine's model: a `Decoder` plus its KV pools' dtype and attention implementation."""
 
@@ -230,11 +219,16 @@ class HybridLM:
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
         self.mesh = mesh  # tensor parallel over KV heads (swajax.models.sharding)
+        # Where the runner keeps its own state (allocator, request table) and each step's
+        # upload: the default device, or every device of the mesh (replicated: each computes
+        # the same bookkeeping, so the step stays one program with no transfer inside).
+        self.state_sharding = None
         if mesh is not None:
             from swajax.models import sharding
 
             sharding.check_divisible(self.spec, mesh)
             self.state = sharding.shard_state(self.state, mesh)
+            self.state_sharding = sharding.replicated(mesh)
         else:  # parameters live on the device once, not uploaded with every step
             self.state = jax.device_put(self.state)
         # What every step passes: the parameters as one flat tuple (see `Forward`).
@@ -247,28 +241,14 @@ class HybridLM:
         return nnx.merge(self.graphdef, self.state)
 
     def init_pools(self, sizes):
-        pools = pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype)
+        heads = None
         if self.mesh is not None:
-            from swajax.models.sharding import shard_pools
+            from swajax.models.sharding import pool_sharding
 
-            pools = shard_pools(pools, self.mesh)
-        return pools
-
-    def forward_and_sample(self, pools, batch, meta, *, return_logits: bool = False,
-                           penalties=None, mode: SampleMode = GREEDY_OR_PLAIN):  # fmt: skip
-        """One step on device: forward the batch (a padded `ForwardBatch` of device arrays),
-        sample inside the same jit; returns (pools, penalties, Sampled)."""
-        if self.mesh is not None:  # the batch's metadata is built on one device: replicate it
-            from swajax.models.sharding import replicate
-
-            meta = replicate(meta, self.mesh)
-            batch = replicate(batch, self.mesh)
-            penalties = None if penalties is None else replicate(penalties, self.mesh)
-        return _forward_and_sample(self.forward, self.params, pools, batch, meta, return_logits,
-                                   penalties, mode)  # fmt: skip
+            heads = pool_sharding(self.mesh)
+        return pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)
 
     @property
-    def fused_forward(self) -> Forward | None:
-        """The forward the runner may trace into its own step program (one dispatch per step);
-        None under a mesh, where the allocator's single-device state cannot join the program."""
-        return self.forward if self.mesh is None else None
+    def fused_forward(self) -> Forward:
+        """The forward the runner traces into its own step program (one dispatch per step)."""
+        return self.forward

@@ -98,11 +98,10 @@ def shard_state(state, mesh: Mesh):
     return jax.tree_util.tree_map_with_path(place, state)
 
 
-def shard_pools(pools, mesh: Mesh):
+def pool_sharding(mesh: Mesh) -> NamedSharding:
     """KV pools [layers, rows, kv_heads, dim]: split on the head axis."""
-    heads = NamedSharding(mesh, P(None, None, AXIS, None))
-    return jax.tree.map(lambda x: jax.device_put(x, heads), pools)
+    return NamedSharding(mesh, P(None, None, AXIS, None))
 
 
-def replicate(tree, mesh: Mesh):
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())

@@ -3,9 +3,10 @@
 `DeviceRunner` owns the device state (allocator, `req_to_token`, KV pools). `run(plan)` pads the
 scheduler's plan to a few bucket shapes, uploads it with one `device_put`, runs `commit_step`
 (releases, allocation, req_to_token tail, metadata) and the model's forward-and-sample as ONE
-jitted program (`programs.fused_step`; a model under a mesh, whose allocator state lives on
-one device, gets the two dispatched back to back instead), and reads the step's result
-(status, new slots, free counts, sampled tokens and logprobs) with one `device_get`.
+jitted program (`programs.fused_step`), and reads the step's result (status, new slots, free
+counts, sampled tokens and logprobs) with one `device_get`. Under a mesh (tensor parallel, one
+process or several) the runner's state and uploads are replicated over it: every device runs
+the same bookkeeping beside its share of the model, and the read takes this process's replica.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from swajax.runner.programs import (
     fused_round,
     fused_step,
     fused_verify,
-    seed_only,
 )
-from swajax.runner.step_inputs import MIN_TOKENS, SEEDS, offset, pad_forward, seed_arrays
+from swajax.runner.readback import read
+from swajax.runner.step_inputs import MIN_TOKENS, offset, pad_forward, seed_arrays
 from swajax.serving import overlap
-from swajax.serving.batch import ForwardBatch, Releases, StepKind, StepPlan, StepResult
+from swajax.serving.batch import Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
 MIN_REQS, MIN_EDITS = 8, 64
@@ -74,8 +75,13 @@ class DeviceRunner:
         """`draft` (a `HybridLM` or None) proposes the tokens of each plan's `lookahead`."""
         self.model, self.window, self.draft = model, window, draft
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
-        self.alloc = A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
-        self.r2t = ReqToToken.init(max_running, max_context) if model.needs_kv else None
+        self.placement = model.state_sharding  # None: the default device
+        self.alloc = self._place(
+            A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
+        )
+        self.r2t = None
+        if model.needs_kv:
+            self.r2t = self._place(ReqToToken.init(max_running, max_context))
         # Batches pad to MIN_REQS rows (fewer programs as a batch grows) but never past what can
         # run at once: a single-stream engine decodes one row, not eight.
         self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
@@ -102,7 +108,7 @@ class DeviceRunner:
             m = bucket(len(seg.move_dst), MIN_EDITS)
             args = [pad(a, n) for a, n in ((seg.swa, f), (seg.full, f))]
             args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
-            self.alloc = apply_releases(self.alloc, *jax.device_put(args))
+            self.alloc = apply_releases(self.alloc, *jax.device_put(args, self.placement))
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
         r = bucket(len(plan.requests), self.min_reqs)
@@ -166,7 +172,7 @@ class DeviceRunner:
         """Read a launched step's result: the step's one read."""
         if step.result is not None:  # run in `dispatch` (a model outside the fused program)
             return step.result
-        out, sampled = jax.device_get((step.out, step.sampled))
+        out, sampled = read((step.out, step.sampled))
         return self._result(step.plan, out, sampled)
 
     @observed
@@ -231,40 +237,39 @@ class DeviceRunner:
         if not plan.penalize or self.model.vocab_size is None:
             return None
         if self.penalties is None:
-            self.penalties = init_penalties(self._rows, self.model.vocab_size)
+            self.penalties = self._place(init_penalties(self._rows, self.model.vocab_size))
         return self.penalties
 
     def _run_unfused(self, plan: StepPlan) -> Dispatched:
-        """A model outside the fused program (under a mesh, or without KV: the null model)."""
+        """A model outside the fused program (without KV: the null model)."""
         last = self._split_releases(plan)
         if self.draft is not None:
-            raise ValueError("a speculative draft needs the fused step (no mesh)")
+            raise ValueError("a speculative draft needs a model in the fused step")
         try:
-            out, meta, fwd, seeds = self._commit(plan, last)
+            out = self._commit(plan, last)
         except Exception:
             self.apply_releases((last,))
             raise
         try:
-            if plan.lookahead:  # a model without KV (the null model) emulates the round
-                out = jax.device_get(out)
+            out = jax.device_get(out)
+            if plan.lookahead:  # the model emulates the round
                 sampled = self.model.verify(plan, plan.lookahead)
-            elif self.model.needs_kv:
-                pen = self._penalties(plan)
-                if seeds is not None:
-                    pen = seed_only(pen, *seeds)
-                self.pools, pen, sampled = self.model.forward_and_sample(
-                    self.pools, fwd, meta, return_logits=plan.return_logits, penalties=pen,
-                    mode=_mode(plan),
-                )  # fmt: skip
-                self.penalties = pen if pen is not None else self.penalties
-                out, sampled = jax.device_get((out, sampled))  # the step's one read
             else:
-                out = jax.device_get(out)
+                fwd = pad_forward(plan.forward, len(plan.forward.tokens))
                 sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[2]
         except Exception:
             self._roll_back(plan, out)
             raise
         return Dispatched(plan, out, sampled, self._result(plan, out, sampled))
+
+    def _place(self, tree):
+        """`tree` where the runner keeps its state: as made (the default device), or
+        replicated over the model's mesh (through the host: across processes a device array
+        cannot be copied to another process's device, while every process holds the same
+        host values)."""
+        if self.placement is None:
+            return tree
+        return jax.device_put(jax.device_get(tree), self.placement)
 
     def _draft_shapes(self, plan: StepPlan):
         """The metadata shapes of a round's k + 1 single-token draft forwards."""
@@ -329,19 +334,17 @@ class DeviceRunner:
             arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
-        return jax.device_put(packed), commit
+        return jax.device_put(packed, self.placement), commit
 
     def _commit(self, plan: StepPlan, last: Releases):
+        """The bookkeeping half of a step alone (a model outside the fused program)."""
         packed, commit = self._prepare(plan, last)
-        self.alloc, self.r2t, out, meta, extra = commit_step(self.alloc, self.r2t, packed, **commit)
-        if self.model.needs_kv:
-            seeds = [extra.pop(n) for n in SEEDS] if SEEDS[0] in extra else None
-            return out, meta, ForwardBatch(**extra), seeds
-        return out, meta, pad_forward(plan.forward, len(plan.forward.tokens)), None
+        self.alloc, self.r2t, out, _, _ = commit_step(self.alloc, self.r2t, packed, **commit)
+        return out
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""
-        out = jax.device_get(out)
+        out = read(out)
         if int(out[OUT_STATUS]) != A.OK:
             return  # nothing was taken
         slots, ps, start, fresh = out[OUT_SLOTS:], self.alloc.page_size, 0, []

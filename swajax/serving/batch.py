@@ -215,13 +215,17 @@ class Model(Protocol):
     needs_kv: bool  # reads and writes KV through the pools (the null model does not)
     vocab_size: int
     # The step body the runner traces into its own program (one dispatch per step); None: the
-    # model runs outside it (under a mesh, or without KV), and the runner calls it per step.
+    # model runs outside it (a model without KV), and the runner calls it per step.
     fused_forward: object | None
+    # Where the runner keeps its state and each step's upload: None (the default device) or
+    # a `jax.sharding.Sharding` (replicated over the model's mesh).
+    state_sharding: object | None
 
     def init_pools(self, sizes): ...
     def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,
                            penalties=None, mode=None):  # fmt: skip
-        """(pools, penalties, `models.sampling.Sampled`) for the batch's sampled rows."""
+        """(pools, penalties, `models.sampling.Sampled`) for the batch's sampled rows; called
+        only for a model outside the fused program."""
 
 
 class Runner(Protocol):

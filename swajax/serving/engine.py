@@ -366,7 +366,9 @@ def _check_draft(model, draft, k: int, sizes: PoolSizes) -> None:
     if not k:
         raise ValueError("a draft model needs num_speculative_tokens >= 1")
     if model.fused_forward is None or draft.fused_forward is None:
-        raise ValueError("speculative decoding runs in the fused step program: no mesh")
+        raise ValueError("speculative decoding needs models in the fused step (with KV)")
+    if model.state_sharding != draft.state_sharding:
+        raise ValueError("the draft must be placed like the target (the same mesh, or none)")
     if draft.vocab_size != model.vocab_size:
         raise ValueError(
             f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "

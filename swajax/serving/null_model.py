@@ -13,6 +13,7 @@ class NullModel:
 
     needs_kv = False
     fused_forward = None
+    state_sharding = None  # the runner's state on the default device
 
     def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0,
                  overlap: bool = False):  # fmt: skip

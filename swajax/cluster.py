@@ -1,0 +1,102 @@
+"""Joining JAX's multi-controller runtime: one process per host (or per group of devices), all
+running the same program over one global mesh.
+
+swajax adds nothing to JAX's own distributed runtime: `jax.distributed.initialize` connects the
+processes to a coordinator, after which `jax.devices()` lists every process's devices and a
+program over a mesh of them runs on all processes at once (on CPU the collectives go through
+gloo). What this module adds is the settings a command line needs, the bounds that make a dead
+peer an error instead of a hang, and errors that name the address and the limit.
+
+A process that stops sending heartbeats for `heartbeat_s` is declared dead by the coordinator,
+and JAX then terminates every other process with "the JAX distributed service detected fatal
+errors ... another task died" (an abort from its runtime, not a Python exception: a process
+blocked in a collective cannot be unblocked any other way). `timeout_s` bounds the wait for the
+coordinator and for every process to arrive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+
+from swajax.errors import InputError
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """How this process joins: an explicit coordinator, process count and id, or `auto` (JAX's
+    own detection: SLURM, Open MPI, Kubernetes, Cloud TPU, and JAX_COORDINATOR_ADDRESS with
+    the launcher's process variables)."""
+
+    coordinator: str | None = None  # HOST:PORT, reachable from every process
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+    timeout_s: int = 120  # to reach the coordinator and for all processes to arrive
+    heartbeat_s: int = 30  # a silent peer is declared dead after this
+
+    @property
+    def requested(self) -> bool:
+        return self.auto or self.coordinator is not None
+
+    def check(self) -> None:
+        given = [self.coordinator, self.num_processes, self.process_id]
+        if self.auto:
+            if any(v is not None for v in given):
+                raise InputError(
+                    "--distributed auto takes the coordinator, process count and id from the "
+                    "cluster's environment: give those flags or auto, not both"
+                )
+            return
+        if self.coordinator is None:
+            if any(v is not None for v in given):
+                raise InputError("--num-processes and --process-id need --coordinator HOST:PORT")
+            return
+        host, _, port = self.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
+        if self.num_processes is None or self.process_id is None:
+            raise InputError("--coordinator needs --num-processes N and --process-id I")
+        if self.num_processes < 1:
+            raise InputError(f"--num-processes must be >= 1, got {self.num_processes}")
+        if not 0 <= self.process_id < self.num_processes:
+            raise InputError(
+                f"--process-id must be in [0, {self.num_processes}) for --num-processes "
+                f"{self.num_processes}, got {self.process_id}"
+            )
+
+
+def join(cluster: Cluster) -> None:
+    """Connect this process to the others (before anything else touches JAX's devices). A
+    coordinator that cannot be reached within `timeout_s` is an error naming it."""
+    cluster.check()
+    if not cluster.requested:
+        return
+    # CPU processes exchange their collectives over gloo (ignored by GPU and TPU backends).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    where = cluster.coordinator or "the cluster's coordinator"
+    try:
+        jax.distributed.initialize(
+            cluster.coordinator,
+            cluster.num_processes,
+            cluster.process_id,
+            initialization_timeout=cluster.timeout_s,
+            heartbeat_timeout_seconds=cluster.heartbeat_s,
+        )
+    except Exception as e:  # noqa: BLE001 - JAX raises runtime errors of several types
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        who = "" if cluster.process_id is None else f"process {cluster.process_id}: "
+        raise RuntimeError(
+            f"{who}could not join {where} within {cluster.timeout_s} s ({first})"
+        ) from e
+    LOG.info("process %d of %d: %d local device(s) of %d", jax.process_index(),
+             jax.process_count(), jax.local_device_count(), jax.device_count())  # fmt: skip
+
+
+def is_leader() -> bool:
+    """Whether this process reports results (process 0; the only one when not joined)."""
+    return jax.process_index() == 0
