@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
+import time
 
 import jax
 
@@ -79,6 +81,8 @@ def join(cluster: Cluster) -> None:
     # CPU processes exchange their collectives over gloo (ignored by GPU and TPU backends).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = cluster.coordinator or "the cluster's coordinator"
+    if cluster.coordinator is not None and cluster.process_id != 0:
+        _reach(cluster)
     try:
         jax.distributed.initialize(
             cluster.coordinator,
@@ -95,6 +99,25 @@ def join(cluster: Cluster) -> None:
         ) from e
     LOG.info("process %d of %d: %d local device(s) of %d", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())  # fmt: skip
+
+
+def _reach(cluster: Cluster) -> None:
+    """Wait until the coordinator accepts connections, or raise naming it. JAX's client ends
+    the process (an abort from its runtime) when its first connection times out, so the wait
+    that can fail with a message happens here, before it."""
+    host, _, port = cluster.coordinator.rpartition(":")
+    deadline = time.monotonic() + cluster.timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"process {cluster.process_id}: could not join {cluster.coordinator} within "
+                    f"{cluster.timeout_s} s ({e.strerror or e}): is process 0 running there?"
+                ) from None
+            time.sleep(0.2)
 
 
 def is_leader() -> bool:

@@ -105,8 +105,12 @@ def _wait(procs, grace: float) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("launch-local", help="run a command as N joined processes on this machine")
-    p.add_argument("--num-processes", type=args_lib.int_at_least(1, 64), required=True,
-                   help="processes to start")
+    p.add_argument(
+        "--num-processes",
+        type=args_lib.int_at_least(1, 64),
+        required=True,
+        help="processes to start",
+    )
     p.add_argument("--cpu-devices", type=args_lib.int_at_least(1, 256), metavar="D",
                    help="give each process D CPU devices (JAX_PLATFORMS=cpu)")  # fmt: skip
     p.add_argument("--port", type=args_lib.int_at_least(1, 65535),

@@ -194,6 +194,16 @@ def _warning(command: str, message: str) -> None:
     print(f"swajax {command}: warning: {message}", file=sys.stderr)
 
 
+def _native_output_to_stderr() -> None:
+    """Keep stdout for results: Python's prints stay on the real stdout, while whatever native
+    code writes to file descriptor 1 (gloo notes each connection it makes there) goes to
+    stderr."""
+    sys.stdout.flush()
+    results = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(results, "w", buffering=1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -208,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         joined = hasattr(args, "coordinator") and cluster_of(args).requested
         if joined:  # before anything touches JAX's devices
+            _native_output_to_stderr()
             cluster.join(cluster_of(args))
         if not getattr(args, "no_compile_cache", True):
             # Programs of an earlier run on this machine are reused; a cache that cannot be

@@ -1,0 +1,171 @@
+"""The engine across real processes (JAX's multi-controller runtime on CPU, gloo collectives):
+2 processes x 2 CPU devices, the model split over all four. Each process runs the same
+scheduler on the same inputs (BUILD_NOTES.md: "Several processes"), so each must produce the
+same tokens as one process on four devices and as one device; logprobs agree to float32
+reduction order (the all-reduce over gloo sums in another order than in one process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import FIXTURES, ROOT
+
+from multihost import workload
+
+WORKER = Path(__file__).with_name("worker.py")
+PROCESSES, DEVICES = 2, 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={DEVICES}"])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _start(port: int, i: int, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, str(WORKER), "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", str(PROCESSES), "--process-id", str(i), *extra]  # fmt: skip
+    return subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def _joined(procs, tmp_path, fixture: str, attention: str = "xla") -> list[dict]:
+    port = _port()
+    outs = [tmp_path / f"process{i}.json" for i in range(PROCESSES)]
+    procs += [
+        _start(
+            port,
+            i,
+            "--fixture",
+            str(FIXTURES / fixture),
+            "--attention",
+            attention,
+            "--out",
+            str(outs[i]),
+        )  # fmt: skip
+        for i in range(PROCESSES)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+@pytest.fixture
+def procs():
+    """Processes a test started; any still running at its end are killed."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=60)  # reaps it and closes its pipes
+
+
+def _same(joined: dict, reference: dict, what: str) -> None:
+    assert joined["tokens"] == reference["tokens"], what
+    for a, b in zip(joined["logprobs"], reference["logprobs"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
+@pytest.mark.parametrize(
+    "fixture, attention",
+    [
+        ("gpt_oss_kv4", "xla"),  # MoE, sinks, SWA and full layers
+        pytest.param("qwen3_kv4", "xla", marks=pytest.mark.slow),
+        pytest.param("gpt_oss_kv4", "pallas", marks=pytest.mark.slow),  # interpret mode
+    ],
+)
+def test_two_processes_match_one_process_and_one_device(procs, tmp_path, fixture, attention):
+    """Tokens and logprobs of 2 processes x 2 devices against 1 process x 4 devices and 1
+    device, with a prefix hit and eviction every step; every process ends with both pools
+    free (checked inside each worker) and the same results as the others."""
+    joined = _joined(procs, tmp_path, fixture, attention)
+    path = str(FIXTURES / fixture)
+    four = workload.run(path, 4, attention)
+    one = workload.run(path, 1, attention)
+    assert joined[0] == joined[1]  # the processes agree bit for bit
+    assert joined[0]["cached"][-1] > 0  # the second wave hit the first's prefix
+    _same(joined[0], four, "2 processes vs 1 process on 4 devices")
+    _same(joined[0], one, "2 processes vs 1 device")
+
+
+@pytest.mark.parametrize("victim", [1, pytest.param(0, marks=pytest.mark.slow)])
+def test_a_killed_process_stops_the_other_within_the_bound(procs, victim):
+    """SIGKILL one process once both have joined; the survivor (busy loading and compiling, or
+    blocked in a collective) ends with an error naming the failure within the heartbeat bound,
+    not a hang."""
+    heartbeat, port = 4, _port()
+    procs += [
+        _start(
+            port,
+            i,
+            "--fixture",
+            str(FIXTURES / "gpt_oss_kv4"),
+            "--out",
+            os.devnull,
+            "--heartbeat",
+            str(heartbeat),
+        )  # fmt: skip
+        for i in range(PROCESSES)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "joined"
+    procs[victim].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    survivor = procs[1 - victim]
+    _, err = survivor.communicate(timeout=heartbeat + 60)
+    took = time.monotonic() - killed
+    assert survivor.returncode != 0
+    assert took < heartbeat + 30, took
+    assert "another task died" in err or "unhealthy" in err or "heartbeat" in err, err[-2000:]
+
+
+def test_an_unreachable_coordinator_is_an_error_naming_it(cli):
+    """Process 1 of 2 with nobody at the coordinator's address: an error line within the join
+    timeout, naming the address and the bound."""
+    port = _port()
+    argv = [sys.executable, "-m", "swajax", "generate", "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", "2", "--process-id", "1", "--join-timeout", "3"]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"could not join 127.0.0.1:{port} within 3 s" in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - start < 60
+
+
+def test_launch_local_prints_process_zeros_results(tmp_path):
+    """`swajax launch-local -- generate --json`: the command's output once (process 0's), the
+    tokens of one process on one device."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": workload.A}) + "\n")
+    model = str(FIXTURES / "qwen3_kv4")
+    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
+            "--cpu-devices", "2", "--", "generate", "--model", model, "--prompts-file",
+            str(prompts), "--max-new-tokens", "5", "--json", "--ignore-eos"]  # fmt: skip
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in done.stdout.splitlines()]
+    assert len(lines) == 2 and "summary" in lines[1]  # one output, one summary: process 0's
+    from swajax.api import LLM
+    from swajax.serving.sampling_params import SamplingParams
+
+    one = LLM(model, ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
+    assert lines[0]["tokens"] == one[0].token_ids

@@ -1,0 +1,31 @@
+"""The run every multi-process test compares: two waves of requests through an engine with
+tensor parallelism, eviction every step and a prefix hit, then every pool checked free. The same
+function runs in one process (the references) and in each joined process (`worker.py`)."""
+
+from __future__ import annotations
+
+from swajax.api import LLM
+from swajax.serving.sampling_params import SamplingParams
+
+A = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 45]
+B = [9, 4, 77, 31, 100, 6, 58, 23, 14, 87, 40, 2, 66, 19, 120, 35, 8, 51, 72]
+
+
+def run(path: str, tensor_parallel: int | None, attention: str = "xla") -> dict:
+    from helpers.engine_checks import check_clean
+
+    llm = LLM(path, tensor_parallel=tensor_parallel, attention=attention, ignore_eos=True,
+              max_running=4, max_context=64, chunk_size=8, eviction_interval=1)  # fmt: skip
+    greedy = SamplingParams(max_new_tokens=6)
+    sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    first = llm.generate([A, B], greedy) + llm.generate([B], sampled)
+    # A again, longer: its cached prefix is hit (with its window live) and extended.
+    second = llm.generate([A + [7, 93, 44, 12, 5]], greedy)
+    check_clean(llm.engine)  # every request ended; both pools free once the cache is flushed
+    outs = first + second
+    return dict(
+        tokens=[o.token_ids for o in outs],
+        logprobs=[o.logprobs for o in outs],
+        cached=[o.cached_tokens for o in outs],
+        compilations=llm.summary()["compilations"],
+    )
