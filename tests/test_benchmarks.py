@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 BENCHMARKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
-SLOW = {"cache_policy", "floor", "kv_dtype", "loading", "scan_layers", "server", "speculative",
-        "startup"}  # fmt: skip
+SLOW = {"cache_policy", "floor", "kv_dtype", "loading", "multihost", "scan_layers", "server",
+        "speculative", "startup"}  # fmt: skip
 
 
 def load(path):

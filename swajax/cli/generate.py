@@ -12,6 +12,7 @@ from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_
 from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS, tensor_mesh
 from swajax.cli import args as args_lib
 from swajax.cli.cluster_args import add_cluster_args
+from swajax.cluster import is_leader
 from swajax.json_lines import read_json_lines
 from swajax.serving.sampling_params import SamplingParams
 from swajax.tokenizer import Tokenizer
@@ -192,6 +193,8 @@ def run_logits(args) -> int:
     engine = make_engine(decoder, _spec(args))
     del decoder  # the engine holds the weights (restacked where layers are scanned)
     logits = [teacher_forced_logits(engine, prompt) for prompt in prompts]
+    if not is_leader():  # joined processes: every one computed the logits, process 0 writes
+        return 0
     with open(args.out, "wb") as f:  # np.save(path) would append .npy to another name
         if str(args.out).endswith(".npz"):
             arrays = {f"logits_{i}": x for i, x in enumerate(logits)}

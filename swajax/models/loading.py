@@ -134,6 +134,8 @@ def load_decoder(
         loader = WeightLoader(checkpoint, decoder, checkpoint_quantization(cfg), mesh, advance)
         decoder.load(loader)
     loader.check_complete(decoder)
+    LOG.info("read %d bytes of weights from %d bytes of checkpoint files", loader.bytes_read,
+             sum(f.stat().st_size for f in files))  # fmt: skip
     return decoder
 
 

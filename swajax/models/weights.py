@@ -75,7 +75,10 @@ class WeightLoader:
             for path, node in nnx.iter_graph(module)
             if isinstance(node, nnx.Variable)
         }
-        self._device = SingleDeviceSharding(jax.devices()[0])
+        self._device = SingleDeviceSharding(jax.local_devices()[0])
+        # Distinct (parameter, shard) slices copied out of the checkpoint, in bytes: with a mesh
+        # over several processes, each reads its own devices' shards (and the replicated rest).
+        self._read: dict[tuple[int, str], int] = {}
 
     def fill(self, param: nnx.Variable, name: str, *, transpose=False, transform=None) -> None:
         """param <- tensor `name` (transposed, then `transform`ed: a whole-tensor function)."""
@@ -90,7 +93,8 @@ class WeightLoader:
         dtype = np.dtype(target.dtype)
 
         def read(index):  # a copy: the device array must not alias the mapped file
-            return np.array(value[index], dtype=dtype, order="C", copy=True)
+            shard = np.array(value[index], dtype=dtype, order="C", copy=True)
+            return self._count(param, index, shard)
 
         param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
         self.checkpoint.release()
@@ -180,10 +184,19 @@ class WeightLoader:
                             f"{np.dtype(target.dtype)}{list(target.shape)}")  # fmt: skip
 
         def read(index):  # a copy: the device array must not alias the mapped file
-            return np.array(host[index], order="C", copy=True)
+            return self._count(param, index, np.array(host[index], order="C", copy=True))
 
         param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
         self.checkpoint.release()
+
+    def _count(self, param, index, shard: np.ndarray) -> np.ndarray:
+        self._read[(id(param), str(index))] = shard.nbytes
+        return shard
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of weights this process copied out of the checkpoint (each shard once)."""
+        return sum(self._read.values())
 
     def _sharding(self, param):
         if self.mesh is None:

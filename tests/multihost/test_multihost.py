@@ -95,14 +95,16 @@ def _same(joined: dict, reference: dict, what: str) -> None:
 )
 def test_two_processes_match_one_process_and_one_device(procs, tmp_path, fixture, attention):
     """Tokens and logprobs of 2 processes x 2 devices against 1 process x 4 devices and 1
-    device, with a prefix hit and eviction every step; every process ends with both pools
-    free (checked inside each worker) and the same results as the others."""
+    device, with a prefix hit, eviction every step, chunked prefill, overlap, an abort and
+    retractions; every process ends with both pools free (checked inside each worker) and the
+    same results as the others."""
     joined = _joined(procs, tmp_path, fixture, attention)
     path = str(FIXTURES / fixture)
     four = workload.run(path, 4, attention)
     one = workload.run(path, 1, attention)
     assert joined[0] == joined[1]  # the processes agree bit for bit
-    assert joined[0]["cached"][-1] > 0  # the second wave hit the first's prefix
+    assert joined[0]["cached"][3] > 0  # the second wave hit the first's prefix
+    assert joined[0]["retractions"] > 0 and joined[0]["aborted"].startswith("abort")
     _same(joined[0], four, "2 processes vs 1 process on 4 devices")
     _same(joined[0], one, "2 processes vs 1 device")
 
@@ -169,3 +171,23 @@ def test_launch_local_prints_process_zeros_results(tmp_path):
 
     one = LLM(model, ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
     assert lines[0]["tokens"] == one[0].token_ids
+
+
+@pytest.mark.slow
+def test_launch_local_logits_are_written_once_and_match_one_device(tmp_path):
+    """`swajax logits` joined: process 0 writes the file; the logits are one device's (to the
+    all-reduce's summation order)."""
+    out = tmp_path / "joined.npy"
+    model = str(FIXTURES / "gpt_oss_kv4")
+    ids = ",".join(map(str, workload.A))
+    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
+            "--cpu-devices", "2", "--", "logits", "--model", model, "--prompt-ids", ids,
+            "--out", str(out)]  # fmt: skip
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote") == 1
+    one = tmp_path / "one.npy"
+    single = [sys.executable, "-m", "swajax", "logits", "--model", model, "--prompt-ids", ids,
+              "--out", str(one)]  # fmt: skip
+    subprocess.run(single, env=_env(), check=True, capture_output=True, timeout=600)
+    np.testing.assert_allclose(np.load(out), np.load(one), rtol=1e-5, atol=1e-5)

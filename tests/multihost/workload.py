@@ -21,11 +21,20 @@ def run(path: str, tensor_parallel: int | None, attention: str = "xla") -> dict:
     first = llm.generate([A, B], greedy) + llm.generate([B], sampled)
     # A again, longer: its cached prefix is hit (with its window live) and extended.
     second = llm.generate([A + [7, 93, 44, 12, 5]], greedy)
-    check_clean(llm.engine)  # every request ended; both pools free once the cache is flushed
-    outs = first + second
+    # More than the pools hold at once (two 64-token contexts): requests are retracted and
+    # resumed. One more request is aborted after a few steps.
+    engine = llm.engine
+    doomed = engine.add_request(B[::-1], SamplingParams(max_new_tokens=30))
+    for _ in range(3):
+        engine.step()
+    engine.abort(doomed)
+    third = llm.generate([A, B, A[::-1], B[3:]], SamplingParams(max_new_tokens=40))
+    check_clean(engine)  # every request ended; both pools free once the cache is flushed
+    outs = first + second + third
     return dict(
         tokens=[o.token_ids for o in outs],
         logprobs=[o.logprobs for o in outs],
         cached=[o.cached_tokens for o in outs],
-        compilations=llm.summary()["compilations"],
+        aborted=engine.requests[doomed].finish_reason,
+        retractions=llm.summary()["retractions"],
     )
