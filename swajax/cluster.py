@@ -91,6 +91,8 @@ def join(cluster: Cluster) -> None:
             initialization_timeout=cluster.timeout_s,
             heartbeat_timeout_seconds=cluster.heartbeat_s,
         )
+    except ValueError as e:  # JAX found no cluster in the environment (--distributed)
+        raise InputError(f"--distributed: JAX detected no cluster here ({e})") from e
     except Exception as e:  # noqa: BLE001 - JAX raises runtime errors of several types
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         who = "" if cluster.process_id is None else f"process {cluster.process_id}: "

@@ -216,8 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     _configure_logging(args.verbose, args.quiet)
     try:
-        joined = hasattr(args, "coordinator") and cluster_of(args).requested
-        if joined:  # before anything touches JAX's devices
+        joined = False
+        if hasattr(args, "coordinator"):  # before anything touches JAX's devices
+            cluster_of(args).check()
+            joined = cluster_of(args).requested
+        if joined:
             _native_output_to_stderr()
             cluster.join(cluster_of(args))
         if not getattr(args, "no_compile_cache", True):

@@ -21,6 +21,7 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--heartbeat", type=int, default=10)
     p.add_argument("--die-after-join", action="store_true")
+    p.add_argument("--hybrid-off", action="store_true")
     a = p.parse_args()
     join(Cluster(a.coordinator, a.num_processes, a.process_id, timeout_s=60,
                  heartbeat_s=a.heartbeat))  # fmt: skip
@@ -29,7 +30,7 @@ def main() -> None:
         os._exit(7)  # no shutdown, no goodbye: as a crash would
     from multihost import workload
 
-    result = workload.run(a.fixture, None, a.attention)
+    result = workload.run(a.fixture, None, a.attention, hybrid_memory=not a.hybrid_off)
     with open(a.out, "w") as f:
         json.dump(result, f)
 

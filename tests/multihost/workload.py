@@ -11,11 +11,13 @@ A = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 4
 B = [9, 4, 77, 31, 100, 6, 58, 23, 14, 87, 40, 2, 66, 19, 120, 35, 8, 51, 72]
 
 
-def run(path: str, tensor_parallel: int | None, attention: str = "xla") -> dict:
+def run(path: str, tensor_parallel: int | None, attention: str = "xla",
+        hybrid_memory: bool = True) -> dict:  # fmt: skip
     from helpers.engine_checks import check_clean
 
     llm = LLM(path, tensor_parallel=tensor_parallel, attention=attention, ignore_eos=True,
-              max_running=4, max_context=64, chunk_size=8, eviction_interval=1)  # fmt: skip
+              max_running=4, max_context=64, chunk_size=8, eviction_interval=1,
+              hybrid_memory=hybrid_memory)  # fmt: skip
     greedy = SamplingParams(max_new_tokens=6)
     sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     first = llm.generate([A, B], greedy) + llm.generate([B], sampled)
