@@ -46,22 +46,12 @@ def _start(port: int, i: int, *extra: str) -> subprocess.Popen:
                             text=True)  # fmt: skip
 
 
-def _joined(procs, tmp_path, fixture: str, attention: str = "xla") -> list[dict]:
+def _joined(procs, tmp_path, fixture: str, attention: str, hybrid: bool) -> list[dict]:
     port = _port()
     outs = [tmp_path / f"process{i}.json" for i in range(PROCESSES)]
-    procs += [
-        _start(
-            port,
-            i,
-            "--fixture",
-            str(FIXTURES / fixture),
-            "--attention",
-            attention,
-            "--out",
-            str(outs[i]),
-        )  # fmt: skip
-        for i in range(PROCESSES)
-    ]
+    common = ["--fixture", str(FIXTURES / fixture), "--attention", attention]
+    common += [] if hybrid else ["--hybrid-off"]
+    procs += [_start(port, i, *common, "--out", str(outs[i])) for i in range(PROCESSES)]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
@@ -86,22 +76,25 @@ def _same(joined: dict, reference: dict, what: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "fixture, attention",
+    "fixture, attention, hybrid",
     [
-        ("gpt_oss_kv4", "xla"),  # MoE, sinks, SWA and full layers
-        pytest.param("qwen3_kv4", "xla", marks=pytest.mark.slow),
-        pytest.param("gpt_oss_kv4", "pallas", marks=pytest.mark.slow),  # interpret mode
+        ("gpt_oss_kv4", "xla", True),  # MoE, sinks, SWA and full layers
+        pytest.param("qwen3_kv4", "xla", True, marks=pytest.mark.slow),
+        pytest.param("gpt_oss_kv4", "pallas", True, marks=pytest.mark.slow),  # interpret mode
+        pytest.param("gpt_oss_kv4", "xla", False, marks=pytest.mark.slow),  # one pool
     ],
 )
-def test_two_processes_match_one_process_and_one_device(procs, tmp_path, fixture, attention):
+def test_two_processes_match_one_process_and_one_device(
+    procs, tmp_path, fixture, attention, hybrid
+):
     """Tokens and logprobs of 2 processes x 2 devices against 1 process x 4 devices and 1
     device, with a prefix hit, eviction every step, chunked prefill, overlap, an abort and
     retractions; every process ends with both pools free (checked inside each worker) and the
     same results as the others."""
-    joined = _joined(procs, tmp_path, fixture, attention)
+    joined = _joined(procs, tmp_path, fixture, attention, hybrid)
     path = str(FIXTURES / fixture)
-    four = workload.run(path, 4, attention)
-    one = workload.run(path, 1, attention)
+    four = workload.run(path, 4, attention, hybrid)
+    one = workload.run(path, 1, attention, hybrid)
     assert joined[0] == joined[1]  # the processes agree bit for bit
     assert joined[0]["cached"][3] > 0  # the second wave hit the first's prefix
     assert joined[0]["retractions"] > 0 and joined[0]["aborted"].startswith("abort")
