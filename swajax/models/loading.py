@@ -9,7 +9,9 @@ import logging
 import shutil
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+import jax
 from flax import nnx
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from swajax.config import ConfigError, text_config
 from swajax.folder_swap import FolderError, swap_in
@@ -17,6 +19,7 @@ from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder
 from swajax.models.family_specs import model_spec
 from swajax.models.quantization import Quantization, quantization
+from swajax.models.sharding import check_divisible, fitted, param_spec
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import WeightLoader
 from swajax.progress_bar import progress
@@ -120,7 +123,7 @@ def load_decoder(
                 "converting (swajax convert SRC OUT --dequantize-weights)"
             )
         spec = dataclasses.replace(spec, kv_scales=bool(cfg.get(KV_SCALES_FIELD)))
-        return _restore_orbax(_abstract(spec, mesh), path / ORBAX_DIR)
+        return _restore_orbax(_abstract(spec, mesh), path / ORBAX_DIR, mesh)
     files = checkpoint_files(path)
     if not files:
         raise LoadError(f"{path} has no .safetensors files (and no {ORBAX_DIR}/ checkpoint)")
@@ -142,8 +145,6 @@ def load_decoder(
 def _abstract(spec: ModelSpec, mesh) -> Decoder:
     """The decoder of `spec` as shapes only (checked against the mesh first)."""
     if mesh is not None:
-        from swajax.models.sharding import check_divisible
-
         check_divisible(spec, mesh)
     return nnx.eval_shape(lambda: Decoder(spec))
 
@@ -258,8 +259,20 @@ def _as_held(cfg: dict, decoder: Decoder) -> dict:
     return cfg
 
 
-def _restore_orbax(decoder: Decoder, path: Path) -> Decoder:
+def _restore_orbax(decoder: Decoder, path: Path, mesh) -> Decoder:
+    """Each parameter restored straight into its placement: its shards over `mesh` (across
+    processes, each reads its own), else this process's first device. Without the shardings
+    orbax would place by the topology the checkpoint was saved from."""
     graphdef, abstract = nnx.split(decoder)
+    one = SingleDeviceSharding(jax.local_devices()[0])
+
+    def placed(where, x):
+        if mesh is None:
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one)
+        spec = fitted(param_spec(where), x.shape, mesh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+
+    abstract = jax.tree_util.tree_map_with_path(placed, abstract)
     state = _checkpointer().restore(path.resolve(), abstract)
     return nnx.merge(graphdef, state)
 

@@ -184,3 +184,24 @@ def test_launch_local_logits_are_written_once_and_match_one_device(tmp_path):
               "--out", str(one)]  # fmt: skip
     subprocess.run(single, env=_env(), check=True, capture_output=True, timeout=600)
     np.testing.assert_allclose(np.load(out), np.load(one), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_orbax_folder_restores_into_each_processes_shards(tmp_path):
+    """`swajax convert` output (orbax) restored with every parameter's global sharding, each
+    process reading its own shards: one device's tokens."""
+    from swajax.api import LLM
+    from swajax.models import load_decoder, save_orbax
+    from swajax.serving.sampling_params import SamplingParams
+
+    source = FIXTURES / "qwen3_kv4"
+    save_orbax(load_decoder(source), source, tmp_path / "orbax")
+    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
+            "--cpu-devices", "2", "--", "generate", "--model", str(tmp_path / "orbax"),
+            "--prompt-ids", ",".join(map(str, workload.A)), "--max-new-tokens", "5", "--json",
+            "--ignore-eos"]  # fmt: skip
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens = json.loads(done.stdout.splitlines()[0])["tokens"]
+    one = LLM(str(source), ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
+    assert tokens == one[0].token_ids
