@@ -106,3 +106,19 @@ def test_a_steady_sharded_decode_compiles_nothing_new():
     before = engine.runner.compilations()
     engine.run()
     assert engine.runner.compilations() == before
+
+
+def test_multi_step_decode_runs_under_a_mesh():
+    """With the runner's state replicated, a decode round (several steps in one program) runs
+    split four ways too: one device's tokens, in fewer engine steps."""
+    from swajax.api import LLM
+
+    prompts = [[5, 17, 99, 3, 42, 64, 8, 120, 33, 71], [9, 4, 77, 31, 100, 6]]
+    params = SamplingParams(max_new_tokens=12)
+    runs = {}
+    for split, steps in ((1, 1), (4, 4)):
+        llm = LLM(str(FIXTURES / "gpt_oss_kv4"), ignore_eos=True, tensor_parallel=split,
+                  decode_steps=steps, max_running=2, max_context=64)  # fmt: skip
+        runs[split] = ([o.token_ids for o in llm.generate(prompts, params)], llm.summary())
+    assert runs[4][0] == runs[1][0]
+    assert runs[4][1]["steps"] < runs[1][1]["steps"]
