@@ -22,7 +22,7 @@ SINK_CASES = {spec[0] for spec in CASES if spec[6]}
 pytestmark = pytest.mark.xdist_group("conformance_kit")  # one worker exports the kit once
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # exported once even if the worker interleaves other modules
 def kit(tmp_path_factory):
     from swajax.cli.main import main
 
