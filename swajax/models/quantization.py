@@ -170,10 +170,13 @@ def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
     return w, s
 
 
-def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.ndarray:
+def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype, *,
+         check: bool = True) -> np.ndarray:  # fmt: skip
     """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized.
     A value that is not finite (NaN or infinite, stored or from dequantizing) is an error naming
-    the tensor: it would otherwise turn every logit it reaches into NaN, silently."""
+    the tensor: it would otherwise turn every logit it reaches into NaN, silently. `check=False`
+    leaves that to the caller, who checks each slice it reads (`check_finite` with an offset):
+    a process that loads only its shards then reads only those."""
     if name not in checkpoint and f"{name}_blocks" in checkpoint:
         if quant.method != "mxfp4":
             raise LoadError(f"tensor {name!r} is stored as MXFP4 blocks but the config's "
@@ -186,7 +189,8 @@ def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype) -> np.nd
             value = block_fp8(*fp8_parts(checkpoint, name, block), block, dtype)
     else:
         value = checkpoint.array(name)
-    check_finite(name, value)
+    if check:
+        check_finite(name, value)
     return value
 
 
@@ -194,8 +198,10 @@ E8M0_NAN = 255
 _CHECK_BYTES = 16 << 20  # rows checked at a time: a bounded temporary, never the whole tensor
 
 
-def check_finite(name: str, value: np.ndarray) -> None:
-    """LoadError naming `name` if a float tensor holds NaN or an infinity."""
+def check_finite(name: str, value: np.ndarray, offset=(), reverse: bool = False) -> None:
+    """LoadError naming `name` if a float tensor holds NaN or an infinity. `value` may be a
+    slice of the tensor starting at `offset`, of its transpose if `reverse` (the index named is
+    then the stored tensor's)."""
     if value.dtype.kind in "biu":  # bools and integers (ml_dtypes' floats are kind "V")
         return
     flat = value.reshape(value.shape[0], -1) if value.ndim > 1 else value.reshape(1, -1)
@@ -207,5 +213,8 @@ def check_finite(name: str, value: np.ndarray) -> None:
             where = np.unravel_index(int(np.argmin(finite.reshape(-1))) + start * flat.shape[1],
                                      value.shape)  # fmt: skip
             bad = value[where]
+            if offset:
+                where = tuple(int(i) + o for i, o in zip(where, offset))
+            where = where[::-1] if reverse else where
             raise LoadError(f"tensor {name!r} holds a non-finite value ({float(bad)}) at "
                             f"index {tuple(int(i) for i in where)}")  # fmt: skip

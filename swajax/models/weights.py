@@ -83,7 +83,11 @@ class WeightLoader:
     def fill(self, param: nnx.Variable, name: str, *, transpose=False, transform=None) -> None:
         """param <- tensor `name` (transposed, then `transform`ed: a whole-tensor function)."""
         target = param.get_value()
-        value = quantization.read(self.checkpoint, name, self.quant, target.dtype)
+        # Without a whole-tensor transform, each shard read is checked as it is read, so a
+        # process loading only its shards reads only those (the finiteness check included).
+        sliced = transform is None
+        value = quantization.read(self.checkpoint, name, self.quant, target.dtype,
+                                  check=not sliced)  # fmt: skip
         value = value.T if transpose else value
         value = transform(value) if transform is not None else value
         if tuple(value.shape) != tuple(target.shape):
@@ -93,6 +97,9 @@ class WeightLoader:
         dtype = np.dtype(target.dtype)
 
         def read(index):  # a copy: the device array must not alias the mapped file
+            if sliced:
+                start = tuple((i.start or 0) if isinstance(i, slice) else 0 for i in index)
+                quantization.check_finite(name, value[index], start, reverse=transpose)
             shard = np.array(value[index], dtype=dtype, order="C", copy=True)
             return self._count(param, index, shard)
 

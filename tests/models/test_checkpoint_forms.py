@@ -112,16 +112,23 @@ def _copy(src: pathlib.Path, dst: pathlib.Path, edit) -> pathlib.Path:
     return dst
 
 
-def test_a_nan_weight_is_named_at_load(tmp_path):
+@pytest.mark.parametrize("split", [1, 4])
+def test_a_nan_weight_is_named_at_load(tmp_path, split):
+    """Named with its index in the stored tensor, also when each device's shard is checked as
+    it is read (split four ways, the NaN sits in the second device's rows of the stored
+    [hidden, intermediate] down projection, i.e. its transposed kernel's second shard)."""
+    from swajax.models.sharding import kv_mesh
+
     name = "model.layers.1.mlp.down_proj.weight"
 
     def poison(t):
         t[name] = t[name].copy()
-        t[name][3, 5] = np.nan
+        t[name][3, 45] = np.nan
 
-    folder = _copy(FIXTURES / "qwen3", tmp_path / "nan", poison)
-    with pytest.raises(LoadError, match=rf"tensor '{name}' holds a non-finite value \(nan\)"):
-        load_decoder(folder)
+    folder = _copy(FIXTURES / "qwen3_kv4", tmp_path / "nan", poison)
+    message = rf"tensor '{name}' holds a non-finite value \(nan\) at index \(3, 45\)"
+    with pytest.raises(LoadError, match=message):
+        load_decoder(folder, mesh=kv_mesh(split) if split > 1 else None)
 
 
 def test_the_cli_names_the_non_finite_tensor(tmp_path, cli):
