@@ -1,6 +1,8 @@
 """The flags that join other processes are checked before anything connects: one error line
 naming the flag and the limit (the joins themselves: tests/multihost/)."""
 
+import json
+
 import pytest
 
 from swajax.cluster import Cluster
@@ -38,3 +40,18 @@ def test_launch_local_needs_a_joinable_command(cli):
     code, _, err = cli("launch-local", "--num-processes", "2", "--", "generate",
                        "--process-id", "1")  # fmt: skip
     assert code == 2 and "launch-local sets --coordinator" in err
+
+
+def test_tensor_parallel_beyond_the_visible_devices_is_one_line(cli):
+    code, out, err = cli("generate", "--tensor-parallel", "8", "--max-new-tokens", "1")
+    assert code == 2 and out == ""
+    assert "tensor_parallel=8 needs that many devices; 4 are visible" in err
+
+
+def test_the_demo_splits_over_two_devices(cli):
+    """`--tensor-parallel 2` on the embedded demo (2 KV heads): the same tokens as one device."""
+    argv = ("generate", "--prompt-ids", "100,101,32,102", "--max-new-tokens", "4", "--json")
+    _, one, _ = cli(*argv)
+    code, two, err = cli(*argv, "--tensor-parallel", "2")
+    assert code == 0, err
+    assert json.loads(two.splitlines()[0])["tokens"] == json.loads(one.splitlines()[0])["tokens"]
