@@ -42,10 +42,13 @@ def split_halves(w: np.ndarray) -> np.ndarray:
 
 class Layout(NamedTuple):
     """How a checkpoint tensor becomes a parameter (`forward`) and back (`inverse`, which
-    `swajax convert --to hf` writes): every rearrangement a load does must be invertible."""
+    `swajax convert --to hf` writes): every rearrangement a load does must be invertible.
+    `columns` (for a layout that only reorders the last axis): the source column of each
+    output column, so a device's shard can be read without the rest of the tensor."""
 
     forward: Callable[[np.ndarray], np.ndarray]
     inverse: Callable[[np.ndarray], np.ndarray]
+    columns: Callable[[np.ndarray, int], np.ndarray] | None = None
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
         return self.forward(a)
@@ -55,7 +58,8 @@ def _swap_expert_axes(a: np.ndarray) -> np.ndarray:
     return a.swapaxes(1, 2)
 
 
-PAIRED = Layout(interleave_halves, split_halves)  # gate | up -> interleaved pairs
+# gate | up -> interleaved pairs: output column c is gate column c // 2, or up's if c is odd
+PAIRED = Layout(interleave_halves, split_halves, lambda c, width: c // 2 + (c % 2) * (width // 2))
 SWAPPED = Layout(_swap_expert_axes, _swap_expert_axes)  # [E, out, in] <-> [E, in, out]
 SWAPPED_PAIRED = Layout(
     lambda a: interleave_halves(a.swapaxes(1, 2)), lambda a: split_halves(a).swapaxes(1, 2)
@@ -109,24 +113,64 @@ class WeightLoader:
 
     def fill_stacked(self, param: nnx.Variable, names: list[list[str]], transform=None) -> None:
         """Stack per-expert nn.Linear weights: expert j's tensors `names[j]`, each [out, in],
-        transposed and joined on the output axis (then `transform`ed), become param[j]."""
+        transposed and joined on the output axis (then `transform`ed), become param[j]. Each
+        device's shard reads only its rows of the stored tensors when the layout says where
+        its columns come from (`Layout.columns`); any other transform stacks on the host."""
         target = param.get_value()
-        host = np.empty(target.shape, np.dtype(target.dtype))
         if len(names) != target.shape[0]:
             raise LoadError(f"{len(names)} experts for a parameter of shape {target.shape}")
-        for j, group in enumerate(names):
-            parts = [quantization.read(self.checkpoint, n, self.quant, np.float32).T for n in group]
-            width = sum(p.shape[-1] for p in parts)
-            if parts[0].shape[0] != target.shape[1] or width != target.shape[2]:
-                shapes = [tuple(p.shape[::-1]) for p in parts]
+        lazy = transform is None or getattr(transform, "columns", None) is not None
+        stored = [
+            [quantization.read(self.checkpoint, n, self.quant, np.float32, check=not lazy)
+             for n in group]
+            for group in names
+        ]  # fmt: skip
+        for group, parts in zip(names, stored):
+            width = sum(p.shape[0] for p in parts)
+            if parts[0].shape[1] != target.shape[1] or width != target.shape[2]:
+                shapes = [tuple(p.shape) for p in parts]
                 raise LoadError(
                     f"tensors {group} have shapes {shapes}, expected together "
                     f"[{target.shape[2]}, {target.shape[1]}]"
                 )
-            joined = np.concatenate(parts, axis=-1)
-            host[j] = transform(joined) if transform is not None else joined
-        self._put(param, host, names[0][0])
+        if lazy:
+            self._put_stacked(param, names, stored, transform, check=True)
+        else:
+            host = np.empty(target.shape, np.dtype(target.dtype))
+            for j, parts in enumerate(stored):
+                host[j] = transform(np.concatenate([p.T for p in parts], axis=-1))
+            self._put(param, host, names[0][0])
         self._advance()
+
+    def _put_stacked(self, param, names, stored, layout, *, check: bool) -> None:
+        """param [E, in, OUT] <- for each expert j the stored [out_p, in] tensors `stored[j]`,
+        transposed, joined on the output axis and reordered by `layout.columns`; each shard
+        is read from only the rows (output columns) and input columns it holds."""
+        target = param.get_value()
+        experts, width_in, width = target.shape
+        starts = np.cumsum([0] + [p.shape[0] for p in stored[0]])
+        dtype = np.dtype(target.dtype)
+
+        def read(index):
+            e, rows, cols = (*index, *(slice(None),) * 3)[:3]
+            out = np.arange(width)[cols]
+            src = layout.columns(out, width) if layout is not None else out
+            part = np.searchsorted(starts, src, side="right") - 1
+            chosen = range(experts)[e]
+            shard = np.empty((len(chosen), len(range(width_in)[rows]), len(out)), dtype)
+            for k, j in enumerate(chosen):
+                for p, tensor in enumerate(stored[j]):
+                    mask = part == p
+                    if not mask.any():
+                        continue
+                    block = tensor[src[mask] - starts[p]][:, rows]  # only these stored rows
+                    if check:
+                        quantization.check_finite(names[j][p], block)
+                    shard[k][:, mask] = block.T
+            return self._count(param, index, shard)
+
+        param.set_value(jax.make_array_from_callback(target.shape, self._sharding(param), read))
+        self.checkpoint.release()
 
     def fill_joined(self, param: nnx.Variable, names: list[str], transform=None) -> None:
         """Stacked per-expert projections, one tensor per projection [E, out, in] (Step 3.x's
@@ -164,22 +208,30 @@ class WeightLoader:
 
     def fill_fp8_stacked(self, kernel, scale, names: list[list[str]], block, transform=None):
         """Per-expert float8 nn.Linear weights stacked as `fill_stacked` does (expert j's
-        tensors transposed, joined on the output axis, then `transform`ed) and their scale
-        grids beside them, one part per tensor: scale[j] [in/bn, parts, out/bm]."""
+        tensors transposed, joined on the output axis, then `transform`ed; each shard reading
+        only its rows where the layout allows) and their scale grids beside them (small: on the
+        host), one part per tensor: scale[j] [in/bn, parts, out/bm]."""
         tk, ts = kernel.get_value(), scale.get_value()
-        w_host, s_host = np.empty(tk.shape, np.dtype(tk.dtype)), np.empty(ts.shape, np.float32)
+        s_host = np.empty(ts.shape, np.float32)
         if len(names) != tk.shape[0]:
             raise LoadError(f"{len(names)} experts for a parameter of shape {tk.shape}")
+        stored = []
         for j, group in enumerate(names):
             parts = [quantization.fp8_parts(self.checkpoint, n, block) for n in group]
-            joined = np.concatenate([w.T for w, _ in parts], axis=-1)
+            joined = (parts[0][0].shape[1], sum(w.shape[0] for w, _ in parts))
             grids = np.stack([s.T for _, s in parts], axis=1)
-            if joined.shape != tk.shape[1:] or grids.shape != ts.shape[1:]:
-                got, want = (joined.shape, grids.shape), (tk.shape[1:], ts.shape[1:])
+            if joined != tk.shape[1:] or grids.shape != ts.shape[1:]:
+                got, want = (joined, grids.shape), (tk.shape[1:], ts.shape[1:])
                 raise LoadError(f"tensors {group} give (weights, scales) {got}, expected {want}")
-            w_host[j] = transform(joined) if transform is not None else joined
+            stored.append([w for w, _ in parts])
             s_host[j] = grids
-        self._put(kernel, w_host, names[0][0])
+        if transform is None or getattr(transform, "columns", None) is not None:
+            self._put_stacked(kernel, names, stored, transform, check=False)
+        else:
+            w_host = np.empty(tk.shape, np.dtype(tk.dtype))
+            for j, parts in enumerate(stored):
+                w_host[j] = transform(np.concatenate([w.T for w in parts], axis=-1))
+            self._put(kernel, w_host, names[0][0])
         self._put(scale, s_host, f"{names[0][0]}_scale_inv")
         self._advance()
 

@@ -210,3 +210,47 @@ def test_a_large_checkpoint_loads_one_tensor_at_a_time(tmp_path):
     growth = json.loads(out.stdout.strip().splitlines()[-1])["growth"]
     # bf16 params (= total) + one tensor converted + allocator slack
     assert growth <= total + 2 * largest + 64 * 2**20, (growth / 2**20, total / 2**20)
+
+
+class _Rows:
+    """A stored [out, in] tensor that records which of its rows each read asks for."""
+
+    def __init__(self, value, log):
+        self.value, self.log, self.shape = value, log, value.shape
+
+    def __getitem__(self, rows):
+        self.log.append(np.asarray(rows).tolist())
+        return self.value[rows]
+
+
+def test_stacked_experts_read_only_each_shards_rows():
+    """Per-expert gate / up tensors stacked, interleaved in pairs and split over two devices:
+    each device's shard reads only the stored rows that land in it, and the result is the
+    whole-tensor stacking's."""
+    from flax import nnx
+
+    from swajax.models.sharding import kv_mesh
+    from swajax.models.weights import PAIRED, WeightLoader, interleave_halves
+
+    experts, hidden, inter = 3, 4, 8
+    rng = np.random.default_rng(0)
+    gates = [rng.normal(size=(inter, hidden)).astype(np.float32) for _ in range(experts)]
+    ups = [rng.normal(size=(inter, hidden)).astype(np.float32) for _ in range(experts)]
+    log: list = []
+    stored = [[_Rows(g, log), _Rows(u, log)] for g, u in zip(gates, ups)]
+
+    class Holder(nnx.Module):
+        def __init__(self):
+            self.mlp = nnx.Module()
+            self.mlp.gate_up = nnx.Param(np.zeros((experts, hidden, 2 * inter), np.float32))
+
+    holder = Holder()
+    loader = WeightLoader(Checkpoint([]), holder, mesh=kv_mesh(2))
+    names = [["g", "u"]] * experts
+    loader._put_stacked(holder.mlp.gate_up, names, stored, PAIRED, check=True)
+    got = np.asarray(holder.mlp.gate_up[...])
+    want = np.stack([interleave_halves(np.concatenate([g.T, u.T], -1)) for g, u in zip(gates, ups)])
+    np.testing.assert_array_equal(got, want)
+    # Each device holds 8 of 16 interleaved columns: rows 0-3 (device 0) or 4-7 (device 1) of
+    # both gate and up; no read asks for rows of the other half.
+    assert sorted(map(tuple, log)) == sorted([(0, 1, 2, 3)] * 6 + [(4, 5, 6, 7)] * 6)
