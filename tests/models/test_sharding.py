@@ -122,3 +122,20 @@ def test_multi_step_decode_runs_under_a_mesh():
         runs[split] = ([o.token_ids for o in llm.generate(prompts, params)], llm.summary())
     assert runs[4][0] == runs[1][0]
     assert runs[4][1]["steps"] < runs[1][1]["steps"]
+
+
+@pytest.mark.slow
+def test_speculative_decoding_runs_under_a_mesh():
+    """Target and draft on the same two-device mesh: the verify round is one program there too,
+    with the unsplit run's tokens and acceptances."""
+    from swajax.api import LLM
+
+    prompts = [[100, 101, 32, 102], [40, 41, 42]]
+    params = SamplingParams(max_new_tokens=10)
+    runs = []
+    for split in (1, 2):
+        llm = LLM("tiny", draft_model="tiny", tensor_parallel=split, max_running=2,
+                  max_context=128)  # fmt: skip
+        outs = [o.token_ids for o in llm.generate(prompts, params)]
+        runs.append((outs, llm.summary()["draft_tokens_accepted"]))
+    assert runs[0] == runs[1] and runs[0][1] > 0
