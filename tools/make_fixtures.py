@@ -199,31 +199,6 @@ def configs():
             ),
         ),
     )
-    # Four KV heads (eight query heads): tensor parallel over four devices, in one process or
-    # across two (tests/multihost); one MoE family, one dense.
-    kv4 = {**BASE, "num_attention_heads": 8, "num_key_value_heads": 4}
-    yield (
-        "gpt_oss_kv4",
-        tf.GptOssConfig(
-            **{**kv4, "intermediate_size": 32, "max_position_embeddings": 131072},
-            num_hidden_layers=4,
-            sliding_window=6,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            layer_types=[TYPES[c] for c in "SFSF"],
-        ),
-    )
-    yield (
-        "qwen3_kv4",
-        tf.Qwen3Config(
-            **kv4,
-            num_hidden_layers=3,
-            use_sliding_window=True,
-            sliding_window=6,
-            max_window_layers=1,
-            tie_word_embeddings=False,
-        ),
-    )
     yield (
         "mimo_v2_flash",
         tf.MiMoV2FlashConfig(
@@ -286,9 +261,17 @@ def reload(folder: Path):
     )
 
 
+# Four KV heads (eight query heads) of another fixture's config: tensor parallel over four
+# devices, in one process or across two (tests/multihost); one MoE family, one dense.
+KV4 = {"gpt_oss_kv4": "gpt_oss", "qwen3_kv4": "qwen3"}
+
+
 def fixtures():
     """(folder name, model built from config, rewrite of the saved folder or None)."""
     built = dict(configs())
+    for name, base in KV4.items():
+        built[name] = copy.deepcopy(built[base])
+        built[name].num_attention_heads, built[name].num_key_value_heads = 8, 4
     built.update(wrapped(built))
     for name, cfg in built.items():
         yield name, cfg, None

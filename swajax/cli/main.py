@@ -216,18 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     _configure_logging(args.verbose, args.quiet)
     try:
-        joined = False
+        joined = None
         if hasattr(args, "coordinator"):  # before anything touches JAX's devices
-            cluster_of(args).check()
-            joined = cluster_of(args).requested
-        if joined:
-            _native_output_to_stderr()
-            cluster.join(cluster_of(args))
+            joined = cluster_of(args)
+            joined.check()  # before stdout is rearranged: a bad flag is a plain error line
+            if joined.requested:
+                _native_output_to_stderr()
+                cluster.join(joined)
+            else:
+                joined = None
         if not getattr(args, "no_compile_cache", True):
             # Programs of an earlier run on this machine are reused; a cache that cannot be
             # used is one warning line and the run goes on without it.
             compile_cache.enable(report=lambda m: _warning(args.command, m))
-        if not joined or cluster.is_leader():
+        if joined is None or cluster.is_leader():
             return args.func(args)
         with open(os.devnull, "w") as out, contextlib.redirect_stdout(out):
             return args.func(args)  # results are process 0's to print

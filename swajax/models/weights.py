@@ -119,9 +119,8 @@ class WeightLoader:
         target = param.get_value()
         if len(names) != target.shape[0]:
             raise LoadError(f"{len(names)} experts for a parameter of shape {target.shape}")
-        lazy = transform is None or getattr(transform, "columns", None) is not None
         stored = [
-            [quantization.read(self.checkpoint, n, self.quant, np.float32, check=not lazy)
+            [quantization.read(self.checkpoint, n, self.quant, np.float32, check=False)
              for n in group]
             for group in names
         ]  # fmt: skip
@@ -133,20 +132,23 @@ class WeightLoader:
                     f"tensors {group} have shapes {shapes}, expected together "
                     f"[{target.shape[2]}, {target.shape[1]}]"
                 )
-        if lazy:
-            self._put_stacked(param, names, stored, transform, check=True)
-        else:
-            host = np.empty(target.shape, np.dtype(target.dtype))
-            for j, parts in enumerate(stored):
-                host[j] = transform(np.concatenate([p.T for p in parts], axis=-1))
-            self._put(param, host, names[0][0])
+        self._put_stacked(param, names, stored, transform, check=True)
         self._advance()
 
     def _put_stacked(self, param, names, stored, layout, *, check: bool) -> None:
         """param [E, in, OUT] <- for each expert j the stored [out_p, in] tensors `stored[j]`,
         transposed, joined on the output axis and reordered by `layout.columns`; each shard
-        is read from only the rows (output columns) and input columns it holds."""
+        is read from only the rows (output columns) and input columns it holds. A transform
+        that is not a column map (no `columns`) is applied to whole experts on the host."""
         target = param.get_value()
+        if layout is not None and getattr(layout, "columns", None) is None:
+            host = np.empty(target.shape, np.dtype(target.dtype))
+            for j, (group, parts) in enumerate(zip(names, stored)):
+                if check:
+                    for name, part in zip(group, parts):
+                        quantization.check_finite(name, part)
+                host[j] = layout(np.concatenate([p.T for p in parts], axis=-1))
+            return self._put(param, host, names[0][0])
         experts, width_in, width = target.shape
         starts = np.cumsum([0] + [p.shape[0] for p in stored[0]])
         dtype = np.dtype(target.dtype)
@@ -225,13 +227,7 @@ class WeightLoader:
                 raise LoadError(f"tensors {group} give (weights, scales) {got}, expected {want}")
             stored.append([w for w, _ in parts])
             s_host[j] = grids
-        if transform is None or getattr(transform, "columns", None) is not None:
-            self._put_stacked(kernel, names, stored, transform, check=False)
-        else:
-            w_host = np.empty(tk.shape, np.dtype(tk.dtype))
-            for j, parts in enumerate(stored):
-                w_host[j] = transform(np.concatenate([w.T for w in parts], axis=-1))
-            self._put(kernel, w_host, names[0][0])
+        self._put_stacked(kernel, names, stored, transform, check=False)
         self._put(scale, s_host, f"{names[0][0]}_scale_inv")
         self._advance()
 
