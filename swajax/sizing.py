@@ -57,6 +57,10 @@ class PoolSizes:
     swa_tokens: int
     page_size: int
     chunk_capped: bool = False  # hybrid, SWA pool sized to the running requests' worst case
+    # A host tier for the prefix cache (`with_host_tier`): token capacities of its full and
+    # SWA stores; 0: none.
+    host_full_tokens: int = 0
+    host_swa_tokens: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "mode", PoolMode(self.mode))
@@ -287,6 +291,31 @@ def min_ratio_estimate(
         raise SizingError(f"average sequence length must be >= 1, got {avg_seq_len}")
     w = cfg.sliding_window or 0
     return (w + eviction_interval + page_size) / avg_seq_len
+
+
+def with_host_tier(
+    sizes: PoolSizes, cfg: HybridConfig, gib: float, dtype: str, draft: HybridConfig | None = None
+) -> PoolSizes:
+    """`sizes` with a host tier of `gib` GiB for the prefix cache (prefix_cache/host_tier.py):
+    its full and SWA stores split in the pools' own SWA:full ratio (the SWA store keeps windows,
+    as the SWA pool does). 0: none."""
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or not gib >= 0:
+        raise SizingError(f"host cache size must be a number of GiB >= 0, got {gib!r}")
+    if not gib:
+        return sizes
+    if sizes.mode is not PoolMode.HYBRID:
+        raise SizingError(
+            f"a host tier keeps hybrid pools' two lifetimes; pool mode {sizes.mode.value!r} has "
+            "one pool (turn hybrid memory on, or leave the host cache at 0)"
+        )
+    full_b, swa_b = token_bytes(cfg, dtype, draft)
+    ratio = sizes.swa_tokens / sizes.full_tokens
+    ps = sizes.page_size
+    full = _align(gib_to_bytes(gib) / (full_b + ratio * swa_b), ps)
+    swa = _align(full * ratio, ps)
+    if swa < ps:
+        raise SizingError(f"a host cache of {gib} GiB holds less than one page of each store")
+    return dataclasses.replace(sizes, host_full_tokens=full, host_swa_tokens=swa)
 
 
 def gib_to_bytes(gib: float) -> int:

@@ -51,6 +51,9 @@ class EngineSpec:
     tensor_parallel: int | None = None
     dtype: str = "float32"  # parameters and activations
     kv_dtype: str | None = None  # KV pools; None: the same as dtype
+    # A host tier for the prefix cache (prefix_cache/host_tier.py): GiB of host memory that
+    # KV evicted from the device moves to, and hits load back from; 0: none. One process only.
+    host_cache_gib: float = 0.0
     options: EngineOptions = SPEC_OPTIONS
 
     @classmethod
@@ -162,6 +165,10 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
         sizes = sizing.size_single_pool(
             cfg, budget, page_size=spec.page_size, dtype=kv, draft=draft_cfg
         )
+    if spec.host_cache_gib and jax.process_count() > 1:
+        raise InputError("a host cache (host_cache_gib) runs in one process; it is not split "
+                         "across joined processes")  # fmt: skip
+    sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
     pallas = spec.attention == "pallas"
     lm = dict(dtype=kv, implementation=spec.attention, interpret=pallas,
               scan_layers=spec.scan_layers, mesh=tensor_mesh(spec.tensor_parallel))  # fmt: skip

@@ -63,3 +63,15 @@ class PageStack:
             count=self.count + k,
             is_free=self.is_free.at[jnp.where(keep, pages, 0)].set(True).at[0].set(False),
         )
+
+    def claim(self, pages: jax.Array) -> PageStack:
+        """Take the given free pages (i32[n], any order, 0 for padding) off the stack, the
+        others keeping their order: a host-tier load writes into pages the host chose."""
+        is_free = self.is_free.at[pages].set(False).at[0].set(False)
+        keep = (jnp.arange(self.size) < self.count) & is_free[self.pages]
+        dest = jnp.where(keep, jnp.cumsum(keep, dtype=jnp.int32) - 1, self.size)
+        return PageStack(
+            pages=jnp.zeros_like(self.pages).at[dest].set(self.pages, mode="drop"),
+            count=jnp.sum(keep, dtype=jnp.int32),
+            is_free=is_free,
+        )

@@ -18,8 +18,10 @@ def make_prefix_cache(
     enabled: bool = True,
     cap_leaf_to_window: bool = True,
     policy: CachePolicy = SWAJAX,
+    host_tier: tuple[int, int] | None = None,
 ) -> PrefixCache:
-    """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache."""
+    """The radix cache (any pool mode; all-SWA gives the pure-SWA cache), or the chunk cache.
+    `host_tier`: (full, SWA) token capacities of a host tier for the radix cache."""
     if not enabled:
         return ChunkCache(releaser, page_size=page_size, window=window, pool_mode=pool_mode)
     window = None if PoolMode(pool_mode) is PoolMode.SINGLE else window
@@ -30,4 +32,5 @@ def make_prefix_cache(
         pool_mode=pool_mode,
         cap_leaf_to_window=cap_leaf_to_window,
         policy=policy,
+        host_tier=host_tier,
     )

@@ -21,6 +21,8 @@ def check_invariants(cache: PrefixCache) -> None:
         assert len(node) > 0 and len(node) % ps == 0, f"{node}: length not a page multiple"
         assert len(node.value) == len(node), f"{node}: {len(node.value)} slots"
         assert node.full_lock >= node.swa_lock >= 0, f"{node}: lock counts"
+        if not node.on_device:  # host-resident: the tier's own checks, below
+            continue
         assert node in cache.full_lru, f"{node} missing from the full LRU"
         assert (node in cache.swa_lru) == (node.swa_live and cache.swa), f"{node}: SWA LRU"
         if not node.swa_live:
@@ -28,21 +30,34 @@ def check_invariants(cache: PrefixCache) -> None:
             if not cache.policy.node_window_lock:  # which alone passes tombstones by count
                 assert node.swa_lock == 0, f"{node}: a locked tombstone"
             if not cache.policy.keep_childless_tombstones:
-                assert not (node.is_leaf and node.full_lock == 0), f"{node}: unlocked leaf"
+                hittable = node.host_swa is not None  # a host window makes it a match end
+                assert hittable or not (node.is_leaf and node.full_lock == 0), f"{node}: leaf"
         sizes["full_protected" if node.full_lock else "full_evictable"] += len(node)
         if node.swa_live and cache.swa:
             sizes["swa_protected" if node.swa_lock else "swa_evictable"] += len(node)
-    assert len(cache.full_lru) == len(nodes) and len(cache.swa_lru) <= len(nodes)
+    on_device = [node for node in nodes if node.on_device]
+    assert len(cache.full_lru) == len(on_device) and len(cache.swa_lru) <= len(on_device)
     if not cache.swa:
         sizes["swa_evictable"], sizes["swa_protected"] = (
             sizes["full_evictable"],
             sizes["full_protected"],
         )
     assert actual == sizes, f"size accounting {actual} != recomputed {sizes}"
+    if cache.tier is not None:
+        cache.tier.check()
 
 
 def stats(cache: PrefixCache) -> dict:
-    return dict(
+    tier = getattr(cache, "tier", None)
+    host = {}
+    if tier is not None:
+        ps = cache.ps
+        host = dict(
+            host_full_tokens=tier.full.used * ps, host_swa_tokens=tier.swa.used * ps,
+            host_saved_full=tier.saved[0], host_saved_swa=tier.saved[1],
+            host_loaded_full=tier.loaded[0], host_loaded_swa=tier.loaded[1],
+        )  # fmt: skip
+    return host | dict(
         hit_tokens=cache.hit_tokens,
         swa_tail_miss_tokens=cache.tail_miss_tokens,
         tombstones=cache.tombstones,

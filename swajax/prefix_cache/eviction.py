@@ -16,7 +16,16 @@ class Evictor:
     def __init__(self, tree: Tree):
         self.tree = tree
 
-    def tombstone(self, node: Node, counted: bool = True) -> None:
+    def tombstone(self, node: Node, counted: bool = True, split: bool = True) -> None:
+        """Free a live node's SWA KV (with a host tier, its last window is copied there first;
+        the node may be split at the window, unless `split` is False, as inside a lock's walk,
+        and both parts become tombstones)."""
+        t = self.tree
+        parts = t.tier.copy_window(node, split) if t.tier is not None else [node]
+        for part in parts:
+            self._tombstone(part, counted)
+
+    def _tombstone(self, node: Node, counted: bool) -> None:
         t = self.tree
         t.releaser.free_swa(node.value)
         t.swa_lru.remove(node)
@@ -27,14 +36,24 @@ class Evictor:
             t.sizes.swa_evictable -= len(node)
 
     def delete_leaf(self, node: Node) -> tuple[int, int]:
-        """Delete an unlocked leaf, then its childless unlocked tombstone ancestors."""
+        """Delete an unlocked device leaf, then its childless unlocked tombstone ancestors. With
+        a host tier the leaf moves to the host instead where it can (host_tier.py)."""
         t = self.tree
         full = swa = 0
         first = True
-        while node is not t.root and node.is_leaf and node.full_lock == 0:
-            if not first and (node.swa_live or t.policy.keep_childless_tombstones):
+        while node is not t.root and node.full_lock == 0 and (
+            node.device_leaf if first else node.is_leaf
+        ):
+            if not first and (
+                node.swa_valid or t.policy.keep_childless_tombstones
+            ):
                 break
             first = False
+            if t.tier is not None:
+                moved = t.tier.move_to_host(node)
+                if moved is not None:
+                    return full + moved[0], swa + moved[1]
+                t.tier.drop_subtree(node)
             t.free_node(node)
             live = node.swa_live and t.swa
             full += len(node) if (node.swa_live or t.mode is not PoolMode.ALL_SWA) else 0
@@ -56,9 +75,17 @@ class Evictor:
         t = self.tree
         if not t.swa:
             full_tokens = max(full_tokens, swa_tokens)
+        if t.tier is not None:  # making host room may delete device tombstones on the side
+            before = t.releaser.available()[:2]
+            self._evict(full_tokens, swa_tokens)
+            return tuple(b - a for a, b in zip(before, t.releaser.available()[:2]))
+        return self._evict(full_tokens, swa_tokens)
+
+    def _evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
+        t = self.tree
         full = swa = 0
         while full < full_tokens:
-            leaf = t.full_lru.oldest(lambda n: n.is_leaf and n.full_lock == 0)
+            leaf = t.full_lru.oldest(lambda n: n.device_leaf and n.full_lock == 0)
             if leaf is None:
                 break
             f, s = self.delete_leaf(leaf)
@@ -67,7 +94,7 @@ class Evictor:
             node = t.swa_lru.oldest(lambda n: n.swa_lock == 0)
             if node is None:
                 break
-            if node.is_leaf and node.full_lock == 0:
+            if node.device_leaf and node.full_lock == 0:
                 f, s = self.delete_leaf(node)
                 full, swa = full + f, swa + s
             else:

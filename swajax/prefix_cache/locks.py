@@ -129,6 +129,6 @@ class WindowLocks:
     def _tombstone_leaf_or_evictable(self, node: Node) -> None:
         t = self.tree
         if node.is_leaf:  # nobody else can resume at a leaf this request still holds
-            self.evictor.tombstone(node, counted=False)
+            self.evictor.tombstone(node, counted=False, split=False)  # (inside a walk)
         else:
             t.sizes.swa_evictable += len(node)

@@ -16,6 +16,11 @@ class Node:
     A node whose SWA KV was freed while its full KV stays is a *tombstone* (`swa_live` False).
     Invariants (checked by `RadixCache.check_invariants`): full_lock >= swa_lock; a tombstone has
     swa_lock 0; a tombstone leaf exists only while full-locked.
+
+    With a host tier (host_tier.py) a node's KV may sit in host memory: `host_full` lists the
+    host pages of its full KV when it is not on the device (then `value` is meaningless and
+    every descendant is host-resident too), `host_swa` the host pages of its SWA KV when its
+    device SWA KV was freed (it is then a tombstone, or host-resident).
     """
 
     __slots__ = (
@@ -28,6 +33,8 @@ class Node:
         "swa_lock",
         "swa_tops",
         "swa_skips",
+        "host_full",
+        "host_swa",
         "last_access",
     )
 
@@ -41,6 +48,8 @@ class Node:
         self.swa_lock = 0  # locks whose window reaches this node
         self.swa_tops: set[int] = set()  # locks whose SWA window ends at this node
         self.swa_skips: set[int] = set()  # locks that passed this node as a tombstone
+        self.host_full: np.ndarray | None = None  # host pages of its full KV, if off the device
+        self.host_swa: np.ndarray | None = None  # host pages of its SWA KV, if kept there
         self.touch()
 
     def __len__(self) -> int:
@@ -48,11 +57,31 @@ class Node:
 
     def __repr__(self) -> str:
         state = "live" if self.swa_live else "tombstone"
-        return f"Node({len(self)} tokens, {state}, locks {self.full_lock}/{self.swa_lock})"
+        if self.host_swa is not None:
+            state += ", SWA on host"
+        where = "" if self.on_device else ", on host"
+        return f"Node({len(self)} tokens, {state}{where}, locks {self.full_lock}/{self.swa_lock})"
 
     @property
     def is_leaf(self) -> bool:
         return not self.children
+
+    @property
+    def on_device(self) -> bool:
+        """Its full KV is in the device pool (always, without a host tier)."""
+        return self.host_full is None
+
+    @property
+    def device_leaf(self) -> bool:
+        """No child holds device KV: what the device evictors may take (host-resident children
+        stay in the tree below it)."""
+        return not any(child.on_device for child in self.children.values())
+
+    @property
+    def swa_valid(self) -> bool:
+        """Its SWA KV can be read: live on the device, or copied to the host (a load brings it
+        back). What the window hit rule counts."""
+        return self.swa_live or self.host_swa is not None
 
     def touch(self) -> None:
         self.last_access = next(_clock)

@@ -28,6 +28,7 @@ import numpy as np
 from swajax.arith import round_up
 from swajax.observe import Observer, observed
 from swajax.prefix_cache.eviction import Evictor
+from swajax.prefix_cache.host_tier import HostTier
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.policy import SWAJAX, CachePolicy
@@ -48,6 +49,7 @@ class MatchResult:
     # where that path ends (None if nothing was cut): what an exact SWA-tail rebuild reads.
     tail: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY)
     tail_node: Node | None = None
+    loaded: tuple[int, int] = (0, 0)  # (full, SWA) tokens the match brought back from the host
 
     @property
     def tail_miss(self) -> int:
@@ -89,7 +91,9 @@ class RadixCache:
         pool_mode: PoolMode = PoolMode.HYBRID,
         cap_leaf_to_window: bool = True,
         policy: CachePolicy = SWAJAX,
+        host_tier: tuple[int, int] | None = None,
     ):
+        """`host_tier`: (full, SWA) token capacities of a host tier (host_tier.py), or None."""
         pool_mode = PoolMode(pool_mode)
         self.policy = policy
         if (window is None) != (pool_mode is PoolMode.SINGLE):
@@ -107,6 +111,11 @@ class RadixCache:
         self.evictor = Evictor(self)
         self.locks = WindowLocks(self, self.evictor)
         self.requests = RequestCaching(self)
+        self.tier = None
+        if host_tier is not None:
+            if pool_mode is not PoolMode.HYBRID:
+                raise ValueError(f"a host tier needs hybrid pools, not {pool_mode.value!r}")
+            self.tier = HostTier(self, *host_tier)
 
     # ------------------------------------------------------------------------------------------
     # Sizes (tokens). Without an SWA component the SWA figures mirror the full ones.
@@ -156,7 +165,7 @@ class RadixCache:
 
     @property
     def tombstones(self) -> int:
-        return sum(1 for node in self.nodes() if not node.swa_live)
+        return sum(1 for node in self.nodes() if node.on_device and not node.swa_live)
 
     def nodes(self):
         """Every node but the root (depth first)."""
@@ -208,7 +217,10 @@ class RadixCache:
         child.parent.children[upper.key[: self.ps]] = upper
         child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
         upper.children = {child.key[: self.ps]: child}
+        if self.tier is not None:
+            self.tier.split(upper, child, k)
         lrus = (self.full_lru, self.swa_lru) if self.swa and child.swa_live else (self.full_lru,)
+        lrus = lrus if child.on_device else ()
         child.touch()
         for lru in lrus:
             if self.policy.window_recency and lru is self.swa_lru:
@@ -249,21 +261,37 @@ class RadixCache:
         if self.swa:
             best, since = 0, INF  # a path with no tombstone from the root is always fine
             for i, node in enumerate(path):
-                if not node.swa_live:
+                if not node.swa_valid:  # (host-resident SWA counts: a load brings it back)
                     best = i if since >= self.window else best
                     since = 0
                 else:
                     since += len(node)
             best = len(path) if since >= self.window else best
+        loaded = (0, 0)
+        if self.tier is not None:
+            best, *loaded = self.tier.bring_back(path, best)
         accepted = path[:best]
         self.refresh(accepted)
         slots = np.concatenate([n.value for n in accepted]) if accepted else _EMPTY
-        cut = path[best:]
+        cut = self._device_chain(accepted[-1] if accepted else self.root, path[best:])
         tail = np.concatenate([n.value for n in cut]) if cut else _EMPTY
         self.hit_tokens += len(slots)
         self.tail_miss_tokens += len(tail)
         node = accepted[-1] if accepted else self.root
-        return MatchResult(slots, node, tail, cut[-1] if cut else None)
+        return MatchResult(slots, node, tail, cut[-1] if cut else None, tuple(loaded))
+
+    def _device_chain(self, parent: Node, nodes: list[Node]) -> list[Node]:
+        """The leading nodes that still hang one below the other from `parent` with device KV
+        (a host tier's load may have evicted or split part of a walked path)."""
+        out = []
+        for node in nodes:
+            if node.parent is not parent or not node.on_device:
+                break
+            if parent.children.get(node.key[: self.ps]) is not node:
+                break
+            out.append(node)
+            parent = node
+        return out
 
     # ------------------------------------------------------------------------------------------
     # Releasing KV the cache or a request held
@@ -326,6 +354,8 @@ class RadixCache:
 
     def _overlap(self, node, req, start, prev, evicted) -> Node:
         """Settle the request's slots `req` for a node it shares; returns the deepest part."""
+        if not node.on_device:  # (never the request's own prefix: a lock holds device KV)
+            return self.tier.adopt(node, req, start, evicted)
         dup = max(0, prev - start)
         if dup >= len(node):
             return node  # the request's own cached prefix: these are the tree's slots
@@ -354,6 +384,8 @@ class RadixCache:
             self.releaser.move_swa(node.value, req)
             self.releaser.free(req)
         node.swa_live = True
+        if node.host_swa is not None:
+            self.tier.forget_swa(node)
         self.swa_lru.add(node)
         if node.swa_lock:  # a tombstone a node-window lock passed: the lock now holds it
             self.sizes.swa_protected += len(node)

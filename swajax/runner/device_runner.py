@@ -44,6 +44,7 @@ from swajax.runner.programs import (
     fused_step,
     fused_verify,
 )
+from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.readback import read
 from swajax.runner.step_inputs import MIN_TOKENS, offset, pad_forward, seed_arrays
 from swajax.serving import overlap
@@ -86,6 +87,13 @@ class DeviceRunner:
         # run at once: a single-stream engine decodes one row, not eight.
         self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
         self.pools = model.init_pools(sizes) if model.needs_kv else None
+        # A prefix cache's host tier: the bytes (None without pools: only pages are counted).
+        self.host_kv = None
+        if sizes.host_full_tokens and self.pools is not None:
+            ps = sizes.page_size
+            self.host_kv = HostKV(
+                self.pools, sizes.host_full_tokens // ps, sizes.host_swa_tokens // ps
+            )
         # The draft's KV sits at the same slots, in buffers of its own layers.
         self.draft_pools = draft.init_pools(sizes) if draft is not None else None
         # Per-row token counts for the penalties: allocated by the first step that needs them.
@@ -99,8 +107,10 @@ class DeviceRunner:
 
     # ------------------------------------------------------------------------------------------
 
-    def apply_releases(self, releases: tuple[Releases, ...]) -> None:
-        """Apply queued releases now (segments in order), without a step."""
+    def apply_releases(self, releases: tuple[Releases, ...], transfers=()) -> None:
+        """Apply queued releases now (segments in order), without a step; a host tier's saves
+        go first, its loads last."""
+        loads = self._save(transfers)
         for seg in releases:
             if seg.empty:
                 continue
@@ -109,6 +119,24 @@ class DeviceRunner:
             args = [pad(a, n) for a, n in ((seg.swa, f), (seg.full, f))]
             args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
             self.alloc = apply_releases(self.alloc, *jax.device_put(args, self.placement))
+        self._load(loads)
+
+    def _save(self, transfers) -> list:
+        """Start a host tier's saves (before any release frees their pages); returns the
+        loads, which run after the releases."""
+        saves = [t for t in transfers if t.kind == "save"]
+        if saves and self.host_kv is not None:
+            self.host_kv.save(self.alloc, self.pools, saves)
+        return [t for t in transfers if t.kind == "load"]
+
+    def _load(self, loads) -> None:
+        if not loads:
+            return
+        if self.host_kv is not None:
+            self.host_kv.settle()  # a load may read what a save of this plan just wrote
+        self.alloc, self.pools = run_loads(
+            self.alloc, self.pools, self.host_kv, loads, self.placement
+        )
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
         r = bucket(len(plan.requests), self.min_reqs)
@@ -173,6 +201,8 @@ class DeviceRunner:
         if step.result is not None:  # run in `dispatch` (a model outside the fused program)
             return step.result
         out, sampled = read((step.out, step.sampled))
+        if self.host_kv is not None:
+            self.host_kv.settle()  # the saves ran before the step: their bytes are there
         return self._result(step.plan, out, sampled)
 
     @observed
@@ -183,6 +213,15 @@ class DeviceRunner:
         self._roll_back(step.plan, step.out)
 
     def _split_releases(self, plan: StepPlan) -> Releases:
+        """Apply what must run before the step's program: a host tier's copies (with loads,
+        every release first), and releases a move orders; returns the releases left for the
+        step's own commit."""
+        if plan.transfers:
+            loads = self._save(plan.transfers)
+            if loads:
+                self.apply_releases(plan.releases)
+                self._load(loads)
+                return Releases()
         releases = list(plan.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)

@@ -55,6 +55,21 @@ class Releases:
 
 
 @dataclasses.dataclass(frozen=True)
+class Transfer:
+    """A host-tier copy (prefix_cache/host_tier.py) of whole pages. `save`: the device KV of
+    full slots `slots` (pool "full": the full layers' KV there; "swa": the SWA layers' KV at
+    their SWA slots) to host pages `host_pages`, read before the step's releases free them.
+    `load`: host pages into `slots`, after the releases: for "full" the device takes the pages
+    of `slots` (the host chose them from its free mirror), for "swa" it pairs them with fresh
+    SWA pages."""
+
+    kind: str  # "save" or "load"
+    pool: str  # "full" or "swa"
+    slots: np.ndarray  # i32[n]: full slots, whole pages
+    host_pages: np.ndarray  # i32[n / page_size]
+
+
+@dataclasses.dataclass(frozen=True)
 class Repoint:
     """`req_to_token` ranges whose slots changed before this step (an admission's cached
     prefix, or the tree's slots a chunked prefill switched to): row, [start, end), slots."""
@@ -135,6 +150,8 @@ class StepPlan:
     releases: tuple[Releases, ...]  # in order; the runner applies them before allocating
     repoint: Repoint
     forward: ForwardBatch
+    # Host-tier copies queued with the releases: saves run before them, loads after.
+    transfers: tuple[Transfer, ...] = ()
     return_logits: bool = False  # full logits of the logit rows come back (teacher forcing)
     # i32[T] or None: per new token, the full slot whose KV full layers store instead of
     # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
@@ -244,5 +261,5 @@ class Runner(Protocol):
     def dispatch(self, plan: StepPlan, after=None): ...
     def collect(self, step) -> StepResult: ...
     def discard(self, step) -> None: ...
-    def apply_releases(self, releases: tuple[Releases, ...]) -> None: ...
+    def apply_releases(self, releases: tuple[Releases, ...], transfers=()) -> None: ...
     def compilations(self) -> int: ...

@@ -34,6 +34,12 @@ class Budget:
         if self.rem_chunk is not None:
             self.rem_chunk -= n
 
+    def take_loaded(self, full: int, swa: int) -> None:
+        """A match brought KV back from a host tier into free pages: no longer free."""
+        self.rem_total -= full
+        if self.rem_swa is not None:
+            self.rem_swa -= swa
+
 
 def make_budget(cfg, options, ledger, cache, running, separate_swa: bool) -> Budget:
     """This step's budgets (`cfg`, `options`: the scheduler's; `running`: its running

@@ -61,9 +61,11 @@ class Engine:
         self.window = engine_window(cfg, draft)
         self.ledger = PoolLedger(sizes)
         policy = policy_of(options.cache_policy)
+        host = (sizes.host_full_tokens, sizes.host_swa_tokens) if sizes.host_full_tokens else None
         self.cache = make_prefix_cache(self.ledger, page_size=sizes.page_size,
                                        window=self.window or None, pool_mode=sizes.mode,
-                                       enabled=options.prefix_cache, policy=policy)  # fmt: skip
+                                       enabled=options.prefix_cache, policy=policy,
+                                       host_tier=host)  # fmt: skip
         layout = SchedulerConfig(page_size=sizes.page_size, window=self.window,
                                  pool_mode=sizes.mode, policy=policy,
                                  rebuild_reach=self._rebuild_reach(),
@@ -214,7 +216,7 @@ class Engine:
         if plan is None:
             return None
         if not plan.requests:  # the step only retracted or aborted: its releases still go
-            self.runner.apply_releases(plan.releases)
+            self.runner.apply_releases(plan.releases, plan.transfers)
             return self._record(plan)
         try:
             self._launched = self.runner.dispatch(plan)
@@ -273,7 +275,7 @@ class Engine:
         while self._launched is not None:
             self._take_launched(plan_ahead=False)
         if self.ledger.has_pending:
-            self.runner.apply_releases(self.ledger.take_releases())
+            self.runner.apply_releases(self.ledger.take_releases(), self.ledger.take_transfers())
 
     def _record(self, plan: StepPlan) -> StepMetrics:
         self._steps += 1

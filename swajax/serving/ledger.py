@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from swajax.observe import Observer, observed
-from swajax.serving.batch import Releases
+from swajax.serving.batch import Releases, Transfer
 from swajax.sizing import PoolMode, PoolSizes
 
 
@@ -47,6 +47,7 @@ class PoolLedger:
         # while the previous one runs carries releases the device has not applied yet.
         self._freed_pages = [0, 0]
         self.taken = (0, 0)
+        self._transfers: list[Transfer] = []  # host-tier copies, in order
 
     # ------------------------------------------------------------------------------------------
     # Reading
@@ -59,7 +60,7 @@ class PoolLedger:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._segments)
+        return bool(self._segments or self._transfers)
 
     # ------------------------------------------------------------------------------------------
     # Releases (the Releaser protocol): counted now, applied on device with the next step
@@ -116,6 +117,40 @@ class PoolLedger:
         self.paired[_pages(src, self.page_size)] = False
         self.paired[_pages(dst, self.page_size)] = True
         self._queue("moves", np.stack([dst, src]))
+
+    # ------------------------------------------------------------------------------------------
+    # Host-tier copies and the device pages their loads take (host_tier.py)
+
+    def claim(self, tokens: int) -> np.ndarray:
+        """Full slots of `tokens / page_size` free full pages (the lowest), marked in use now;
+        a "full" load taking them is queued next, and the device takes the same pages."""
+        ps = self.page_size
+        pages = np.flatnonzero(~self.used[1:])[: tokens // ps] + 1
+        if len(pages) * ps != tokens:
+            raise ValueError(f"claim of {tokens} tokens: {self.free_primary} pages free")
+        self.used[pages] = True
+        self.free_primary -= len(pages)
+        return (pages[:, None] * ps + np.arange(ps)).reshape(-1).astype(np.int32)
+
+    def pair_swa(self, slots) -> None:
+        """The full pages of `slots` (in use, unpaired) get SWA pages (an "swa" load follows)."""
+        pages = _pages(slots, self.page_size)
+        if self.paired[pages].any() or len(pages) > self.free_swa_pages:
+            raise ValueError(f"cannot pair {len(pages)} pages ({self.free_swa_pages} SWA free)")
+        self.paired[pages] = True
+        self.free_swa_pages -= len(pages)
+
+    def save(self, pool: str, slots, host_pages) -> None:
+        self._transfers.append(Transfer("save", pool, np.array(slots, np.int32),
+                                        np.array(host_pages, np.int32)))  # fmt: skip
+
+    def load(self, pool: str, slots, host_pages) -> None:
+        self._transfers.append(Transfer("load", pool, np.array(slots, np.int32),
+                                        np.array(host_pages, np.int32)))  # fmt: skip
+
+    def take_transfers(self) -> tuple[Transfer, ...]:
+        out, self._transfers = tuple(self._transfers), []
+        return out
 
     def take_releases(self) -> tuple[Releases, ...]:
         """The queued releases, in order, as the device applies them; the queue empties."""

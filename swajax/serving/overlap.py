@@ -62,7 +62,9 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
     batch = Batch(StepKind.DECODE, reqs, [1] * len(reqs))
     sched.evict_windows(batch)  # from the confirmed lengths: one step behind, never too far
     releases = sched.ledger.take_releases()
-    return build(reqs, prev, releases, sched.ledger.taken)
+    plan = build(reqs, prev, releases, sched.ledger.taken)
+    # An early window release may have copied a window to a host tier.
+    return dataclasses.replace(plan, transfers=sched.ledger.take_transfers())
 
 
 def _last(req: Request) -> bool:

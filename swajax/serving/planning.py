@@ -22,7 +22,9 @@ from swajax.serving.batch import (
 from swajax.serving.request import Request
 
 
-def build_plan(batch, releases: tuple[Releases, ...], speculative: bool = False) -> StepPlan:
+def build_plan(
+    batch, releases: tuple[Releases, ...], speculative: bool = False, transfers=()
+) -> StepPlan:
     """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it; a
     decode batch of n > 1 positions per request is a round: a speculative verify round of
     n - 1 draft tokens (`speculative`), else up to n decode steps in one program (each
@@ -47,6 +49,7 @@ def build_plan(batch, releases: tuple[Releases, ...], speculative: bool = False)
         seq_lens=seq,
         last_loc=np.asarray([r.slots[-1] if r.kv_len else -1 for r in reqs], np.int32),
         releases=releases,
+        transfers=transfers,
         repoint=Repoint(
             np.asarray(rows, np.int32),
             np.asarray(starts, np.int32),

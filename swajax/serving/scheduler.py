@@ -113,8 +113,9 @@ class Scheduler:
             else:
                 batch = progress.force(self)
         plan = build_plan(
-            batch, self.ledger.take_releases(), speculative=self.options.num_speculative_tokens > 0
-        )
+            batch, self.ledger.take_releases(), speculative=self.options.num_speculative_tokens > 0,
+            transfers=self.ledger.take_transfers(),
+        )  # fmt: skip
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
             req.penalties_seeded = True  # and loads its token counts, if it has penalties
@@ -147,6 +148,7 @@ class Scheduler:
         # Compute at least one token (all of them for a request that takes no cached prefix).
         match = self.cache.match(tokens[: len(tokens) - 1 if req.cache_hits else 0])
         hit, slots, node, rebuild = len(match), match.slots, match.node, None
+        budget.take_loaded(*match.loaded)  # brought back from a host tier: held from now on
         if self.cfg.rebuild_reach is not None and match.tail_node is not None:
             rebuild = tail_rebuild.plan(
                 match, reach=self.cfg.rebuild_reach, window=self.cfg.window, page_size=ps
