@@ -41,12 +41,12 @@ class Evictor:
         t = self.tree
         full = swa = 0
         first = True
-        while node is not t.root and node.full_lock == 0 and (
-            node.device_leaf if first else node.is_leaf
+        while (
+            node is not t.root
+            and node.full_lock == 0
+            and (node.device_leaf if first else node.is_leaf)
         ):
-            if not first and (
-                node.swa_valid or t.policy.keep_childless_tombstones
-            ):
+            if not first and (node.swa_valid or t.policy.keep_childless_tombstones):
                 break
             first = False
             if t.tier is not None:

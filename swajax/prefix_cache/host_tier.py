@@ -200,8 +200,10 @@ class HostTier:
         if window and full_pages is not None:
             swa_pages = self._take(self.swa, window // t.ps)
         node.full_lock -= 1
-        if full_pages is None or (node.is_leaf and swa_pages is None and not node.swa_valid) or (
-            node.is_leaf and node.swa_live and swa_pages is None
+        if (
+            full_pages is None
+            or (node.is_leaf and swa_pages is None and not node.swa_valid)
+            or (node.is_leaf and node.swa_live and swa_pages is None)
         ):
             for store, pages in ((self.full, full_pages), (self.swa, swa_pages)):
                 if pages is not None:

@@ -37,6 +37,7 @@ from swajax.runner.commit import (
     apply_releases,
     commit_step,
 )
+from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.packing import pack
 from swajax.runner.programs import (
     fill_placeholders,
@@ -44,7 +45,6 @@ from swajax.runner.programs import (
     fused_step,
     fused_verify,
 )
-from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.readback import read
 from swajax.runner.step_inputs import MIN_TOKENS, offset, pad_forward, seed_arrays
 from swajax.serving import overlap

@@ -29,8 +29,7 @@ class HostKV:
         self.stores = {}
         for pool, pages in (("full", full_pages), ("swa", swa_pages)):
             self.stores[pool] = tuple(
-                np.empty((pages + 1, b.shape[0], ps, *b.shape[2:]), b.dtype)
-                for b in buffers[pool]
+                np.empty((pages + 1, b.shape[0], ps, *b.shape[2:]), b.dtype) for b in buffers[pool]
             )
             for store in self.stores[pool]:
                 store[0] = 0  # the dummy page padding reads: finite, like the pools' own

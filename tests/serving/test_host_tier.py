@@ -1,0 +1,183 @@
+"""The host tier through the engine: a prefix evicted to host memory hits and computes exactly
+what a device hit computes (the same KV bytes: logits bit-identical, tokens equal, and within
+1e-5 of a cold run), for a window on the host, full KV on the host and both; interruptions and
+random workloads leak nothing on either tier."""
+
+import numpy as np
+import pytest
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean
+from hypothesis import given, settings, strategies as st
+
+from swajax import sizing
+from swajax.api import EngineSpec, engine_for, make_engine
+from swajax.models import load_decoder
+from swajax.prefix_cache import check_invariants
+from swajax.presets import load_preset
+from swajax.serving.null_model import NullModel
+from swajax.serving.options import EngineOptions
+from swajax.serving.request import Status
+from swajax.serving.sampling_params import SamplingParams
+
+SETUP = EngineSpec.of(
+    kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256
+)
+SHARED = [(7 * i + 3) % 120 + 1 for i in range(80)]
+FIRST, OTHER = SHARED + [5, 6, 7, 8, 9, 10, 11, 12], SHARED + [15, 16, 17, 18]
+SECOND = SHARED + [11, 45, 90, 2, 67, 31, 8, 100]
+PARAMS = SamplingParams(max_new_tokens=6)
+
+
+def _run(engine, prompt):
+    rid = engine.add_request(prompt, PARAMS, keep_logits=True)
+    engine.run()
+    req = engine.requests[rid]
+    return req.output, np.stack(req.logits), req.cached_tokens
+
+
+def _evict(engine, where):
+    """Move the cached prefix to the host: its window only (SWA eviction of the path; the
+    full KV stays), its full KV (full eviction), or both."""
+    cache = engine.cache
+    if where == "window":
+        for node in cache.walk(cache.aligned(SHARED)):
+            if node.swa_live and node.swa_lock == 0:
+                cache.evictor.tombstone(node)
+    else:
+        cache.evict(10**9, 10**9 if where == "both" else 0)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss():
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    device = make_engine(decoder, SETUP)
+    _run(device, FIRST)
+    _run(device, OTHER)  # SHARED now ends at a branch point: a hit ends there
+    return decoder, _run(device, SECOND), _run(make_engine(decoder, SETUP), SECOND)
+
+
+@pytest.mark.parametrize("where", ["window", "full", "both"])
+def test_a_hit_from_the_host_equals_a_device_hit(gpt_oss, where):
+    decoder, (tokens, logits, cached), (cold_tokens, cold_logits, _) = gpt_oss
+    assert cached == len(SHARED)
+    engine = make_engine(decoder, SETUP.replace(host_cache_gib=0.001))
+    _run(engine, FIRST)
+    _run(engine, OTHER)
+    _evict(engine, where)
+    tier = engine.cache.tier
+    assert tier.saved[1] > 0 and (tier.saved[0] > 0) == (where != "window")
+    got_tokens, got_logits, got_cached = _run(engine, SECOND)
+    assert got_cached == cached and tier.loaded[1] > 0
+    assert (tier.loaded[0] > 0) == (where != "window")
+    assert got_tokens == tokens == cold_tokens
+    assert np.array_equal(got_logits, logits)  # the same KV bytes
+    err = np.max(np.abs(got_logits - cold_logits[-len(got_logits) :]))
+    assert err <= 1e-5 * np.max(np.abs(cold_logits))
+    check_invariants(engine.cache)
+    check_clean(engine)
+
+
+def test_the_loaded_bytes_are_what_is_read(gpt_oss):
+    """The negative control: the same run with the host copies zeroed differs."""
+    decoder, (_, logits, _), _ = gpt_oss
+    engine = make_engine(decoder, SETUP.replace(host_cache_gib=0.001))
+    _run(engine, FIRST)
+    _run(engine, OTHER)
+    _evict(engine, "both")
+    engine.flush()
+    engine.runner.host_kv.settle()
+    for stores in engine.runner.host_kv.stores.values():
+        for store in stores:
+            store[1:] = 0
+    assert not np.allclose(_run(engine, SECOND)[1], logits, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory side on the null model: loads at admission, interruptions, random workloads.
+
+CFG = load_preset("tiny-hybrid")
+A = list(range(1, 97))
+B = A + list(range(500, 540))  # a later turn: the hit ends where A's window was kept
+
+
+def null_engine(host=2048, **changes):
+    options = dict(chunk_size=8, max_context=512, eviction_interval=1) | changes
+    sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.5, page_size=4)
+    sizes = sizing.PoolSizes(**{**sizes.__dict__, "host_full_tokens": host,
+                                "host_swa_tokens": host // 2})  # fmt: skip
+    return engine_for(CFG, NullModel(), sizes, EngineOptions(**options))
+
+
+def cached_on_host(engine):
+    engine.add_request(A, SamplingParams(max_new_tokens=4))
+    engine.run()
+    engine.cache.evict(10**9, 10**9)
+    assert engine.cache.tier.full.used > 0
+    return engine
+
+
+def test_outputs_do_not_depend_on_the_tier():
+    outputs = []
+    for host in (0, 2048):
+        engine = null_engine(host) if host else null_engine(4)
+        engine.add_request(A, SamplingParams(max_new_tokens=4))
+        engine.run()
+        engine.cache.evict(10**9, 10**9)
+        rid = engine.add_request(B, SamplingParams(max_new_tokens=8))
+        engine.run()
+        outputs.append((engine.requests[rid].output, engine.requests[rid].cached_tokens))
+        check_clean(engine)
+    assert outputs[0][0] == outputs[1][0] and outputs[1][1] == 96 > outputs[0][1]
+
+
+@pytest.mark.parametrize("how", ["abort", "retract"])
+def test_an_interrupted_load_leaks_nothing(how):
+    engine = cached_on_host(null_engine())
+    rid = engine.add_request(B, SamplingParams(max_new_tokens=4))
+    engine.step()  # admitted: the hit was loaded back in this step
+    req = engine.requests[rid]
+    assert engine.cache.tier.loaded[0] == 96 and req.cached_tokens == 96
+    if how == "abort":
+        engine.abort(rid)
+    else:
+        engine.scheduler.retract(req)
+    engine.run()
+    check_invariants(engine.cache)
+    assert req.status is (Status.ABORTED if how == "abort" else Status.FINISHED)
+    check_clean(engine)
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    ps=st.sampled_from([1, 4, 8]),
+    chunk=st.sampled_from([None, 8, 32]),
+    host=st.sampled_from([64, 256, 2048]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
+    """Shared prefixes, both evictions and aborts at random moments, a host tier from a few
+    pages to more than the device: invariants after every step, nothing leaks anywhere."""
+    rng = np.random.default_rng(seed)
+    sizes = sizing.solve_pool_sizes(CFG, 1024, ratio=0.5, page_size=ps)
+    sizes = sizing.PoolSizes(**{**sizes.__dict__, "host_full_tokens": host,
+                                "host_swa_tokens": host // 2})  # fmt: skip
+    options = EngineOptions(chunk_size=max(chunk, ps) if chunk else None, max_context=512)
+    engine = engine_for(CFG, NullModel(), sizes, options)
+    systems = [rng.integers(0, 1000, 72).tolist() for _ in range(3)]
+    for _ in range(14):
+        prompt = (
+            systems[rng.integers(3)][: rng.integers(24, 73)]
+            + rng.integers(0, 1000, rng.integers(1, 40)).tolist()
+        )
+        engine.add_request(prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 12))))
+    for _ in range(5000):
+        if rng.random() < 0.3:
+            engine.cache.evict(int(rng.integers(0, 64)), int(rng.integers(0, 64)))
+        running = engine.scheduler.running
+        if running and rng.random() < 0.05:
+            engine.abort(running[int(rng.integers(len(running)))].rid)
+        if engine.step() is None:
+            break
+        check_invariants(engine.cache)
+    assert engine.cache.tier.saved[0] > 0
+    check_clean(engine)
