@@ -20,42 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import numpy as np
-
 from swajax import sizing
 from swajax.cli.args import model_cost
 from swajax.presets import hf_preset, load_preset
 from swajax.serving.options import EngineOptions
-from swajax.serving.sampling_params import SamplingParams
 from swajax.simulator.run import run_workload
 from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
-from swajax.simulator.workloads import Arrival, Workload
-
-
-def document_chats(documents: int, conversations: int, turns: int, doc: int, seed=0, vocab=1024):
-    rng = np.random.default_rng(seed)
-    docs = [rng.integers(0, vocab, doc).tolist() for _ in range(documents)]
-    left = {}
-
-    def turn(history, chat):
-        prompt = history + rng.integers(0, vocab, int(rng.integers(32, 257))).tolist()
-        params = SamplingParams(max_new_tokens=int(rng.integers(64, 513)))
-        return Arrival(prompt, params, chat)
-
-    initial = []
-    for c in range(conversations):  # chat c of every document, then chat c + 1
-        for d in range(documents):
-            chat = c * documents + d
-            left[chat] = turns - 1
-            initial.append(turn(list(docs[d]), chat))
-
-    def follow_up(arrival, output):
-        if left[arrival.conversation] == 0:
-            return None
-        left[arrival.conversation] -= 1
-        return turn(arrival.prompt + output, arrival.conversation)
-
-    return Workload(initial, follow_up, documents * conversations * turns)
+from swajax.simulator.workloads import document_chats
 
 
 def main(argv=None) -> int | None:

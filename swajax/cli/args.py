@@ -67,6 +67,7 @@ PAGE_SIZE = int_at_least(1, 1 << 16)
 SEED = int_at_least(0, 2**32 - 1)
 RATIO = float_in(0.0, 1.0, lo_open=True)
 BUDGET_GIB = float_in(0.0, 1 << 20, lo_open=True)
+HOST_GIB = float_in(0.0, 1 << 20)
 TEMPERATURE = float_in(0.0, 1e4)
 TOP_P = float_in(0.0, 1.0, lo_open=True)
 MAX_REQUESTS = int_at_least(1, 1_000_000)
@@ -250,6 +251,8 @@ SHARED_HELP = {
     "--requests": "how many requests the workload holds",
     "--seed": "random seed (workloads; sampling with --temperature)",
     "--kv-budget-gib": "GiB of KV for both pools together",
+    "--host-cache-gib": "GiB of host memory for a host tier of the prefix cache: KV evicted "
+    "from the device moves there and hits load it back (hybrid pools; 0: none)",
     "--ratio": "swa_full_tokens_ratio: SWA pool tokens per full pool token",
     "--page-size": "tokens per KV page",
     "--json": "print JSON instead of a table",

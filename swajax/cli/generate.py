@@ -84,6 +84,7 @@ def engine_fields(args) -> dict:
         tensor_parallel=args.tensor_parallel,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
+        host_cache_gib=args.host_cache_gib,
     )
 
 
@@ -235,6 +236,7 @@ def add_model_args(p, prompts: bool = True) -> None:
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
                    help="KV pools' bytes (default: two contexts of the model's own length, "
                    "at most 32,768 tokens each and 2 GiB in all)")  # fmt: skip
+    p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument("--max-context", type=args_lib.int_at_least(1, 1 << 24),
                    help="longest prompt + new tokens of a request (default: the checkpoint's "
                    "max_position_embeddings, capped by what the pools hold)")  # fmt: skip

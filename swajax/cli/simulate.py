@@ -53,6 +53,7 @@ def run(args) -> int:
         seed=args.seed,
         dtype=args.dtype,
         progress=not args.json,
+        host_cache_gib=args.host_cache_gib,
     )
     if args.plot:
         plot(result, args.plot)
@@ -68,6 +69,10 @@ def run(args) -> int:
     print(f"{'':24}{'hybrid':>14}{'single pool':>14}")
     for k in keys:
         a, b = report["hybrid"][k], report["single"][k]
+        if isinstance(a, list | tuple):  # (full, SWA) pairs: the host tier's figures
+            a, b = (f"{x[0]:,}/{x[1]:,}" for x in (a, b))
+            print(f"{k:24}{a:>14}{b:>14}")
+            continue
         fmt = "{:>14.3f}" if isinstance(a, float) else "{:>14,}"
         print(f"{k:24}" + fmt.format(a) + fmt.format(b))
     print(f"peak concurrency hybrid / single: {report['peak_concurrency_ratio']:.2f}x")
@@ -80,6 +85,7 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="run the null-model engine: hybrid pools vs one pool")
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
+    p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=16)
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16",

@@ -44,7 +44,38 @@ def check_invariants(cache: PrefixCache) -> None:
         )
     assert actual == sizes, f"size accounting {actual} != recomputed {sizes}"
     if cache.tier is not None:
-        cache.tier.check()
+        check_host_tier(cache)
+
+
+def check_host_tier(cache) -> None:
+    """Host-tier invariants (AssertionError): every host page referenced by exactly one node
+    and never free as well; host-resident nodes closed downwards, unlocked, in no device
+    recency list; the host LRU lists exactly the nodes holding host KV."""
+    tier = cache.tier
+    refs = {"full": [], "swa": []}
+    holders = set()
+    for node in cache.nodes():
+        pages = len(node) // cache.ps
+        if node.host_swa is not None:
+            assert len(node.host_swa) == pages and not node.swa_live, f"{node}: host window"
+            refs["swa"] += node.host_swa.tolist()
+            holders.add(node)
+        if node.on_device:
+            continue
+        holders.add(node)
+        assert len(node.host_full) == pages, f"{node}: {len(node.host_full)} host pages"
+        refs["full"] += node.host_full.tolist()
+        assert node.full_lock == 0 and node.swa_lock == 0, f"{node}: a locked host node"
+        assert node not in cache.full_lru and node not in cache.swa_lru, f"{node}: in a device LRU"
+        assert all(not c.on_device for c in node.children.values()), f"{node}: device child"
+        if cache.swa:
+            assert not node.is_leaf or node.host_swa is not None, f"{node}: useless host leaf"
+    for name, store in (("full", tier.full), ("swa", tier.swa)):
+        ids = refs[name]
+        assert len(ids) == len(set(ids)), f"a {name} host page is held by two nodes"
+        assert not set(ids) & store.free_ids(), f"a {name} host page is held and free"
+        assert len(ids) == store.used, f"{name} host pages: {store.used} used, {len(ids)} held"
+    assert set(tier.lru) == holders, "the host LRU differs from the nodes holding host KV"
 
 
 def stats(cache: PrefixCache) -> dict:

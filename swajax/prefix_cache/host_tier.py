@@ -29,37 +29,11 @@ import contextlib
 import numpy as np
 
 from swajax.arith import round_up
+from swajax.errors import InputError
+from swajax.prefix_cache.host_pages import HostPages
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.protocol import Tree
-
-
-class HostPages:
-    """A free list of host pages (ids from 1), page-granular like the device pools."""
-
-    def __init__(self, pages: int):
-        self.total = pages
-        self._free = list(range(pages, 0, -1))  # the lowest on top
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        return self.total - len(self._free)
-
-    def free_ids(self) -> set[int]:
-        return set(self._free)
-
-    def take(self, n: int) -> np.ndarray | None:
-        if n > len(self._free):
-            return None
-        out = self._free[len(self._free) - n :][::-1]
-        del self._free[len(self._free) - n :]
-        return np.asarray(out, np.int32)
-
-    def give(self, pages) -> None:
-        self._free.extend(int(p) for p in np.asarray(pages)[::-1])
+from swajax.sizing import PoolMode
 
 
 class HostTier:
@@ -73,6 +47,20 @@ class HostTier:
         self.lru = LRUList()  # nodes holding host KV, least recently saved first
         # Tokens written to the host and brought back, per component (full, SWA).
         self.saved, self.loaded = [0, 0], [0, 0]
+
+    @classmethod
+    def attach(cls, tree: Tree, capacities: tuple[int, int] | None) -> HostTier | None:
+        """The tier for `tree` of (full, SWA) token `capacities`, or None without them."""
+        if capacities is None:
+            return None
+        if tree.mode is not PoolMode.HYBRID:
+            raise InputError(f"a host tier needs hybrid pools, not {tree.mode.value!r}")
+        if not tree.policy.host_tier:
+            raise InputError(
+                f"cache policy {tree.policy.name!r} has no host tier (SGLang 0.5.23 keeps no "
+                "hybrid SWA KV on the host); leave the host cache at 0"
+            )
+        return cls(tree, *capacities)
 
     @property
     def window_tokens(self) -> int:
@@ -381,33 +369,3 @@ class HostTier:
             upper.host_swa, child.host_swa = child.host_swa[:kp], child.host_swa[kp:]
         if not upper.on_device or upper.host_swa is not None:
             self.lru.add_before(upper, child)
-
-    def check(self) -> None:
-        """Host-tier invariants (AssertionError): every host page referenced by exactly one node
-        and never free as well; host-resident nodes closed downwards, unlocked, in no device
-        recency list; the host LRU lists exactly the nodes holding host KV."""
-        t = self.tree
-        refs = {"full": [], "swa": []}
-        holders = set()
-        for node in t.nodes():
-            pages = self._pages(node)
-            if node.host_swa is not None:
-                assert len(node.host_swa) == pages and not node.swa_live, f"{node}: host window"
-                refs["swa"] += node.host_swa.tolist()
-                holders.add(node)
-            if node.on_device:
-                continue
-            holders.add(node)
-            assert len(node.host_full) == pages, f"{node}: {len(node.host_full)} host pages"
-            refs["full"] += node.host_full.tolist()
-            assert node.full_lock == 0 and node.swa_lock == 0, f"{node}: a locked host node"
-            assert node not in t.full_lru and node not in t.swa_lru, f"{node}: in a device LRU"
-            assert all(not c.on_device for c in node.children.values()), f"{node}: device child"
-            if t.swa:
-                assert not node.is_leaf or node.host_swa is not None, f"{node}: useless host leaf"
-        for name, store in (("full", self.full), ("swa", self.swa)):
-            ids = refs[name]
-            assert len(ids) == len(set(ids)), f"a {name} host page is held by two nodes"
-            assert not set(ids) & store.free_ids(), f"a {name} host page is held and free"
-            assert len(ids) == store.used, f"{name} host pages: {store.used} used, {len(ids)} held"
-        assert set(self.lru) == holders, "the host LRU differs from the nodes holding host KV"

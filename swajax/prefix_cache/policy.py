@@ -51,6 +51,10 @@ class CachePolicy:
     #    request had released); swajax keeps the request's lock.
     relock_checkpoint: bool = False
 
+    # Not a rule SGLang and swajax differ on but a capability: a profile whose cache has no
+    # host tier for hybrid SWA models (SGLang 0.5.23's HiCache does not take them) refuses one.
+    host_tier: bool = True
+
     RULES = ("eager_window_free", "window_recency", "keep_childless_tombstones",
              "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk",
              "fallback_only", "node_window_lock", "lazy_window_release",
@@ -58,7 +62,9 @@ class CachePolicy:
 
 
 SWAJAX = CachePolicy("swajax")
-SGLANG_0_5_23 = CachePolicy("sglang-0.5.23", **{rule: True for rule in CachePolicy.RULES})
+SGLANG_0_5_23 = CachePolicy(
+    "sglang-0.5.23", host_tier=False, **{rule: True for rule in CachePolicy.RULES}
+)
 # The default, chosen by measurement (BUILD_NOTES.md, benchmarks/cache_policy.py): swajax's
 # rules plus the eager out-of-window free, which lowered mean SWA-pool occupancy by 2-30% at
 # the same hit rate and step count; no other rule helped on the built-in workloads.

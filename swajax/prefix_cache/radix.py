@@ -30,6 +30,7 @@ from swajax.observe import Observer, observed
 from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.host_tier import HostTier
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
+from swajax.prefix_cache.match_result import MatchResult
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.policy import SWAJAX, CachePolicy
 from swajax.prefix_cache.protocol import Releaser
@@ -39,30 +40,6 @@ from swajax.sizing import PoolMode
 INF = float("inf")
 _EMPTY = np.zeros(0, np.int32)
 __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
-
-
-@dataclasses.dataclass(frozen=True)
-class MatchResult:
-    slots: np.ndarray  # full slots of the accepted prefix (a multiple of the page size)
-    node: Node | None  # last accepted node (the root when nothing matched)
-    # Full slots of the path the window rule cut off after the accepted prefix, and the node
-    # where that path ends (None if nothing was cut): what an exact SWA-tail rebuild reads.
-    tail: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY)
-    tail_node: Node | None = None
-    loaded: tuple[int, int] = (0, 0)  # (full, SWA) tokens the match brought back from the host
-
-    @property
-    def tail_miss(self) -> int:
-        """Tokens on the key's path that the window rule cut off."""
-        return len(self.tail)
-
-    @property
-    def full_length(self) -> int:
-        """How far the key matched with full KV (accepted plus what the window rule cut)."""
-        return len(self.slots) + len(self.tail)
-
-    def __len__(self) -> int:
-        return len(self.slots)
 
 
 @dataclasses.dataclass
@@ -111,11 +88,7 @@ class RadixCache:
         self.evictor = Evictor(self)
         self.locks = WindowLocks(self, self.evictor)
         self.requests = RequestCaching(self)
-        self.tier = None
-        if host_tier is not None:
-            if pool_mode is not PoolMode.HYBRID:
-                raise ValueError(f"a host tier needs hybrid pools, not {pool_mode.value!r}")
-            self.tier = HostTier(self, *host_tier)
+        self.tier = HostTier.attach(self, host_tier)
 
     # ------------------------------------------------------------------------------------------
     # Sizes (tokens). Without an SWA component the SWA figures mirror the full ones.

@@ -223,6 +223,9 @@ class StepMetrics:
     # Per request in the step: (rid, KV before, KV after, whether it produced a token); what
     # the step-time model (`simulator/step_time.py`) and latency figures are computed from.
     spans: tuple[tuple[int, int, int, bool], ...] = ()
+    # A host tier: (full, SWA) tokens this step loaded back from it, and the tokens it holds.
+    host_loaded: tuple[int, int] = (0, 0)
+    host_used: tuple[int, int] = (0, 0)
 
 
 class Model(Protocol):

@@ -26,6 +26,8 @@ from swajax.serving.sampling_params import SamplingParams
 from swajax.serving.scheduler import Scheduler
 from swajax.sizing import PoolSizes
 
+POOLS = ("full", "swa")
+
 
 def engine_window(cfg: HybridConfig, draft=None) -> int:
     """W as host code keeps it: an int, 0 when there are no local layers. With a speculative
@@ -288,6 +290,8 @@ class Engine:
             else self.ledger.primary_pages
         ) * ps
         c = self.cache
+        tier = getattr(c, "tier", None)
+        loads = [t for t in plan.transfers if t.kind == "load"]
         m = StepMetrics(
             step=self._steps,
             kind=plan.kind.value,
@@ -312,6 +316,8 @@ class Engine:
                 (req.rid, int(pre), int(seq), req.num_tokens == seq + 1)
                 for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens)
             ),
+            host_loaded=tuple(sum(len(t.slots) for t in loads if t.pool == p) for p in POOLS),
+            host_used=(tier.full.used * ps, tier.swa.used * ps) if tier else (0, 0),
         )
         self.metrics.append(m)
         return m

@@ -48,6 +48,10 @@ class RunSummary:
     tokens_per_s: float = 0.0
     ttft_s: float = 0.0
     itl_s: float = 0.0
+    # A host tier: its (full, SWA) capacity in tokens, and the tokens moved each way in all.
+    host_tokens: tuple[int, int] = (0, 0)
+    host_saved_tokens: tuple[int, int] = (0, 0)
+    host_loaded_tokens: tuple[int, int] = (0, 0)
 
 
 def run_workload(
@@ -96,6 +100,7 @@ def run_workload(
                 break
             if timer is not None:
                 clock += timer.step_seconds(Span(pre, seq) for _, pre, seq, _ in metrics.spans)
+                clock += timer.load_seconds(*metrics.host_loaded)
             for rid, _, _, sampled in metrics.spans:
                 if sampled:
                     token_times[rid].append(clock)
@@ -152,6 +157,18 @@ def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
         compilations=last.compilations if last else 0,
         full_occupancy=[m.full_used / full_total for m in steps],
         swa_occupancy=[m.swa_used / swa_total for m in steps],
+        **_host(engine, sizes),
+    )
+
+
+def _host(engine: Engine, sizes) -> dict:
+    tier = getattr(engine.cache, "tier", None)
+    if tier is None:
+        return {}
+    return dict(
+        host_tokens=(sizes.host_full_tokens, sizes.host_swa_tokens),
+        host_saved_tokens=tuple(tier.saved),
+        host_loaded_tokens=tuple(tier.loaded),
     )
 
 
@@ -174,12 +191,15 @@ def simulate(
     draft: HybridConfig | None = None,
     speculative_tokens: int = 0,
     acceptance: float = 1.0,
+    host_cache_gib: float = 0.0,
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
     `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
-    modeled throughput and latencies."""
+    modeled throughput and latencies; `host_cache_gib`: a host tier for the hybrid run's
+    prefix cache (one pool has no second lifetime to keep; its run has none)."""
     kw = dict(page_size=page_size, dtype=dtype, draft=draft)
     hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
+    hybrid = sizing.with_host_tier(hybrid, cfg, host_cache_gib, dtype, draft)
     single = sizing.size_single_pool(cfg, budget_bytes, **kw)
     options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
                             cache_policy=cache_policy, tail_rebuild=tail_rebuild,

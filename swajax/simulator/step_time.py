@@ -29,6 +29,9 @@ class Accelerator:
     bf16_flops: float  # dense peak
     memory_bytes: float
     overhead_s: float = 200e-6  # launch and host cost per step (one exchange per step)
+    # Host -> device copies (a host tier's loads): what a PCIe Gen5 x16 link (GPUs) or a TPU
+    # host's Gen4 link sustains in practice, not the nominal peak. An assumption, stated.
+    host_bytes_per_s: float = 50 * GB
 
 
 # Published per-chip figures (dense bf16, no sparsity).
@@ -36,8 +39,8 @@ ACCELERATORS = {
     "h100": Accelerator("H100 SXM", 3.35 * TB, 989 * TB, 80 * GB),
     "h200": Accelerator("H200", 4.8 * TB, 989 * TB, 141 * GB),
     "b200": Accelerator("B200", 8.0 * TB, 2250 * TB, 180 * GB),
-    "tpu-v5e": Accelerator("TPU v5e", 819 * GB, 197 * TB, 16 * GB),
-    "tpu-v6e": Accelerator("TPU v6e", 1640 * GB, 918 * TB, 32 * GB),
+    "tpu-v5e": Accelerator("TPU v5e", 819 * GB, 197 * TB, 16 * GB, host_bytes_per_s=25 * GB),
+    "tpu-v6e": Accelerator("TPU v6e", 1640 * GB, 918 * TB, 32 * GB, host_bytes_per_s=25 * GB),
 }
 
 
@@ -132,6 +135,16 @@ class StepTimeModel:
         flops = 2 * self.cost.active_params * tokens + attn
         acc, n = self.accelerator, self.devices
         return max(read / (acc.hbm_bytes_per_s * n), flops / (acc.bf16_flops * n)) + acc.overhead_s
+
+    def load_seconds(self, full_tokens: int, swa_tokens: int) -> float:
+        """Copying a host tier's pages back before a step (on its critical path; saves run
+        beside the compute and are not counted): every full layer's KV of `full_tokens`
+        tokens and every SWA layer's of `swa_tokens`, over the host link of each chip."""
+        f, s = self._layer_bytes
+        full_layers = sum(1 for x in self.cfg.layers if not x.kind.is_local and x.kv_source is None)
+        swa_layers = sum(1 for x in self.cfg.layers if x.kind.is_local and x.kv_source is None)
+        moved = full_tokens * f * full_layers + swa_tokens * s * swa_layers
+        return moved / (self.accelerator.host_bytes_per_s * self.devices)
 
     def devices_needed(self, kv_budget_bytes: float, usable: float = 0.9) -> int:
         """Chips for the weights plus the KV budget at `usable` of each chip's memory."""

@@ -110,6 +110,35 @@ def make_workload(name: str, n: int, seed: int = 0, vocab: int = 1024) -> Worklo
     return Workload(initial, follow_up, conversations * 4 + (n - chats if name == "mixed" else 0))
 
 
+def document_chats(documents: int, conversations: int, turns: int, doc: int, seed=0, vocab=1024):
+    """Chats about shared documents: `documents` documents of `doc` tokens, `conversations`
+    chats about each, `turns` turns each (user turns of 32-256 tokens, replies of 64-512); the
+    chats of all documents interleaved, so a document's KV ages between its chats."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, vocab, doc).tolist() for _ in range(documents)]
+    left = {}
+
+    def turn(history, chat):
+        prompt = history + rng.integers(0, vocab, int(rng.integers(32, 257))).tolist()
+        params = SamplingParams(max_new_tokens=int(rng.integers(64, 513)))
+        return Arrival(prompt, params, chat)
+
+    initial = []
+    for c in range(conversations):  # chat c of every document, then chat c + 1
+        for d in range(documents):
+            chat = c * documents + d
+            left[chat] = turns - 1
+            initial.append(turn(list(docs[d]), chat))
+
+    def follow_up(arrival, output):
+        if left[arrival.conversation] == 0:
+            return None
+        left[arrival.conversation] -= 1
+        return turn(arrival.prompt + output, arrival.conversation)
+
+    return Workload(initial, follow_up, documents * conversations * turns)
+
+
 FILE_KEYS = {"prompt_len", "output_len", "prefix_id", "arrival"}
 
 
