@@ -12,6 +12,7 @@ the same bookkeeping beside its share of the model, and the read takes this proc
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -108,10 +109,10 @@ class DeviceRunner:
     # ------------------------------------------------------------------------------------------
 
     def apply_releases(self, releases: tuple[Releases, ...], transfers=()) -> None:
-        """Apply queued releases now (segments in order), without a step; a host tier's saves
-        go first, its loads last."""
-        loads = self._save(transfers)
-        for seg in releases:
+        """Apply queued releases now (segments in order), without a step, with a host tier's
+        copies each in its place among them."""
+        for i, seg in enumerate(releases):
+            self._copy([t for t in transfers if t.after == i])
             if seg.empty:
                 continue
             f = bucket(max(len(seg.swa), len(seg.full)), MIN_EDITS)
@@ -119,24 +120,21 @@ class DeviceRunner:
             args = [pad(a, n) for a, n in ((seg.swa, f), (seg.full, f))]
             args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
             self.alloc = apply_releases(self.alloc, *jax.device_put(args, self.placement))
-        self._load(loads)
+        self._copy([t for t in transfers if t.after >= len(releases)])
 
-    def _save(self, transfers) -> list:
-        """Start a host tier's saves (before any release frees their pages); returns the
-        loads, which run after the releases."""
-        saves = [t for t in transfers if t.kind == "save"]
-        if saves and self.host_kv is not None:
-            self.host_kv.save(self.alloc, self.pools, saves)
-        return [t for t in transfers if t.kind == "load"]
-
-    def _load(self, loads) -> None:
-        if not loads:
-            return
-        if self.host_kv is not None:
-            self.host_kv.settle()  # a load may read what a save of this plan just wrote
-        self.alloc, self.pools = run_loads(
-            self.alloc, self.pools, self.host_kv, loads, self.placement
-        )
+    def _copy(self, transfers) -> None:
+        """A host tier's copies, in order: runs of saves (a gather whose bytes land on the host
+        later) and of loads (one program each)."""
+        for kind, run in itertools.groupby(transfers, key=lambda t: t.kind):
+            run = list(run)
+            if kind == "load":
+                if self.host_kv is not None:
+                    self.host_kv.settle()  # a load may read what a save just wrote
+                self.alloc, self.pools = run_loads(
+                    self.alloc, self.pools, self.host_kv, run, self.placement
+                )
+            elif self.host_kv is not None:
+                self.host_kv.save(self.alloc, self.pools, run)
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
         r = bucket(len(plan.requests), self.min_reqs)
@@ -216,12 +214,9 @@ class DeviceRunner:
         """Apply what must run before the step's program: a host tier's copies (with loads,
         every release first), and releases a move orders; returns the releases left for the
         step's own commit."""
-        if plan.transfers:
-            loads = self._save(plan.transfers)
-            if loads:
-                self.apply_releases(plan.releases)
-                self._load(loads)
-                return Releases()
+        if plan.transfers:  # (rare: a step that evicts to or loads from the host)
+            self.apply_releases(plan.releases, plan.transfers)
+            return Releases()
         releases = list(plan.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)

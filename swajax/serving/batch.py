@@ -67,6 +67,10 @@ class Transfer:
     pool: str  # "full" or "swa"
     slots: np.ndarray  # i32[n]: full slots, whole pages
     host_pages: np.ndarray  # i32[n / page_size]
+    # Its place among the plan's releases: it runs after the first `after` segments (a save
+    # before the frees of its pages, a load after the frees of the pages it takes; a node may
+    # be loaded and evicted again within one plan).
+    after: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +154,7 @@ class StepPlan:
     releases: tuple[Releases, ...]  # in order; the runner applies them before allocating
     repoint: Repoint
     forward: ForwardBatch
-    # Host-tier copies queued with the releases: saves run before them, loads after.
+    # Host-tier copies, each in its place among the releases (`Transfer.after`).
     transfers: tuple[Transfer, ...] = ()
     return_logits: bool = False  # full logits of the logit rows come back (teacher forcing)
     # i32[T] or None: per new token, the full slot whose KV full layers store instead of

@@ -66,8 +66,9 @@ class PoolLedger:
     # Releases (the Releaser protocol): counted now, applied on device with the next step
 
     def _queue(self, kind: str, slots) -> None:
-        if not self._segments or (kind != "moves" and self._segments[-1]["moves"]):
-            self._segments.append({"swa": [], "full": [], "moves": []})
+        last = self._segments[-1] if self._segments else None
+        if last is None or (kind != "moves" and last["moves"]) or last["sealed"]:
+            self._segments.append({"swa": [], "full": [], "moves": [], "sealed": False})
         self._segments[-1][kind].append(slots)
 
     def _unpair(self, pages: np.ndarray) -> None:
@@ -141,12 +142,18 @@ class PoolLedger:
         self.free_swa_pages -= len(pages)
 
     def save(self, pool: str, slots, host_pages) -> None:
-        self._transfers.append(Transfer("save", pool, np.array(slots, np.int32),
-                                        np.array(host_pages, np.int32)))  # fmt: skip
+        self._transfer("save", pool, slots, host_pages)
 
     def load(self, pool: str, slots, host_pages) -> None:
-        self._transfers.append(Transfer("load", pool, np.array(slots, np.int32),
-                                        np.array(host_pages, np.int32)))  # fmt: skip
+        self._transfer("load", pool, slots, host_pages)
+
+    def _transfer(self, kind: str, pool: str, slots, host_pages) -> None:
+        """Queue a copy in order with the releases: those queued before it run first, those
+        after it in a new segment."""
+        if self._segments:
+            self._segments[-1]["sealed"] = True
+        slots, host_pages = np.array(slots, np.int32), np.array(host_pages, np.int32)
+        self._transfers.append(Transfer(kind, pool, slots, host_pages, len(self._segments)))
 
     def take_transfers(self) -> tuple[Transfer, ...]:
         out, self._transfers = tuple(self._transfers), []

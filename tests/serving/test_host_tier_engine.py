@@ -181,3 +181,31 @@ def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
         check_invariants(engine.cache)
     assert engine.cache.tier.saved[0] > 0
     check_clean(engine)
+
+
+def test_a_node_loaded_and_evicted_again_in_one_plan_keeps_device_and_mirror_equal():
+    """Copies run in their place among the releases: a load takes pages that a free queued
+    before it gave back, and a save-and-free queued after it gives the loaded pages back."""
+    from swajax.memory import allocator as A
+    from swajax.runner import DeviceRunner
+    from swajax.serving.ledger import PoolLedger
+
+    sizes = sizing.PoolSizes("hybrid", 64, 32, 4, host_full_tokens=64, host_swa_tokens=32)
+    runner = DeviceRunner(NullModel(), sizes, max_running=4, max_context=64, window=4)
+    ledger = PoolLedger(sizes)
+    held = ledger.claim(16)  # loaded earlier, then handed to a request
+    ledger.load("full", held, [1, 2, 3, 4])
+    ledger.pair_swa(held)
+    ledger.load("swa", held, [1, 2, 3, 4])
+    runner.apply_releases(ledger.take_releases(), ledger.take_transfers())
+    ledger.free(held[:8])  # frees, then a load may take the same pages
+    slots = ledger.claim(12)
+    assert set(slots[:8]) == set(held[:8])
+    ledger.load("full", slots, [1, 2, 3])
+    ledger.pair_swa(slots[:4])
+    ledger.load("swa", slots[:4], [1])
+    ledger.save("full", slots, [4, 5, 6])  # evicted again within the same plan
+    ledger.free(slots)
+    runner.apply_releases(ledger.take_releases(), ledger.take_transfers())
+    avail = A.available(runner.alloc)
+    assert (int(avail.full), int(avail.swa)) == ledger.available() == (56, 24)
