@@ -33,6 +33,9 @@ class CapacityReport:
     # With a named device: the budget is what its memory leaves after these weight bytes.
     device: str | None = None
     weight_bytes: int | None = None
+    # A host tier for the prefix cache (`--host-cache-gib`): its full and SWA stores' tokens.
+    host_full_tokens: int = 0
+    host_swa_tokens: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -49,6 +52,7 @@ def capacity_report(
     eviction_interval: int = sizing.DEFAULT_EVICTION_INTERVAL,
     hybrid_memory: bool = True,
     draft: HybridConfig | None = None,
+    host_cache_gib: float = 0.0,
 ) -> CapacityReport:
     """Size the pools for `budget_bytes` and compare with a single pool of the same budget;
     a speculative `draft` model's KV shares both (its layers join the cell)."""
@@ -58,6 +62,7 @@ def capacity_report(
         sizes = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
     else:
         sizes = single
+    sizes = sizing.with_host_tier(sizes, cfg, host_cache_gib, dtype, draft)
     full_b, swa_b = sizing.token_bytes(cfg, dtype, draft)
     estimate = None
     if avg_seq_len is not None:
@@ -82,4 +87,6 @@ def capacity_report(
         capacity_ratio=sizes.max_total_tokens / single.full_tokens,
         min_ratio_estimate=estimate,
         compressed_bytes_per_token=cfg.compressed_bytes_per_token(sizing.dtype_bytes(dtype)),
+        host_full_tokens=sizes.host_full_tokens,
+        host_swa_tokens=sizes.host_swa_tokens,
     )

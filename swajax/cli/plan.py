@@ -39,6 +39,9 @@ def format_report(report: CapacityReport) -> str:
         rows.insert(
             4, ("device / weights", f"{report.device} / {report.weight_bytes / 1e9:.1f} GB")
         )
+    if report.host_full_tokens:
+        host = f"{report.host_full_tokens:,} | {report.host_swa_tokens:,}"
+        rows.append(("host tier tokens full|SWA", host))
     if report.min_ratio_estimate is not None:
         rows.append(("min ratio estimate", f"{report.min_ratio_estimate:.4f}"))
     width = max(len(k) for k, _ in rows)
@@ -66,6 +69,7 @@ def run(args) -> int:
         eviction_interval=args.eviction_interval,
         hybrid_memory=not args.disable_hybrid_memory,
         draft=args_lib.draft_config(args),
+        host_cache_gib=args.host_cache_gib,
     )
     report = dataclasses.replace(report, device=device, weight_bytes=weights)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
@@ -119,6 +123,7 @@ def _run_planner(args, cfg) -> int:
         ratios=args.ratios or ratio_planner.RATIOS,
         page_size=args.page_size or 16,  # a serving page size for the simulation
         dtype=args.dtype,
+        host_cache_gib=args.host_cache_gib,
     )
     if args.plot:
         ratio_planner.plot(result, args.plot)
@@ -147,6 +152,7 @@ def register(sub) -> None:
     p.add_argument("--dequantize-weights", action="store_true",
                    help="count quantized weights dequantized to bfloat16")  # fmt: skip
     p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
+    p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
                    help="default 1 for capacity, 16 when planning a --workload")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")

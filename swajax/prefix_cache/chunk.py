@@ -43,6 +43,9 @@ class ChunkCache:
     def lock(self, node):
         return None
 
+    def lock_cost(self, node) -> int:
+        return 0
+
     @observed
     def unlock(self, handle) -> None:
         pass

@@ -116,6 +116,13 @@ class RadixCache:
     def lock(self, node: Node) -> LockHandle:
         return self.locks.lock(node)
 
+    def lock_cost(self, node: Node | None) -> int:
+        """Full tokens a lock on `node` would take from the evictable ones (its path's unlocked
+        nodes): admission counts them, since a hit's own prefix can be all the room there is."""
+        if node is None:
+            return 0
+        return sum(len(x) for x in node.path_to_root() if x.full_lock == 0)
+
     @observed
     def unlock(self, handle: LockHandle | None) -> None:
         self.locks.unlock(handle)

@@ -157,7 +157,11 @@ class Scheduler:
                 hit, node = rebuild.start, match.tail_node
                 slots = np.concatenate([slots, match.tail[: hit - len(slots)]])
         extend, max_new = len(tokens) - hit, self._max_new(req)
-        if round_up(extend, ps) + max_new + ps >= budget.rem_total and self.running:
+        # Locking the hit takes its unlocked prefix out of the evictable tokens the budget
+        # counted (with a host tier a hit's own prefix could be all of them: the request was
+        # admitted, nothing fit, it was retracted, and so on, step after step).
+        held = self.cache.lock_cost(node)
+        if round_up(extend, ps) + max_new + ps + held >= budget.rem_total and self.running:
             return 0
         limit = budget.rem_chunk
         if budget.rem_swa is not None:
@@ -175,6 +179,7 @@ class Scheduler:
         if n <= 0:
             return 0
         req.handle = self.cache.lock(node)
+        budget.rem_total -= held
         req.cached_tokens = hit
         self.hit_tokens += hit
         self.tail_miss_tokens += match.tail_miss

@@ -92,13 +92,15 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype) -> Candidate:
+def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype,
+         host_cache_gib=0.0) -> Candidate:  # fmt: skip
     from swajax.simulator.run import run_workload
 
     if ratio is None:
         sizes = sizing.size_single_pool(cfg, budget, page_size=page_size, dtype=dtype)
     else:
         sizes = sizing.size_hybrid(cfg, budget, ratio=ratio, page_size=page_size, dtype=dtype)
+        sizes = sizing.with_host_tier(sizes, cfg, host_cache_gib, dtype)  # (hybrid runs only)
     options = EngineOptions(max_running=MAX_RUNNING, max_context=33_792, chunk_size=chunk)
     run = run_workload(cfg, sizes, workload_factory(), options=options, progress=False, timer=timer)
     # Each candidate's pool sizes compile their own programs, useless to the next one; hundreds
@@ -121,6 +123,7 @@ def plan(
     page_size: int = 16,
     dtype: str = "bf16",
     run_fn=None,
+    host_cache_gib: float = 0.0,
 ) -> Plan:
     """Sweep ratios at or above the corrected minimum (and `chunks`), pick the best modeled
     throughput. `workload_factory()` makes a fresh copy of the workload for each run;
@@ -135,7 +138,7 @@ def plan(
     grid = sorted({r for r in ratios if r >= min_ratio} | {min(first, 1.0)})
     run = run_fn or (lambda ratio, chunk: _run(
         cfg, budget_bytes, workload_factory, timer, ratio=ratio, chunk=chunk,
-        page_size=page_size, dtype=dtype,
+        page_size=page_size, dtype=dtype, host_cache_gib=host_cache_gib,
     ))  # fmt: skip
     candidates = tuple(run(r, c) for c in chunks for r in grid)
     singles = [run(None, c) for c in chunks]

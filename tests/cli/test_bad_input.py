@@ -201,6 +201,11 @@ CASES = [
     (["record", "--requests", "-1", "--out", "{a_dir}/t.jsonl"], "got -1"),
     (["record", "--out", "{a_dir}/t.json"], "must end in .jsonl"),
     (["record", "--hf-config", "{cfg_full}", "--out", "{a_dir}/t.jsonl"], "no sliding layers"),
+    # a host tier
+    ([*SIM, "--host-cache-gib", "-1"], "--host-cache-gib"),
+    ([*PLAN, *MIMO, "--host-cache-gib", "1", "--disable-hybrid-memory"], "has one pool"),
+    ([*SIM, "--host-cache-gib", "0.01", "--cache-policy", "sglang-0.5.23"], "has no host tier"),
+    ([*GEN, "--host-cache-gib", "1", "--disable-hybrid-memory"], "one pool"),
     # replay
     (["replay", "{no_config}/none.jsonl"], "cannot read the trace"),
     (["replay", "{t_empty}"], "the trace is empty"),

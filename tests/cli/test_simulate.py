@@ -147,3 +147,22 @@ def test_reasoning_workload_is_short_prompts_and_long_generations():
     assert all(8_192 <= a.params.max_new_tokens <= 32_768 for a in w.initial)
     assert w.follow_up(w.initial[0], [1, 2]) is None
     assert len({a.params.max_new_tokens for a in w.initial}) > 20  # spread over the range
+
+
+def test_simulate_and_plan_report_a_host_tier(cli):
+    """`--host-cache-gib`: the hybrid run gets the tier (one pool has no second lifetime), and
+    its capacity and traffic are reported; `plan` prints the stores' tokens."""
+    code, out, _ = cli(
+        "simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.001", "--ratio", "0.3",
+        "--page-size", "4", "--workload", "multi-turn", "--requests", "16",
+        "--host-cache-gib", "0.004", "--accelerator", "h200", "--json",
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    hybrid, single = report["hybrid"], report["single"]
+    assert hybrid["host_tokens"][0] > 0 and hybrid["host_tokens"][1] > 0
+    assert single["host_tokens"] == [0, 0] and hybrid["lost"] == 0
+    assert sum(hybrid["host_saved_tokens"]) > 0  # the device evicted to the host
+    code, out, _ = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40",
+                       "--ratio", "0.1", "--host-cache-gib", "160")  # fmt: skip
+    assert code == 0 and "host tier tokens full|SWA" in out

@@ -209,3 +209,29 @@ def test_a_node_loaded_and_evicted_again_in_one_plan_keeps_device_and_mirror_equ
     runner.apply_releases(ledger.take_releases(), ledger.take_transfers())
     avail = A.available(runner.alloc)
     assert (int(avail.full), int(avail.swa)) == ledger.available() == (56, 24)
+
+
+def test_a_hit_that_holds_all_the_evictable_room_waits_instead_of_cycling():
+    """Admission counts what locking its hit takes from the evictable tokens. Found with a host
+    tier (a later turn's whole history loaded back): the request was admitted, nothing else
+    fit, it was retracted, and again, for ever (the same run now finishes in ~2,000 steps)."""
+    from swajax.simulator.run import run_workload
+    from swajax.simulator.workloads import workload_of
+
+    sizes = sizing.size_hybrid(CFG, sizing.gib_to_bytes(0.001), ratio=0.3, page_size=4,
+                               dtype="bf16")  # fmt: skip
+    sizes = sizing.with_host_tier(sizes, CFG, 0.004, "bf16")
+    options = EngineOptions(max_running=256, max_context=33_792, chunk_size=8192)
+
+    def bounded(engine):
+        step = engine.step
+
+        def counted():
+            assert len(engine.metrics) < 20_000, "the engine cycles"
+            return step()
+
+        engine.step = counted
+
+    run = run_workload(CFG, sizes, workload_of("multi-turn", 16, 0), options=options,
+                       progress=False, on_engine=bounded)  # fmt: skip
+    assert run.lost == 0 and run.retractions == 0 and sum(run.host_loaded_tokens) > 0
