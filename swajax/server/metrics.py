@@ -1,6 +1,6 @@
 """/metrics in Prometheus' text format (`prometheus-client`): the engine's state read when the
 endpoint is scraped (running / waiting requests, both pools' free tokens and what the prefix
-cache holds of them, prefix hits, SWA KV freed, tail rebuilds, steps and the last step's
+cache holds of them, prefix hits, SWA KV freed, tail rebuilds, a host tier's stores and traffic, steps and the last step's
 time). Read from the HTTP thread while the engine thread runs: each figure is current, a set
 of them is not one instant."""
 
@@ -48,6 +48,19 @@ class _EngineCollector:
                       sched.swa_freed_tokens)  # fmt: skip
         yield counter("tail_rebuilt_tokens", "tokens recomputed by SWA tail rebuilds",
                       sched.rebuilt_tokens)  # fmt: skip
+        tier = getattr(cache, "tier", None)
+        if tier is not None:  # a host tier (--host-cache-gib)
+            ps = e.sizes.page_size
+            for part, store in (("full", tier.full), ("swa", tier.swa)):
+                yield gauge(f"host_{part}_tokens", f"host tier {part} store size",
+                            store.total * ps)  # fmt: skip
+                yield gauge(f"host_{part}_used_tokens", f"host tier {part} KV held",
+                            store.used * ps)  # fmt: skip
+            for i, part in enumerate(("full", "swa")):
+                yield counter(f"host_saved_{part}_tokens", f"{part} KV moved to the host",
+                              tier.saved[i])  # fmt: skip
+                yield counter(f"host_loaded_{part}_tokens", f"{part} KV loaded back by hits",
+                              tier.loaded[i])  # fmt: skip
         yield counter("retractions", "requests retracted for memory", sched.retractions)
         yield counter("steps", "engine steps run", self.loop.steps)
         yield gauge("step_seconds", "wall time of the last step", self.loop.step_seconds)

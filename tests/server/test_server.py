@@ -160,3 +160,4 @@ def test_models_health_and_metrics(server):
     assert json.loads(http(f"{server}/v1/models")[1])["data"][0]["id"] == "demo"
     m = metrics(server)
     assert m["swajax_full_pool_tokens"] > 0 and "swajax_prefix_hit_tokens" in m
+    assert m["swajax_host_full_tokens"] > 0 and "swajax_host_loaded_full_tokens" in m
