@@ -1,8 +1,8 @@
 """/metrics in Prometheus' text format (`prometheus-client`): the engine's state read when the
 endpoint is scraped (running / waiting requests, both pools' free tokens and what the prefix
 cache holds of them, prefix hits, SWA KV freed, tail rebuilds, a host tier's stores and
-traffic, steps and the last step's time). Read from the HTTP thread while the engine thread runs: each figure is current, a set
-of them is not one instant."""
+traffic, steps and the last step's time). Read from the HTTP thread while the engine thread
+runs: each figure is current, a set of them is not one instant."""
 
 from __future__ import annotations
 
