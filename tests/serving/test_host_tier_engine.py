@@ -235,3 +235,30 @@ def test_a_hit_that_holds_all_the_evictable_room_waits_instead_of_cycling():
     run = run_workload(CFG, sizes, workload_of("multi-turn", 16, 0), options=options,
                        progress=False, on_engine=bounded)  # fmt: skip
     assert run.lost == 0 and run.retractions == 0 and sum(run.host_loaded_tokens) > 0
+
+
+def test_a_window_saved_while_a_step_runs_ahead_comes_back_exact(gpt_oss):
+    """The early window release of a decoding request tombstones the leaf it holds: with a
+    tier, that window is copied to the host from a plan made while the step before still runs
+    (overlap). A later request loads it (and the full KV) back: the same tokens and logits as
+    the run without a tier, which recomputes from its shorter device hit."""
+    decoder = gpt_oss[0]
+    first = [(5 * i + 2) % 120 + 1 for i in range(40)]
+    third = first + [9, 8, 7, 6, 5]
+    runs = []
+    for host in (0.0, 0.001):
+        engine = make_engine(decoder, SETUP.replace(host_cache_gib=host))
+        engine.add_request(first, SamplingParams(max_new_tokens=2))
+        engine.run()
+        engine.add_request(first + [77], SamplingParams(max_new_tokens=24))
+        engine.run()
+        assert engine.launched_ahead > 0
+        if host:
+            assert engine.cache.tier.saved[1] > 0  # the released window, copied
+            engine.cache.evict(10**9, 10**9)
+        runs.append(_run(engine, third))
+        check_clean(engine)
+    (tokens, logits, cached), (host_tokens, host_logits, host_cached) = runs
+    assert host_cached == 40 > cached and host_tokens == tokens
+    err = np.max(np.abs(logits[-len(host_logits) :] - host_logits))
+    assert err <= 1e-5 * np.max(np.abs(logits))
