@@ -61,8 +61,9 @@ class HostKV:
         """Land every started save in its store."""
         for pool, host, kv in self._pending:
             for store, x in zip(self.stores[pool], kv):
-                store[host] = np.asarray(x)[: len(host)]
-                self.bytes_saved += store[host].nbytes
+                pages = np.asarray(x)[: len(host)]
+                store[host] = pages
+                self.bytes_saved += pages.nbytes
         self._pending = []
 
     def read(self, pool: str, host: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -70,7 +71,7 @@ class HostKV:
         out = []
         for store in self.stores[pool]:
             x = store[np.concatenate([host, np.zeros(n - len(host), host.dtype)])]
-            self.bytes_loaded += store[host].nbytes
+            self.bytes_loaded += x[: len(host)].nbytes
             out.append(x)
         return tuple(out)
 

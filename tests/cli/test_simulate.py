@@ -154,7 +154,7 @@ def test_simulate_and_plan_report_a_host_tier(cli):
     its capacity and traffic are reported; `plan` prints the stores' tokens."""
     code, out, _ = cli(
         "simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.001", "--ratio", "0.3",
-        "--page-size", "4", "--workload", "multi-turn", "--requests", "16",
+        "--page-size", "4", "--workload", "multi-turn", "--requests", "8",
         "--host-cache-gib", "0.004", "--accelerator", "h200", "--json",
     )  # fmt: skip
     assert code == 0
