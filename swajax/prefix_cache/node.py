@@ -94,6 +94,19 @@ class Node:
             node = node.parent
 
 
+def device_chain(parent: Node, nodes: list[Node]) -> list[Node]:
+    """The leading `nodes` that still hang one below the other from `parent` with device KV
+    (a host tier's load may have evicted or split part of a path walked before it)."""
+    out = []
+    for node in nodes:
+        attached = node.parent is parent and node in parent.children.values()
+        if not attached or not node.on_device:
+            break
+        out.append(node)
+        parent = node
+    return out
+
+
 class LRUList:
     """Nodes in recency order: the front is least recently used."""
 

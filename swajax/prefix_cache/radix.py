@@ -31,7 +31,7 @@ from swajax.prefix_cache.eviction import Evictor
 from swajax.prefix_cache.host_tier import HostTier
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.match_result import MatchResult
-from swajax.prefix_cache.node import LRUList, Node
+from swajax.prefix_cache.node import LRUList, Node, device_chain
 from swajax.prefix_cache.policy import SWAJAX, CachePolicy
 from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.requests import RequestCaching
@@ -253,25 +253,12 @@ class RadixCache:
         accepted = path[:best]
         self.refresh(accepted)
         slots = np.concatenate([n.value for n in accepted]) if accepted else _EMPTY
-        cut = self._device_chain(accepted[-1] if accepted else self.root, path[best:])
+        cut = device_chain(accepted[-1] if accepted else self.root, path[best:])
         tail = np.concatenate([n.value for n in cut]) if cut else _EMPTY
         self.hit_tokens += len(slots)
         self.tail_miss_tokens += len(tail)
         node = accepted[-1] if accepted else self.root
         return MatchResult(slots, node, tail, cut[-1] if cut else None, tuple(loaded))
-
-    def _device_chain(self, parent: Node, nodes: list[Node]) -> list[Node]:
-        """The leading nodes that still hang one below the other from `parent` with device KV
-        (a host tier's load may have evicted or split part of a walked path)."""
-        out = []
-        for node in nodes:
-            if node.parent is not parent or not node.on_device:
-                break
-            if parent.children.get(node.key[: self.ps]) is not node:
-                break
-            out.append(node)
-            parent = node
-        return out
 
     # ------------------------------------------------------------------------------------------
     # Releasing KV the cache or a request held
