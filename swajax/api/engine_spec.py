@@ -18,7 +18,7 @@ from swajax.errors import InputError
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.models.sharding import kv_mesh
-from swajax.runner import DeviceRunner
+from swajax.runner import DeviceRunner, HostRunner
 from swajax.serving.engine import Engine, engine_window, resolve_context
 from swajax.serving.options import EngineOptions
 from swajax.sizing import PoolSizes
@@ -191,8 +191,12 @@ def engine_for(
     *,
     draft=None,
 ) -> Engine:
-    """An engine over `model` (a `HybridLM` or the null model) with its device runner."""
+    """An engine over `model` (a `HybridLM` on the device, or the null model on the host) and
+    its runner."""
     options = resolve_context(options or EngineOptions(), sizes)
+    if not model.needs_kv:
+        runner = HostRunner(model, sizes, draft=draft)
+        return Engine(cfg, model, sizes, options, runner=runner, draft=draft)
     runner = DeviceRunner(
         model,
         sizes,

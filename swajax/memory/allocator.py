@@ -62,9 +62,9 @@ class AllocResult(NamedTuple):
 MAX_SLOT = 2**31 - 1
 
 
-def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID):
-    """Empty allocator. Sizes are token counts (multiples of page_size)."""
-    mode = PoolMode(mode)
+def check_sizes(full_size: int, swa_size: int, page_size: int, mode: PoolMode) -> None:
+    """Raise a clear error if the pools cannot be built: sizes that are not positive multiples
+    of the page size, or more slots than int32 ids address."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     sizes = {"full_size": full_size} if mode is not PoolMode.ALL_SWA else {}
@@ -80,6 +80,12 @@ def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode
                 f"{name}={size} tokens is more than int32 slot ids address ({most} per pool): "
                 "the KV budget is too large for one engine's pools; lower it"
             )
+
+
+def init_allocator(full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID):
+    """Empty allocator. Sizes are token counts (multiples of page_size)."""
+    mode = PoolMode(mode)
+    check_sizes(full_size, swa_size, page_size, mode)
     mapping = None
     if mode is PoolMode.HYBRID:
         mapping = np.zeros(full_size + page_size + 1, np.int32)

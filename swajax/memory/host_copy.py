@@ -60,16 +60,19 @@ def _pair(alloc: A.AllocatorState, pages: jax.Array) -> A.AllocatorState:
     )
 
 
+def claim_pages(alloc: A.AllocatorState, claim: jax.Array, pair: jax.Array) -> A.AllocatorState:
+    """A load's allocator half (traceable): take the full pages `claim` off the free list, then
+    pair the full pages `pair` with fresh SWA pages."""
+    return _pair(dataclasses.replace(alloc, full=alloc.full.claim(claim)), pair)
+
+
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def load_pages(alloc, pools, claim, full_kv, pair, swa_kv):
     """A host-tier load, after the step's releases: take the full pages `claim` (i32[n], 0 =
     padding) off the free list and store `full_kv` ((K, V) as [n, layers, ps, heads, dim])
-    there; pair the full pages `pair` with fresh SWA pages and store `swa_kv` there. Without
-    pools (a model that reads no KV) only the allocator changes."""
+    there; pair the full pages `pair` with fresh SWA pages and store `swa_kv` there."""
     ps = alloc.page_size
-    alloc = _pair(dataclasses.replace(alloc, full=alloc.full.claim(claim)), pair)
-    if pools is None:
-        return alloc, None
+    alloc = claim_pages(alloc, claim, pair)
     rows = {False: _slots(claim, ps), True: A.translate(alloc, _slots(pair, ps))}
     new = {}
     for swa, kv in ((False, full_kv), (True, swa_kv)):

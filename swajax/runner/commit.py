@@ -46,10 +46,6 @@ class StepInputs(NamedTuple):
     edit_pos: jax.Array  # i32[E]
 
 
-# The step's output is one int32 vector: [status, free_full, free_swa, slot of each new token].
-OUT_STATUS, OUT_FREE_FULL, OUT_FREE_SWA, OUT_SLOTS = 0, 1, 2, 3
-
-
 def write_tail(table, x: StepInputs, slots, ok, *, decode: bool):
     """Store the new tokens' slots at positions [prefix, seq) of each row (nothing if not ok)."""
     drop = table.shape[0]  # an out-of-range row: the write is dropped

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -26,18 +25,7 @@ from swajax.memory.req_to_token import ReqToToken
 from swajax.models.multi_step import round_shape
 from swajax.models.sampling import SampleMode, init_penalties
 from swajax.observe import Observer, observed
-from swajax.runner.commit import (
-    FREE_FULL,
-    FREE_SWA,
-    OUT_FREE_FULL,
-    OUT_FREE_SWA,
-    OUT_SLOTS,
-    OUT_STATUS,
-    REPOINT,
-    StepInputs,
-    apply_releases,
-    commit_step,
-)
+from swajax.runner.commit import FREE_FULL, FREE_SWA, REPOINT, StepInputs, apply_releases
 from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.packing import pack
 from swajax.runner.programs import (
@@ -48,21 +36,11 @@ from swajax.runner.programs import (
 )
 from swajax.runner.readback import read
 from swajax.runner.step_inputs import MIN_TOKENS, offset, pad_forward, seed_arrays
-from swajax.serving import overlap
+from swajax.runner.step_result import OUT_STATUS, Dispatched, fresh_slots, step_result
 from swajax.serving.batch import Releases, StepKind, StepPlan, StepResult
 from swajax.sizing import PoolMode, PoolSizes
 
 MIN_REQS, MIN_EDITS = 8, 64
-
-
-class Dispatched(NamedTuple):
-    """A launched step whose result has not been read: device arrays (JAX runs ahead); or, for
-    a model outside the fused program, a step already run and read (`result`)."""
-
-    plan: StepPlan
-    out: jax.Array
-    sampled: tuple
-    result: StepResult | None = None
 
 
 def _mode(plan: StepPlan) -> SampleMode:
@@ -74,23 +52,25 @@ class DeviceRunner:
 
     def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int,
                  draft=None):  # fmt: skip
-        """`draft` (a `HybridLM` or None) proposes the tokens of each plan's `lookahead`."""
+        """`model`: one that runs inside the fused step (a `HybridLM`; the null model runs on
+        `HostRunner`). `draft` (a `HybridLM` or None) proposes the tokens of each plan's
+        `lookahead`."""
+        if model.fused_forward is None:
+            raise ValueError("DeviceRunner needs a model with a fused forward; use HostRunner")
         self.model, self.window, self.draft = model, window, draft
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
         self.placement = model.state_sharding  # None: the default device
         self.alloc = self._place(
             A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
         )
-        self.r2t = None
-        if model.needs_kv:
-            self.r2t = self._place(ReqToToken.init(max_running, max_context))
+        self.r2t = self._place(ReqToToken.init(max_running, max_context))
         # Batches pad to MIN_REQS rows (fewer programs as a batch grows) but never past what can
         # run at once: a single-stream engine decodes one row, not eight.
         self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
-        self.pools = model.init_pools(sizes) if model.needs_kv else None
-        # A prefix cache's host tier: the bytes (None without pools: only pages are counted).
+        self.pools = model.init_pools(sizes)
+        # A prefix cache's host tier: the bytes.
         self.host_kv = None
-        if sizes.host_full_tokens and self.pools is not None:
+        if sizes.host_full_tokens:
             ps = sizes.page_size
             self.host_kv = HostKV(
                 self.pools, sizes.host_full_tokens // ps, sizes.host_swa_tokens // ps
@@ -128,12 +108,11 @@ class DeviceRunner:
         for kind, run in itertools.groupby(transfers, key=lambda t: t.kind):
             run = list(run)
             if kind == "load":
-                if self.host_kv is not None:
-                    self.host_kv.settle()  # a load may read what a save just wrote
+                self.host_kv.settle()  # a load may read what a save just wrote
                 self.alloc, self.pools = run_loads(
                     self.alloc, self.pools, self.host_kv, run, self.placement
                 )
-            elif self.host_kv is not None:
+            else:
                 self.host_kv.save(self.alloc, self.pools, run)
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
@@ -168,20 +147,9 @@ class DeviceRunner:
         )
         return inputs._asdict()
 
-    @property
-    def supports_overlap(self) -> bool:
-        """Whether a step can be launched before the previous one's result is read: a fused
-        model's, or the null model's when asked to emulate it (what the allocator sees is the
-        same; `serving.overlap.resolved` fills the placeholders on the host)."""
-        if self.model.fused_forward is None:
-            return not self.model.needs_kv and self.model.overlap
-        return self.model.needs_kv
-
-    @property
-    def supports_rounds(self) -> bool:
-        """Whether a decode round (N positions per request) can run: in the fused program, or
-        emulated by a model without KV (the null model)."""
-        return self.model.fused_forward is not None or not self.model.needs_kv
+    # A fused model's step can be launched before the previous one's result is read, and a
+    # decode round (N positions per request) runs inside its program.
+    supports_overlap = supports_rounds = True
 
     def run(self, plan: StepPlan) -> StepResult:
         """One step, launched and read. If it raises, the device state is as if the step had
@@ -196,12 +164,10 @@ class DeviceRunner:
     @observed
     def collect(self, step: Dispatched) -> StepResult:
         """Read a launched step's result: the step's one read."""
-        if step.result is not None:  # run in `dispatch` (a model outside the fused program)
-            return step.result
         out, sampled = read((step.out, step.sampled))
         if self.host_kv is not None:
             self.host_kv.settle()  # the saves ran before the step: their bytes are there
-        return self._result(step.plan, out, sampled)
+        return step_result(step.plan, out, sampled)
 
     @observed
     def discard(self, step: Dispatched) -> None:
@@ -226,13 +192,8 @@ class DeviceRunner:
     def dispatch(self, plan: StepPlan, after: Dispatched | None = None) -> Dispatched:
         """Upload and launch one step of a fused model without waiting for it; `after`: the
         step launched before, whose sampled tokens this plan's placeholders name. If it raises,
-        the step never ran: its releases are applied on their own. A model outside the fused
-        program runs the whole step here (`collect` then hands its result back)."""
+        the step never ran: its releases are applied on their own."""
         fused = self.model.fused_forward
-        if fused is None:
-            if after is not None:
-                plan = overlap.resolved(plan, after.plan, after.result)
-            return self._run_unfused(plan)
         last = self._split_releases(plan)
         try:
             packed, commit = self._prepare(plan, last)
@@ -274,28 +235,6 @@ class DeviceRunner:
             self.penalties = self._place(init_penalties(self._rows, self.model.vocab_size))
         return self.penalties
 
-    def _run_unfused(self, plan: StepPlan) -> Dispatched:
-        """A model outside the fused program (without KV: the null model)."""
-        last = self._split_releases(plan)
-        if self.draft is not None:
-            raise ValueError("a speculative draft needs a model in the fused step")
-        try:
-            out = self._commit(plan, last)
-        except Exception:
-            self.apply_releases((last,))
-            raise
-        try:
-            out = jax.device_get(out)
-            if plan.lookahead:  # the model emulates the round
-                sampled = self.model.verify(plan, plan.lookahead)
-            else:
-                fwd = pad_forward(plan.forward, len(plan.forward.tokens))
-                sampled = self.model.forward_and_sample(None, fwd, None, return_logits=False)[2]
-        except Exception:
-            self._roll_back(plan, out)
-            raise
-        return Dispatched(plan, out, sampled, self._result(plan, out, sampled))
-
     def _place(self, tree):
         """`tree` where the runner keeps its state: as made (the default device), or
         replicated over the model's mesh (through the host: across processes a device array
@@ -315,75 +254,37 @@ class DeviceRunner:
             for j in range(plan.lookahead + 1)
         )
 
-    def _result(self, plan: StepPlan, out, sampled) -> StepResult:
-        new = plan.num_new_tokens
-        if plan.lookahead:  # a verify round: every row of every request, and the accepted counts
-            n = len(plan.requests)
-            tokens, logprobs, accepted = (np.asarray(x)[:n] for x in sampled)
-            return StepResult(
-                status=int(out[OUT_STATUS]), slots=out[OUT_SLOTS : OUT_SLOTS + new],
-                free_full=int(out[OUT_FREE_FULL]), free_swa=int(out[OUT_FREE_SWA]),
-                tokens=tokens, logprobs=logprobs, accepted=accepted,
-            )  # fmt: skip
-        tokens, logprobs, logits, top_ids, top_lp = sampled
-        s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
-        return StepResult(
-            status=int(out[OUT_STATUS]),
-            slots=out[OUT_SLOTS : OUT_SLOTS + new],
-            free_full=int(out[OUT_FREE_FULL]),
-            free_swa=int(out[OUT_FREE_SWA]),
-            tokens=np.asarray(tokens)[:s],
-            logprobs=np.asarray(logprobs)[:s],
-            logits=None if logits is None else np.asarray(logits)[:k],
-            top_ids=None if top_ids is None else np.asarray(top_ids)[:s],
-            top_logprobs=None if top_lp is None else np.asarray(top_lp)[:s],
-        )
-
     def _prepare(self, plan: StepPlan, last: Releases):
         """The step's one upload (every input packed in one int32 buffer) and the static
         arguments of `commit_step`."""
         decode = plan.kind is StepKind.DECODE and not plan.lookahead  # a round extends
         num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
-        shape = None
-        if self.model.needs_kv:
-            # A decode step's rows pad like its requests: a batch one request larger or smaller
-            # (a request that ended while an overlapped step ran) keeps the program, and so
-            # every other row's numerics.
-            shape = metadata_shape(
-                plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size,
-                window=self.window, min_tokens=self.min_reqs if decode else 1,
-            )  # fmt: skip
+        # A decode step's rows pad like its requests: a batch one request larger or smaller (a
+        # request that ended while an overlapped step ran) keeps the program, and so every
+        # other row's numerics.
+        shape = metadata_shape(
+            plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size,
+            window=self.window, min_tokens=self.min_reqs if decode else 1,
+        )  # fmt: skip
         fwd = pad_forward(
             plan.forward,
-            shape.num_tokens if shape else len(plan.forward.tokens),
+            shape.num_tokens,
             self.min_reqs if decode or plan.lookahead else 1,  # a round: one row per request
         )
         arrays = self._inputs(plan, last)
-        if self.model.needs_kv:  # the model's inputs ride in the same buffer
-            arrays.update(fwd._asdict())
-            if plan.full_src is not None:
-                arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
-            if plan.lookahead:
-                arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
-            arrays.update(seed_arrays(plan))
+        arrays.update(fwd._asdict())  # the model's inputs ride in the same buffer
+        if plan.full_src is not None:
+            arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
+        if plan.lookahead:
+            arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
+        arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
         return jax.device_put(packed, self.placement), commit
-
-    def _commit(self, plan: StepPlan, last: Releases):
-        """The bookkeeping half of a step alone (a model outside the fused program)."""
-        packed, commit = self._prepare(plan, last)
-        self.alloc, self.r2t, out, _, _ = commit_step(self.alloc, self.r2t, packed, **commit)
-        return out
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""
         out = read(out)
         if int(out[OUT_STATUS]) != A.OK:
             return  # nothing was taken
-        slots, ps, start, fresh = out[OUT_SLOTS:], self.alloc.page_size, 0, []
-        for pre, seq in zip(plan.prefix_lens, plan.seq_lens):
-            n, tail = int(seq - pre), int(-pre % ps)
-            fresh.append(slots[start + min(tail, n) : start + n])
-            start += n
-        self.apply_releases((Releases(full=np.concatenate(fresh).astype(np.int32)),))
+        self.apply_releases((Releases(full=fresh_slots(plan, out, self.alloc.page_size)),))

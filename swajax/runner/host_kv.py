@@ -76,7 +76,7 @@ class HostKV:
         return tuple(out)
 
 
-def run_loads(alloc, pools, host_kv: HostKV | None, loads, placement=None):
+def run_loads(alloc, pools, host_kv: HostKV, loads, placement=None):
     """Apply the loads (after the step's releases): (alloc, pools)."""
     ps = alloc.page_size
     groups = HostKV.by_pool(loads, ps)
@@ -84,7 +84,7 @@ def run_loads(alloc, pools, host_kv: HostKV | None, loads, placement=None):
     for pool in POOLS:
         pages, host = groups.get(pool, (np.zeros(0, np.int32), np.zeros(0, np.int32)))
         n = bucket(len(pages), MIN_PAGES)
-        kv = host_kv.read(pool, host, n) if host_kv is not None else None
+        kv = host_kv.read(pool, host, n)
         args[pool] = (pad(pages, n), kv)
     (claim, full_kv), (pair, swa_kv) = jax.device_put((args["full"], args["swa"]), placement)
     return load_pages(alloc, pools, claim, full_kv, pair, swa_kv)

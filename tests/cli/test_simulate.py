@@ -28,7 +28,7 @@ def test_simulate_json_loses_nothing(cli, workload):
     for name in ("hybrid", "single"):
         r = report[name]
         assert r["lost"] == 0 and r["finished"] + r["rejected"] >= 1
-        assert r["peak_concurrency"] >= 1 and r["compilations"] >= 1
+        assert r["peak_concurrency"] >= 1 and r["compilations"] == 0  # a host-only run
         assert 0 <= r["prefix_hit_rate"] <= 1
     assert report["hybrid"]["mode"] == "hybrid" and report["single"]["mode"] == "single"
     expected = report["hybrid"]["peak_concurrency"] / report["single"]["peak_concurrency"]

@@ -80,3 +80,26 @@ def test_a_malformed_ran_is_refused(ran, message):
                 mode="hybrid", window=8, cap_leaf_to_window=True, ops=0, ran=ran)  # fmt: skip
     with pytest.raises(InputError, match=message):
         check_header(init, "t.jsonl")
+
+
+@pytest.mark.parametrize("flags", [[], ["--overlap"]])
+def test_the_host_runner_hands_out_the_device_allocators_slots(tmp_path, flags):
+    """`record` runs the null model on the host runner (numpy allocator); replaying its trace
+    on the jitted device allocator gives back every recorded slot and free count exactly, not
+    only up to a renumbering of pages. (A speculative run's trace replays through the page
+    bijection only, on the device runner before this one as now: its pages are numbered
+    differently from the first round that frees rejected positions.)"""
+    from swajax.trace.replay import read_lines
+
+    path = tmp_path / "t.jsonl"
+    assert main(["record", "--requests", "8", *flags, "--out", str(path)]) == 0
+    answers = []
+    assert replay(path, answers=answers)["ok"]
+    lines = [line for line in read_lines(path)[1:] if not line.get("dropped")]
+    allocations = 0
+    for line, answer in zip(lines, answers, strict=True):
+        if line["op"].startswith("alloc"):
+            allocations += 1
+            assert answer["slots"] == line["expect"]["slots"], line["op"]
+            assert answer["available"] == line["expect"]["available"]
+    assert allocations > 8

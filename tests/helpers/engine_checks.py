@@ -1,7 +1,14 @@
 """Checks on a whole engine after a run."""
 
 from swajax.memory import allocator as A
+from swajax.memory.host_allocator import HostAllocator
 from swajax.serving.request import Status
+
+
+def allocator_state(runner) -> A.AllocatorState:
+    """The runner's allocator state: the device's, or the host allocator's in its form."""
+    alloc = runner.alloc
+    return alloc.as_state() if isinstance(alloc, HostAllocator) else alloc
 
 
 def check_clean(engine):
@@ -22,7 +29,7 @@ def check_clean(engine):
     if engine.sizes.mode.value == "hybrid":
         full = (full[0], engine.ledger.swa_pages * engine.sizes.page_size)
     assert engine.ledger.available() == full
-    avail = A.available(engine.runner.alloc)
+    avail = A.available(allocator_state(engine.runner))
     assert (int(avail.full), int(avail.swa)) == full
 
 

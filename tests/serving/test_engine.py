@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from helpers.engine_checks import allocator_state
 
 from swajax import sizing
 from swajax.api import engine_for
@@ -66,14 +67,14 @@ def held(engine):
 def device_available(engine):
     """Free tokens the device pools report (after applying what the host has queued)."""
     engine.flush()
-    avail = A.available(engine.runner.alloc)
+    avail = A.available(allocator_state(engine.runner))
     return int(avail.full), int(avail.swa)
 
 
 def check_engine(engine):
     check_invariants(engine.cache)
     engine.flush()
-    A.check_invariants(engine.runner.alloc)
+    A.check_invariants(allocator_state(engine.runner))
     full_free, swa_free = engine.ledger.available()
     assert device_available(engine) == (full_free, swa_free)
     held_full, held_swa = held(engine)

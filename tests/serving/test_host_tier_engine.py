@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
 from swajax.api import EngineSpec, engine_for, make_engine
-from swajax.models import load_decoder
+from swajax.models import HybridLM, load_decoder
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
@@ -183,15 +183,23 @@ def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
     check_clean(engine)
 
 
-def test_a_node_loaded_and_evicted_again_in_one_plan_keeps_device_and_mirror_equal():
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_a_node_loaded_and_evicted_again_in_one_plan_keeps_device_and_mirror_equal(gpt_oss, where):
     """Copies run in their place among the releases: a load takes pages that a free queued
-    before it gave back, and a save-and-free queued after it gives the loaded pages back."""
+    before it gave back, and a save-and-free queued after it gives the loaded pages back. On
+    the device runner (a real model's pools) and the host runner (the null model's)."""
+    from helpers.engine_checks import allocator_state
+
     from swajax.memory import allocator as A
-    from swajax.runner import DeviceRunner
+    from swajax.runner import DeviceRunner, HostRunner
     from swajax.serving.ledger import PoolLedger
 
     sizes = sizing.PoolSizes("hybrid", 64, 32, 4, host_full_tokens=64, host_swa_tokens=32)
-    runner = DeviceRunner(NullModel(), sizes, max_running=4, max_context=64, window=4)
+    if where == "device":
+        model = HybridLM(gpt_oss[0])
+        runner = DeviceRunner(model, sizes, max_running=4, max_context=64, window=4)
+    else:
+        runner = HostRunner(NullModel(), sizes)
     ledger = PoolLedger(sizes)
     held = ledger.claim(16)  # loaded earlier, then handed to a request
     ledger.load("full", held, [1, 2, 3, 4])
@@ -207,7 +215,7 @@ def test_a_node_loaded_and_evicted_again_in_one_plan_keeps_device_and_mirror_equ
     ledger.save("full", slots, [4, 5, 6])  # evicted again within the same plan
     ledger.free(slots)
     runner.apply_releases(ledger.take_releases(), ledger.take_transfers())
-    avail = A.available(runner.alloc)
+    avail = A.available(allocator_state(runner))
     assert (int(avail.full), int(avail.swa)) == ledger.available() == (56, 24)
 
 
