@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+import numpy as np
+
 from swajax.config import HybridConfig, LayerKind
 from swajax.sizing import layer_bytes
 
@@ -95,42 +97,61 @@ class StepTimeModel:
     def __post_init__(self):
         f, s = layer_bytes(self.cfg, self.kv_dtype)
         object.__setattr__(self, "_layer_bytes", (f, s))
+        object.__setattr__(self, "_groups", self._layer_groups(f, s))
 
-    def _visible(self, layer, q: int) -> int:
-        """Keys the query at position q reads in one layer."""
-        if layer.kind is LayerKind.FULL:
-            return q + 1
-        if layer.kind is LayerKind.CHUNKED:
-            return q % layer.window + 1
-        return min(q, layer.window) + 1
-
-    def _attention(self, span: Span) -> tuple[float, float]:
-        """(KV bytes read, attention FLOPs) of one request's span, summed over layers. Pairs are
-        counted at the first and last new token and interpolated (exact for full layers, and
-        for local layers once the window is full)."""
-        f_bytes, s_bytes = self._layer_bytes
-        new = span.seq_len - span.prefix_len
-        first, last = span.prefix_len, span.seq_len - 1
-        kv, flops = 0.0, 0.0
+    def _layer_groups(self, f_bytes: float, s_bytes: float) -> tuple:
+        """Layers that cost the same, counted: (kind, window, FLOPs per (query, key) pair, KV
+        bytes per key read (0 for a layer that reads its source layer's KV), count). A model
+        has a handful of these however deep it is, so a step costs a few array operations
+        over its requests, not a Python loop over requests x layers."""
+        groups: dict[tuple, int] = {}
         for layer in self.cfg.layers:
             shape = self.cfg.swa_attention if layer.kind.is_local else self.cfg.full_attention
-            pairs = new * (self._visible(layer, first) + self._visible(layer, last)) / 2
-            flops += 2 * shape.num_heads * (shape.head_dim + shape.v_head_dim) * pairs
-            if layer.kv_source is not None:
+            per_pair = 2 * shape.num_heads * (shape.head_dim + shape.v_head_dim)
+            per_key = 0.0 if layer.kv_source is not None else (
+                s_bytes if layer.kind.is_local else f_bytes
+            )  # fmt: skip
+            key = (layer.kind, layer.window, per_pair, per_key)
+            groups[key] = groups.get(key, 0) + 1
+        return tuple((*key, count) for key, count in groups.items())
+
+    @staticmethod
+    def _visible(kind: LayerKind, window: int, q: np.ndarray) -> np.ndarray:
+        """Keys the query at position q reads in one layer."""
+        if kind is LayerKind.FULL:
+            return q + 1
+        if kind is LayerKind.CHUNKED:
+            return q % window + 1
+        return np.minimum(q, window) + 1
+
+    def _attention(self, prefix: np.ndarray, seq: np.ndarray) -> tuple[float, float]:
+        """(KV bytes read, attention FLOPs) of a step's requests (their KV before and after
+        it), summed over layers. Pairs are counted at the first and last new token and
+        interpolated (exact for full layers, and for local layers once the window is full)."""
+        new = seq - prefix
+        first, last = prefix, seq - 1
+        kv, flops = 0.0, 0.0
+        for kind, window, per_pair, per_key, count in self._groups:
+            seen = self._visible(kind, window, first)
+            pairs = new * (seen + self._visible(kind, window, last)) / 2
+            flops += count * per_pair * float(pairs.sum())
+            if not per_key:
                 continue  # reads the KV its source layer already brought in
-            if layer.kind is LayerKind.FULL:
-                keys = span.seq_len
+            if kind is LayerKind.FULL:
+                keys = seq
             else:  # a window slides over the new tokens: the keys of the union
-                keys = min(span.seq_len, self._visible(layer, first) + new - 1)
-            kv += keys * (s_bytes if layer.kind.is_local else f_bytes)
+                keys = np.minimum(seq, seen + new - 1)
+            kv += count * per_key * float(keys.sum())
         return kv, flops
 
     def step_seconds(self, spans: Iterable[Span]) -> float:
         spans = list(spans)
         if not spans:
             return 0.0
-        tokens = sum(s.seq_len - s.prefix_len for s in spans)
-        kv, attn = (sum(x) for x in zip(*(self._attention(s) for s in spans)))
+        prefix = np.fromiter((s.prefix_len for s in spans), np.int64, len(spans))
+        seq = np.fromiter((s.seq_len for s in spans), np.int64, len(spans))
+        tokens = int((seq - prefix).sum())
+        kv, attn = self._attention(prefix, seq)
         read = self.cost.weights_read(tokens) + kv
         flops = 2 * self.cost.active_params * tokens + attn
         acc, n = self.accelerator, self.devices

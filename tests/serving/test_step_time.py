@@ -3,13 +3,20 @@ minimum ratio, and workload files."""
 
 import json
 
+import numpy as np
 import pytest
 
 from swajax import sizing
 from swajax.config import AttentionShape, HybridConfig, LayerKind, LayerSpec
 from swajax.presets import load_preset
 from swajax.simulator.ratio_planner import corrected_min_ratio
-from swajax.simulator.step_time import Accelerator, ModelCost, Span, StepTimeModel
+from swajax.simulator.step_time import (
+    ACCELERATORS,
+    Accelerator,
+    ModelCost,
+    Span,
+    StepTimeModel,
+)
 from swajax.simulator.workloads import from_file
 
 SHAPE = AttentionShape(num_heads=2, num_kv_heads=1, head_dim=4, v_head_dim=4)
@@ -30,6 +37,53 @@ def test_one_step_by_hand():
     # max(2.368, 1.112) + 0.5
     assert model.step_seconds([Span(10, 11), Span(0, 4)]) == pytest.approx(2.868)
     assert model.step_seconds([]) == 0.0
+
+
+def _per_layer(model: StepTimeModel, spans) -> float:
+    """The roofline written plainly, request by request and layer by layer: what the grouped
+    arrays must add up to."""
+    f_bytes, s_bytes = sizing.layer_bytes(model.cfg, model.kv_dtype)
+
+    def visible(layer, q):
+        if layer.kind is LayerKind.FULL:
+            return q + 1
+        if layer.kind is LayerKind.CHUNKED:
+            return q % layer.window + 1
+        return min(q, layer.window) + 1
+
+    kv = flops = tokens = 0
+    for span in spans:
+        new = span.seq_len - span.prefix_len
+        tokens += new
+        for layer in model.cfg.layers:
+            shape = model.cfg.swa_attention if layer.kind.is_local else model.cfg.full_attention
+            seen = visible(layer, span.prefix_len)
+            pairs = new * (seen + visible(layer, span.seq_len - 1)) / 2
+            flops += 2 * shape.num_heads * (shape.head_dim + shape.v_head_dim) * pairs
+            if layer.kv_source is None:
+                local = layer.kind.is_local
+                keys = min(span.seq_len, seen + new - 1) if local else span.seq_len
+                kv += keys * (s_bytes if local else f_bytes)
+    acc = model.accelerator
+    read = model.cost.weights_read(tokens) + kv
+    flops += 2 * model.cost.active_params * tokens
+    return max(read / acc.hbm_bytes_per_s, flops / acc.bf16_flops) + acc.overhead_s
+
+
+@pytest.mark.parametrize(
+    "preset", ["gpt-oss-120b", "llama-4-scout", "gemma-4-e4b", "mimo-v2-flash"]
+)
+def test_grouped_layers_cost_what_each_layer_costs(preset):
+    """Sliding, chunked, full and KV-sharing layers, decode and prefill spans of every length."""
+    rng = np.random.default_rng(0)
+    model = StepTimeModel(
+        load_preset(preset), ModelCost(1e9, 2e8, 2e9, 32, 4), ACCELERATORS["h200"]
+    )
+    for _ in range(20):
+        prefix = rng.integers(0, 40_000, rng.integers(1, 40))
+        new = np.where(rng.random(len(prefix)) < 0.7, 1, rng.integers(1, 9000, len(prefix)))
+        spans = [Span(int(p), int(p + n)) for p, n in zip(prefix, new)]
+        assert model.step_seconds(spans) == pytest.approx(_per_layer(model, spans), rel=1e-12)
 
 
 def test_moe_weights_read_as_expected_touched():
