@@ -35,6 +35,8 @@ def summary(engine: Engine) -> dict:
         draft_tokens_accepted=engine.scheduler.accepted_tokens,
         compilations=compilation_count(),  # this process, persistent-cache hits excluded
         compile_cache_hits=cache_hits(),
+        # Step programs read ready-compiled from disk, not traced (runner/program_store.py).
+        programs_loaded=getattr(getattr(engine.runner, "programs", None), "loaded", 0),
         weight_bytes=weight_bytes(engine.model),
     )
 

@@ -11,7 +11,6 @@ the same bookkeeping beside its share of the model, and the read takes this proc
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import jax
@@ -28,6 +27,7 @@ from swajax.observe import Observer, observed
 from swajax.runner.commit import FREE_FULL, FREE_SWA, REPOINT, StepInputs, apply_releases
 from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.packing import pack
+from swajax.runner.program_store import ProgramStore, store_folder
 from swajax.runner.programs import (
     fill_placeholders,
     fused_round,
@@ -80,6 +80,10 @@ class DeviceRunner:
         # Per-row token counts for the penalties: allocated by the first step that needs them.
         self.penalties, self._rows = None, max_running
         self._compiles0 = compilation_count()
+        # Compiled step programs kept on disk beside the compilation cache (a warm start does
+        # not trace them); a split model's programs compile through jit as usual.
+        folder = store_folder() if self.placement is None else None
+        self.programs = ProgramStore(folder, jax.devices()[0])
         self._edits: dict[bool, int] = {}  # edit bucket high-water marks (see `_inputs`)
 
     def compilations(self) -> int:
@@ -205,20 +209,18 @@ class DeviceRunner:
                 shape = round_shape(plan.prefix_lens, plan.seq_lens,
                                     page_size=self.alloc.page_size, window=self.window,
                                     min_tokens=self.min_reqs)  # fmt: skip
-                step = functools.partial(fused_round, steps=plan.lookahead + 1, shape=shape)
+                step, extra = fused_round, dict(steps=plan.lookahead + 1, shape=shape)
             elif plan.lookahead:
-                step = functools.partial(
-                    fused_verify, k=plan.lookahead, draft_shapes=self._draft_shapes(plan)
-                )
+                step = fused_verify
+                extra = dict(k=plan.lookahead, draft_shapes=self._draft_shapes(plan))
             else:
-                step = functools.partial(fused_step, return_logits=plan.return_logits)
+                step, extra = fused_step, dict(return_logits=plan.return_logits)
             if after is not None:
                 start, size = offset(commit["layout"], "tokens")
                 packed = fill_placeholders(packed, after.sampled[0], start=start, size=size)
-            *state, out, sampled = step(
-                *state, packed, self.model.params, d_state, forward=fused, draft=draft,
-                mode=_mode(plan), **commit,
-            )  # fmt: skip
+            statics = dict(forward=fused, draft=draft, mode=_mode(plan), **extra, **commit)
+            args = (*state, packed, self.model.params, d_state)
+            *state, out, sampled = self.programs.call(step, args, statics)
             self.alloc, self.r2t, self.pools, self.draft_pools, pen = state
             if pen is not None:
                 self.penalties = pen

@@ -161,6 +161,8 @@ class StepTimeModel:
         """Copying a host tier's pages back before a step (on its critical path; saves run
         beside the compute and are not counted): every full layer's KV of `full_tokens`
         tokens and every SWA layer's of `swa_tokens`, over the host link of each chip."""
+        if not (full_tokens or swa_tokens):
+            return 0.0
         f, s = self._layer_bytes
         full_layers = sum(1 for x in self.cfg.layers if not x.kind.is_local and x.kv_source is None)
         swa_layers = sum(1 for x in self.cfg.layers if x.kind.is_local and x.kv_source is None)

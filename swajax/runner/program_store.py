@@ -1,0 +1,142 @@
+"""Compiled step programs kept on disk, so that a warm start neither traces nor lowers them.
+
+JAX's persistent compilation cache (`swajax.compile_cache`) skips XLA's compile on a warm start,
+but not what comes before it and finds the cache entry: tracing the program in Python and
+lowering it to StableHLO. For the fused step of a model (allocator, request table, metadata,
+every layer, sampling) those two took longer than the whole rest of a warm `swajax generate`.
+This store keeps each compiled step program itself (`jax.experimental.serialize_executable`)
+in a folder beside the compilation cache, under a key computed without tracing: swajax's own
+source, JAX's version, the device, the program, its static arguments (a model by its graph
+definition, not its weights) and the shapes of its inputs. A warm start loads the executable
+and calls it.
+
+Within one runner a program's inputs have the same shapes at every call (the pools, the request
+table and the weights are fixed; the packed upload's size follows its static layout), so a
+runner looks its programs up by their static arguments alone and computes a disk key once per
+program. A loaded program checks its inputs like any compiled one, so a wrong assumption is an
+error, never a wrong result. Entries are written whole (a temporary file, then a rename), so
+processes sharing the folder never read half an entry; one that does not load is compiled
+afresh and replaced. Only single-device programs are stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+import weakref
+from pathlib import Path
+
+import jax
+from jax.experimental import serialize_executable
+
+import swajax
+
+SUBFOLDER = "swajax-programs"
+_log = logging.getLogger(__name__)
+# Programs in use by any runner of this process, by disk key: a second engine over the same
+# model reuses them as jit's own cache would. Weak: a program goes when its runners do (the
+# test suite drops compiled programs between modules to stay within LLVM's memory maps).
+_IN_USE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A hash of every Python file of the installed package: a change to the code that builds
+    a program changes every key."""
+    digest = hashlib.sha256()
+    root = Path(swajax.__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def store_folder() -> Path | None:
+    """The store's folder: inside the persistent compilation cache's, if that is on."""
+    cache = jax.config.jax_compilation_cache_dir
+    return Path(cache) / SUBFOLDER if cache else None
+
+
+class ProgramStore:
+    """The compiled programs of one runner, loaded from `folder` or compiled and saved there."""
+
+    def __init__(self, folder: Path | None, device):
+        self.folder, self.device = folder, device
+        self.programs: dict = {}
+        self.loaded = self.saved = 0  # programs read from / written to the folder
+        self._described: dict[int, tuple[object, str]] = {}  # id(static) -> (it, its text)
+
+    def call(self, fn, args: tuple, statics: dict):
+        """`fn(*args, **statics)` (fn: a jitted function, statics: its static arguments, always
+        passed in the same order), through the stored executable when there is one."""
+        key = (fn, *statics.items(), *(a is None for a in args))
+        program = self.programs.get(key)
+        if program is None:
+            program = self.programs[key] = self._program(fn, args, statics)
+        return program(*args)
+
+    def _program(self, fn, args: tuple, statics: dict):
+        if self.folder is None:
+            return functools.partial(fn, **statics)
+        key = self._disk_key(fn, args, statics)
+        program = _IN_USE.get(key)
+        if program is not None:
+            return program
+        path = self.folder / f"{key}.bin"
+        program = self._load(path)
+        if program is not None:
+            self.loaded += 1
+        else:
+            program = fn.lower(*args, **statics).compile()
+            self._save(path, program)
+        _IN_USE[key] = program
+        return program
+
+    def _describe(self, value) -> str:
+        """A static argument as text that is the same in every process. A model's forward (an
+        interned object without a stable repr of its own) by its graph definition, mode and
+        parameter structure: computed once."""
+        if hasattr(value, "graphdef"):
+            hit = self._described.get(id(value))
+            if hit is None:
+                parts = (value.graphdef, value.mode, value.treedef)
+                hit = self._described[id(value)] = (value, repr(parts))
+            return hit[1]
+        return repr(value)
+
+    def _disk_key(self, fn, args: tuple, statics: dict) -> str:
+        leaves, treedef = jax.tree.flatten(args)
+        shapes = [(x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves]
+        parts = [
+            source_fingerprint(), jax.__version__, jax.lib.__version__,
+            self.device.platform, self.device.device_kind, fn.__name__, str(treedef),
+            repr(shapes), *(f"{k}={self._describe(v)}" for k, v in statics.items()),
+        ]  # fmt: skip
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+    def _load(self, path: Path):
+        try:
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=[self.device]
+            )
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # noqa: BLE001 - an unreadable entry is compiled afresh
+            _log.warning("stored program %s did not load (%s); compiling it again", path.name, e)
+            return None
+
+    def _save(self, path: Path, compiled) -> None:
+        try:
+            blob = pickle.dumps(serialize_executable.serialize(compiled))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
+                f.write(blob)
+            os.replace(f.name, path)
+            self.saved += 1
+        except Exception as e:  # noqa: BLE001 - the store is an optimisation: the run goes on
+            _log.warning("could not store program %s (%s)", path.name, e)

@@ -1,0 +1,92 @@
+"""Compiled step programs on disk (runner/program_store.py): a warm start loads them instead of
+tracing; a key follows the static arguments and the input shapes; an entry that does not load
+is compiled afresh and replaced; what a loaded program computes is what a traced one does."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swajax.runner import program_store
+from swajax.runner.program_store import ProgramStore
+
+
+@functools.partial(jax.jit, static_argnames="power", donate_argnums=0)
+def _step(x, y, *, power):
+    return x**power + y, jnp.sum(y)
+
+
+def _store(folder):
+    return ProgramStore(folder, jax.devices()[0])
+
+
+def _args(n=4):
+    return jnp.arange(n, dtype=jnp.float32), jnp.ones(n, jnp.float32)
+
+
+def test_a_second_store_loads_what_the_first_compiled(tmp_path):
+    first = _store(tmp_path)
+    expected = [np.asarray(a) for a in first.call(_step, _args(), dict(power=2))]
+    first.call(_step, _args(), dict(power=3))  # another static argument: another program
+    _store(tmp_path).call(_step, _args(8), dict(power=2))  # another shape: another program
+    assert first.saved == 2 and first.loaded == 0 and len(list(tmp_path.iterdir())) == 3
+    del first
+    program_store._IN_USE.clear()  # as in a fresh process
+    second = _store(tmp_path)
+    got = second.call(_step, _args(), dict(power=2))
+    assert second.loaded == 1 and second.saved == 0
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    x, y = _args()
+    second.call(_step, (x, y), dict(power=2))
+    assert x.is_deleted()  # donation holds for a loaded program too
+
+
+def test_a_runner_whose_shapes_change_gets_an_error_not_a_wrong_result(tmp_path):
+    """A runner looks its programs up by static arguments alone (its inputs keep their shapes):
+    if that ever broke, the loaded program refuses the call."""
+    store = _store(tmp_path)
+    store.call(_step, _args(), dict(power=2))
+    with pytest.raises(TypeError, match="compiled with float32\\[4\\]"):
+        store.call(_step, _args(8), dict(power=2))
+
+
+def test_an_entry_that_does_not_load_is_compiled_again_and_replaced(tmp_path):
+    _store(tmp_path).call(_step, _args(), dict(power=2))
+    (entry,) = tmp_path.iterdir()
+    entry.write_bytes(b"not a program")
+    program_store._IN_USE.clear()
+    again = _store(tmp_path)
+    out, _ = again.call(_step, _args(), dict(power=2))
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 5, 10])
+    assert again.loaded == 0 and again.saved == 1 and entry.read_bytes() != b"not a program"
+
+
+def test_without_a_folder_programs_are_plain_jit_calls():
+    store = _store(None)
+    out, total = store.call(_step, _args(), dict(power=2))
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 5, 10])
+    assert float(total) == 4 and store.saved == store.loaded == 0
+
+
+def test_a_warm_cli_run_loads_its_step_programs_and_generates_the_same(tmp_path):
+    env = dict(os.environ, SWAJAX_COMPILE_CACHE=str(tmp_path / "cache"))
+    argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3,4,5"]
+    argv += ["--max-new-tokens", "12", "--json"]
+
+    def run():
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
+        return lines[0], lines[-1]["summary"]
+
+    (cold, cold_summary), (warm, warm_summary) = run(), run()
+    assert cold_summary["programs_loaded"] == 0
+    assert warm_summary["programs_loaded"] >= 2  # prefill and decode: neither traced
+    assert warm_summary["compilations"] == 0
+    assert warm == cold
