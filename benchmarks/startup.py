@@ -5,8 +5,9 @@ programs a run compiles with their compile times.
 
 Cold and warm runs are `swajax generate --prompt "def fibonacci(n):" --max-new-tokens 120
 --json` in fresh subprocesses sharing one temporary cache folder (wall time from process start
-to exit, `compilations` / `compile_cache_hits` from the JSON summary). The program list comes
-from one more in-process run with the cache off and `jax_log_compiles` on.
+to exit, `compilations` / `compile_cache_hits` / `programs_loaded` from the JSON summary); a
+warm run with the program store emptied shows what tracing the step programs costs. The program
+list comes from one more in-process run with the cache off and `jax_log_compiles` on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,8 @@ def timed_run(cache: str, argv=ARGV) -> dict:
     wall = time.perf_counter() - start
     summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
     return {"wall_s": wall, "compilations": summary["compilations"],
-            "cache_hits": summary["compile_cache_hits"]}  # fmt: skip
+            "cache_hits": summary["compile_cache_hits"],
+            "programs_loaded": summary["programs_loaded"]}  # fmt: skip
 
 
 def programs(argv=ARGV) -> list[tuple[str, int, float]]:
@@ -83,15 +86,22 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as cache:
         cold = timed_run(cache, run)
         warm = timed_run(cache, run)
+        # The same warm run with the step programs traced and lowered again (the program
+        # store's entries removed; JAX's cache still holds the compiled programs): what a warm
+        # start cost before the store. Then warm again, the store refilled.
+        shutil.rmtree(Path(cache) / "swajax-programs")
+        traced = timed_run(cache, run)
+        warm2 = timed_run(cache, run)
     listing = programs(run)
-    result = {"cold": cold, "warm": warm,
-              "programs": [dict(name=n, count=c, seconds=s) for n, c, s in listing]}  # fmt: skip
+    runs = {"cold": cold, "warm": warm, "warm, steps traced": traced, "warm again": warm2}
+    result = {**runs, "programs": [dict(name=n, count=c, seconds=s) for n, c, s in listing]}
     if a.json:
         print(json.dumps(result))
         return
-    for name, r in (("cold", cold), ("warm", warm)):
+    for name, r in runs.items():
         print(f"{name}: {r['wall_s']:.1f} s end to end, {r['compilations']} programs compiled, "
-              f"{r['cache_hits']} loaded from the cache")  # fmt: skip
+              f"{r['cache_hits']} from JAX's cache, {r['programs_loaded']} from the program "
+              "store")  # fmt: skip
     total = sum(c for _, c, _ in listing)
     print(f"programs of one run ({total}, {sum(s for *_, s in listing):.1f} s compiling):")
     for name, count, seconds in listing:

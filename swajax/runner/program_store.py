@@ -32,6 +32,7 @@ from pathlib import Path
 
 import jax
 from jax.experimental import serialize_executable
+from jax.experimental.compilation_cache import compilation_cache
 
 import swajax
 
@@ -59,6 +60,21 @@ def store_folder() -> Path | None:
     """The store's folder: inside the persistent compilation cache's, if that is on."""
     cache = jax.config.jax_compilation_cache_dir
     return Path(cache) / SUBFOLDER if cache else None
+
+
+def _compile_fresh(lowered):
+    """Compile without JAX's persistent cache. On CPU an executable that cache loaded does not
+    serialize whole: it loads, then fails at its first call ("Function ... not found"); found
+    with a warm cache whose program-store entries were removed. The cache's use is decided once
+    per process and remembered, so it is reset around the switch."""
+    enabled = jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        return lowered.compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
 
 
 class ProgramStore:
@@ -91,7 +107,7 @@ class ProgramStore:
         if program is not None:
             self.loaded += 1
         else:
-            program = fn.lower(*args, **statics).compile()
+            program = _compile_fresh(fn.lower(*args, **statics))
             self._save(path, program)
         _IN_USE[key] = program
         return program

@@ -90,3 +90,34 @@ def test_a_warm_cli_run_loads_its_step_programs_and_generates_the_same(tmp_path)
     assert warm_summary["programs_loaded"] >= 2  # prefill and decode: neither traced
     assert warm_summary["compilations"] == 0
     assert warm == cold
+
+
+@functools.partial(jax.jit, static_argnames="power")
+def _other(x, y, *, power):
+    return x**power - y
+
+
+def test_a_program_already_in_jaxs_cache_is_stored_whole(tmp_path):
+    """On CPU an executable loaded from JAX's persistent cache serializes without its code (it
+    loads, then fails at its first call); the store compiles its programs afresh instead."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from swajax import compile_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    compile_cache.enable(tmp_path / "jax")
+    try:
+        x, y = _args()
+        expected = np.asarray(_other(x, y, power=3))  # compiled, written to JAX's cache
+        jax.clear_caches()  # as in a later process: the next compile would read that entry
+        store = _store(tmp_path / "programs")
+        store.call(_other, (x, y), dict(power=3))
+        assert store.saved == 1
+        program_store._IN_USE.clear()
+        again = _store(tmp_path / "programs")
+        out = again.call(_other, (x, y), dict(power=3))
+        np.testing.assert_array_equal(np.asarray(out), expected)
+        assert again.loaded == 1
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
