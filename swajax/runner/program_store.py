@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import logging
 import os
 import pickle
@@ -54,6 +55,11 @@ def source_fingerprint() -> str:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+@functools.cache
+def _jaxlib_version() -> str:
+    return importlib.metadata.version("jaxlib")
 
 
 def store_folder() -> Path | None:
@@ -128,7 +134,7 @@ class ProgramStore:
         leaves, treedef = jax.tree.flatten(args)
         shapes = [(x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves]
         parts = [
-            source_fingerprint(), jax.__version__, jax.lib.__version__,
+            source_fingerprint(), jax.__version__, _jaxlib_version(),
             self.device.platform, self.device.device_kind, fn.__name__, str(treedef),
             repr(shapes), *(f"{k}={self._describe(v)}" for k, v in statics.items()),
         ]  # fmt: skip
