@@ -36,8 +36,10 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 import swajax
+from swajax.compile_cache import OFF
 
 SUBFOLDER = "swajax-programs"
+ENV = "SWAJAX_PROGRAM_STORE"  # off / 0 / false / no: trace and compile through jit only
 _log = logging.getLogger(__name__)
 # Programs in use by any runner of this process, by disk key: a second engine over the same
 # model reuses them as jit's own cache would. Weak: a program goes when its runners do (the
@@ -63,9 +65,12 @@ def _jaxlib_version() -> str:
 
 
 def store_folder() -> Path | None:
-    """The store's folder: inside the persistent compilation cache's, if that is on."""
+    """The store's folder: inside the persistent compilation cache's, if that is on and
+    `$SWAJAX_PROGRAM_STORE` does not turn the store off."""
     cache = jax.config.jax_compilation_cache_dir
-    return Path(cache) / SUBFOLDER if cache else None
+    if not cache or os.environ.get(ENV, "on").strip().lower() in OFF:
+        return None
+    return Path(cache) / SUBFOLDER
 
 
 def _compile_fresh(lowered):

@@ -121,3 +121,19 @@ def test_a_program_already_in_jaxs_cache_is_stored_whole(tmp_path):
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
         compilation_cache.reset_cache()
+
+
+def test_the_store_follows_the_compilation_cache_and_its_switch(monkeypatch, tmp_path):
+    from swajax.runner.program_store import store_folder
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        assert store_folder() == tmp_path / "swajax-programs"
+        monkeypatch.setenv("SWAJAX_PROGRAM_STORE", "off")
+        assert store_folder() is None
+        monkeypatch.setenv("SWAJAX_PROGRAM_STORE", "on")
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert store_folder() is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
