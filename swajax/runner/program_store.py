@@ -35,7 +35,6 @@ import jax
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
-import swajax
 from swajax.compile_cache import OFF
 
 SUBFOLDER = "swajax-programs"
@@ -52,7 +51,7 @@ def source_fingerprint() -> str:
     """A hash of every Python file of the installed package: a change to the code that builds
     a program changes every key."""
     digest = hashlib.sha256()
-    root = Path(swajax.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the swajax package
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
