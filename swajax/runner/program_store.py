@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import pickle
@@ -48,13 +49,17 @@ _IN_USE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 @functools.cache
 def source_fingerprint() -> str:
-    """A hash of every Python file of the installed package: a change to the code that builds
-    a program changes every key."""
+    """A hash of every Python file of the installed package and its kernels (installed as
+    `swajax.kernels`, from wherever they live): a change to the code that builds a program
+    changes every key."""
     digest = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]  # the swajax package
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+    roots = [Path(__file__).resolve().parents[1]]  # the swajax package
+    kernels = importlib.util.find_spec("swajax.kernels")  # found, not imported
+    roots += [Path(p).resolve() for p in kernels.submodule_search_locations or ()]
+    for root in dict.fromkeys(roots):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
