@@ -47,19 +47,23 @@ _log = logging.getLogger(__name__)
 _IN_USE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-@functools.cache
-def source_fingerprint() -> str:
-    """A hash of every Python file of the installed package and its kernels (installed as
-    `swajax.kernels`, from wherever they live): a change to the code that builds a program
-    changes every key."""
-    digest = hashlib.sha256()
+def source_files() -> list[tuple[Path, Path]]:
+    """(root, file) of every Python file of the installed package and of its kernels
+    (installed as `swajax.kernels`, from wherever they live)."""
     roots = [Path(__file__).resolve().parents[1]]  # the swajax package
     kernels = importlib.util.find_spec("swajax.kernels")  # found, not imported
     roots += [Path(p).resolve() for p in kernels.submodule_search_locations or ()]
-    for root in dict.fromkeys(roots):
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
+    return [(root, path) for root in dict.fromkeys(roots) for path in sorted(root.rglob("*.py"))]
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A hash of `source_files()`: a change to the code that builds a program changes every
+    key."""
+    digest = hashlib.sha256()
+    for root, path in source_files():
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -137,3 +137,10 @@ def test_the_store_follows_the_compilation_cache_and_its_switch(monkeypatch, tmp
         assert store_folder() is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_keys_cover_the_package_and_its_kernels():
+    from swajax.runner.program_store import source_files
+
+    names = {path.name for _, path in source_files()}
+    assert {"program_store.py", "allocator.py", "paged_decode.py", "ragged_extend.py"} <= names
