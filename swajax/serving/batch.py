@@ -238,8 +238,8 @@ class Model(Protocol):
 
     needs_kv: bool  # reads and writes KV through the pools (the null model does not)
     vocab_size: int
-    # The step body the runner traces into its own program (one dispatch per step); None: the
-    # model runs outside it (a model without KV), and the runner calls it per step.
+    # The step body the device runner traces into its own program (one dispatch per step);
+    # None: the model runs outside it (a model without KV, on the host runner).
     fused_forward: object | None
     # Where the runner keeps its state and each step's upload: None (the default device) or
     # a `jax.sharding.Sharding` (replicated over the model's mesh).
@@ -253,7 +253,8 @@ class Model(Protocol):
 
 
 class Runner(Protocol):
-    """The device half of the engine (`swajax.runner.DeviceRunner`, or a fake in tests).
+    """The device half of the engine (`swajax.runner.DeviceRunner`; `HostRunner` for a model
+    without KV; or a fake in tests).
 
     The engine's one step path: `dispatch` launches a step (`after`: the step launched
     before, whose sampled tokens the plan's placeholder tokens name), `collect` reads its
