@@ -136,3 +136,25 @@ class ModelAllocator:
                 self.mapping[d] = m
             else:
                 self.mapping.pop(d, None)
+
+
+def draw_extend(data, reqs, n_new, ps):
+    """A random extend for the allocator state machines: up to two running requests (each a
+    list of its slots) and `n_new` new ones (last), 1 to 3 pages' worth of tokens each. Returns
+    (targets, tokens each, prefix_lens, seq_lens, last_loc), or None when there is nothing to
+    extend."""
+    from hypothesis import strategies as st
+
+    existing = (
+        data.draw(st.lists(st.sampled_from(range(len(reqs))), unique=True, max_size=2))
+        if reqs
+        else []
+    )
+    targets = [reqs[i] for i in existing] + [[] for _ in range(n_new)]
+    if not targets:
+        return None
+    extra = [data.draw(st.integers(1, 3 * ps)) for _ in targets]
+    pre = [len(t) for t in targets]
+    seq = [p + e for p, e in zip(pre, extra)]
+    last = [t[-1] if t else -1 for t in targets]
+    return targets, extra, pre, seq, last

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from helpers.allocator_model import ModelAllocator
+from helpers.allocator_model import ModelAllocator, draw_extend
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -57,23 +57,15 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), n_new=st.integers(0, 2))
     def extend(self, data, n_new):
-        existing = (
-            data.draw(st.lists(st.sampled_from(range(len(self.reqs))), unique=True, max_size=2))
-            if self.reqs
-            else []
-        )
-        targets = [self.reqs[i] for i in existing] + [[] for _ in range(n_new)]
-        if not targets:
+        drawn = draw_extend(data, self.reqs, n_new, self.ps)
+        if drawn is None:
             return
-        extra = [data.draw(st.integers(1, 3 * self.ps)) for _ in targets]
-        pre = [len(t) for t in targets]
-        seq = [p + e for p, e in zip(pre, extra)]
-        last = [t[-1] if t else -1 for t in targets]
+        targets, extra, pre, seq, last = drawn
         self.state, result = A.alloc_extend(self.state, pre, seq, last)
         status, full, swa = self.model.alloc_extend(pre, seq, last)
         self._commit(result, status, full, swa, targets, extra)
         if status == A.OK:
-            self.reqs += targets[len(existing) :]
+            self.reqs += targets[len(targets) - n_new :]
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())

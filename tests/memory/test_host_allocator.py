@@ -4,6 +4,7 @@ operations give the same statuses, the same slots and the same stacks, page for 
 import jax
 import numpy as np
 import pytest
+from helpers.allocator_model import draw_extend
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -59,18 +60,10 @@ class HostAgainstDevice(RuleBasedStateMachine):
 
     @rule(data=st.data(), n_new=st.integers(0, 2))
     def extend(self, data, n_new):
-        existing = (
-            data.draw(st.lists(st.sampled_from(range(len(self.reqs))), unique=True, max_size=2))
-            if self.reqs
-            else []
-        )
-        targets = [self.reqs[i] for i in existing] + [[] for _ in range(n_new)]
-        if not targets:
+        drawn = draw_extend(data, self.reqs, n_new, self.ps)
+        if drawn is None:
             return
-        extra = [data.draw(st.integers(1, 3 * self.ps)) for _ in targets]
-        pre = [len(t) for t in targets]
-        seq = [p + e for p, e in zip(pre, extra)]
-        last = [t[-1] if t else -1 for t in targets]
+        targets, extra, pre, seq, last = drawn
         self.state, result = A.alloc_extend(self.state, pre, seq, last)
         status, slots = self.host.extend(pre, seq, last)
         assert int(result.status) == status
@@ -78,7 +71,7 @@ class HostAgainstDevice(RuleBasedStateMachine):
         np.testing.assert_array_equal(np.asarray(result.full_slots)[:n], slots)
         self._record(status, slots, targets, extra)
         if status == A.OK:
-            self.reqs += targets[len(existing) :]
+            self.reqs += targets[len(targets) - n_new :]
 
     @precondition(lambda self: any(self.reqs))
     @rule(data=st.data())
