@@ -38,7 +38,7 @@ def test_null_model_compiles_nothing(tiny_engine, running):
     assert compiled == 0 and engine.runner.compilations() == 0
 
 
-@pytest.mark.parametrize("running", [1, 64])
+@pytest.mark.parametrize("running", [1, 64, pytest.param(256, marks=pytest.mark.slow)])
 def test_model_steady_decode_compiles_nothing(tiny_engine, running):
     """The demo model (W = 64): prompts already past the window, so every eviction round
     releases about as many pages as the next; four rounds in the warm-up."""
