@@ -28,6 +28,7 @@ import importlib.util
 import logging
 import os
 import pickle
+import re
 import tempfile
 import weakref
 from pathlib import Path
@@ -39,6 +40,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from swajax.compile_cache import OFF
 
 SUBFOLDER = "swajax-programs"
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # the default repr of an object
 ENV = "SWAJAX_PROGRAM_STORE"  # off / 0 / false / no: trace and compile through jit only
 _log = logging.getLogger(__name__)
 # Programs in use by any runner of this process, by disk key: a second engine over the same
@@ -118,6 +120,8 @@ class ProgramStore:
         if self.folder is None:
             return functools.partial(fn, **statics)
         key = self._disk_key(fn, args, statics)
+        if key is None:  # a static argument without a stable text: not stored
+            return functools.partial(fn, **statics)
         program = _IN_USE.get(key)
         if program is not None:
             return program
@@ -143,7 +147,9 @@ class ProgramStore:
             return hit[1]
         return repr(value)
 
-    def _disk_key(self, fn, args: tuple, statics: dict) -> str:
+    def _disk_key(self, fn, args: tuple, statics: dict) -> str | None:
+        """The entry's name, or None if a static argument's text names a memory address (it
+        would differ in every process: an entry no later run finds, written every run)."""
         leaves, treedef = jax.tree.flatten(args)
         shapes = [(x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves]
         parts = [
@@ -151,7 +157,10 @@ class ProgramStore:
             self.device.platform, self.device.device_kind, fn.__name__, str(treedef),
             repr(shapes), *(f"{k}={self._describe(v)}" for k, v in statics.items()),
         ]  # fmt: skip
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+        text = "\n".join(parts)
+        if _ADDRESS.search(text):
+            return None
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _load(self, path: Path):
         try:

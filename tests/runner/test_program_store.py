@@ -144,3 +144,19 @@ def test_keys_cover_the_package_and_its_kernels():
 
     names = {path.name for _, path in source_files()}
     assert {"program_store.py", "allocator.py", "paged_decode.py", "ragged_extend.py"} <= names
+
+
+class _Opaque:  # hashable, with the default repr (a memory address)
+    pass
+
+
+@functools.partial(jax.jit, static_argnames="tag")
+def _tagged(x, *, tag):
+    return x + 1
+
+
+def test_a_static_argument_without_a_stable_text_is_not_stored(tmp_path):
+    store = _store(tmp_path)
+    out = store.call(_tagged, (jnp.ones(2),), dict(tag=_Opaque()))
+    np.testing.assert_array_equal(np.asarray(out), [2, 2])
+    assert store.saved == 0 and not list(tmp_path.iterdir())
