@@ -1,7 +1,7 @@
 """End-to-end generation: swajax's engine against transformers' generate, same model, same run.
 
     python benchmarks/end_to_end.py [--json] [--hf-python PATH] [--family qwen3]
-        [--prompt-len 40] [--new 32] [--batches 8,1] [--repeats 3]
+        [--prompt-len 40] [--new 32] [--batches 8,1] [--repeats 3] [--decode-steps 1]
 
 A fixture model (default the Qwen 3 one: 3 layers, sliding + full), random prompts, greedy, at
 each batch size. swajax runs the prompts together through the engine (XLA attention, hybrid
@@ -62,6 +62,7 @@ def run_swajax(batch, a):
         chunk_size=None,
         max_running=len(batch),
         max_context=a.prompt_len + a.new + 16,
+        decode_steps=a.decode_steps,
     )
     decoder = load_decoder(FIXTURES / a.family)
     params = SamplingParams(max_new_tokens=a.new)
@@ -120,6 +121,8 @@ def main(argv=None) -> int | None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--batches", default="8,1")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-steps", type=int, default=1,
+                        help="swajax's multi-step decode: up to N steps per program")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = parser.parse_args(argv)
     if args.smoke:
