@@ -68,6 +68,10 @@ class HostRunner:
             self.alloc.claim(np.concatenate(pages["full"] or [np.zeros(0, np.int64)]))
             self.alloc.pair(np.concatenate(pages["swa"] or [np.zeros(0, np.int64)]))
 
+    def run(self, plan: StepPlan) -> StepResult:
+        """One step, launched and read (as `DeviceRunner.run`)."""
+        return self.collect(self.dispatch(plan))
+
     @observed
     def dispatch(self, plan: StepPlan, after: Dispatched | None = None) -> Dispatched:
         """Run the whole step now (`collect` hands its result back). `after`: the step launched
