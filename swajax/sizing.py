@@ -87,17 +87,29 @@ def layer_bytes(cfg: HybridConfig, dtype: str) -> tuple[int, int]:
 
 
 def token_bytes(
-    cfg: HybridConfig, dtype: str, draft: HybridConfig | None = None
-) -> tuple[int, int]:
-    """KV bytes of one token over all full layers and over all SWA layers; with a speculative
-    `draft` model, its layers too (its KV lives in the same two pools, token for token: the
-    term the seed's sizing formula omits)."""
+    cfg: HybridConfig, dtype: str, draft: HybridConfig | None = None, page_size: int | None = None
+) -> tuple[float, float]:
+    """Bytes of one token in the full pool and in the SWA pool: KV over all full layers and
+    over all SWA layers; with a speculative `draft` model, its layers too (its KV lives in the
+    same two pools, token for token: the term the seed's sizing formula omits).
+
+    DeepSeek-V4 adds its third lifetime to the full pool's side (compressed entries ride on
+    full pages: C / rate per token per compressed layer, or with `page_size` the entry slots
+    a page holds) and the compressors' pending projections to the SWA side."""
     f, s = layer_bytes(cfg, dtype)
-    full, swa = f * len(cfg.full_layer_ids), s * len(cfg.swa_layer_ids)
+    b = compressed_dtype_bytes(dtype)
+    full = f * len(cfg.full_layer_ids) + cfg.compressed_bytes_per_token(b, page_size)
+    swa = s * len(cfg.swa_layer_ids) + cfg.pending_bytes_per_token(b)
     if draft is not None:
-        df, ds = token_bytes(draft, dtype)
+        df, ds = token_bytes(draft, dtype, page_size=page_size)
         full, swa = full + df, swa + ds
     return full, swa
+
+
+def compressed_dtype_bytes(dtype: str) -> int:
+    """Compressed entries and pending projections are kept in the pools' dtype, but bf16 for
+    an FP8 pool (gate logits and normed entries have no per-layer scale to divide by)."""
+    return max(dtype_bytes(dtype), 2)
 
 
 def check_ratio(ratio: float) -> float:
@@ -121,10 +133,14 @@ def _ceil_align(x: int, page_size: int) -> int:
 
 
 def cell_bytes(
-    cfg: HybridConfig, ratio: float, dtype: str, draft: HybridConfig | None = None
+    cfg: HybridConfig,
+    ratio: float,
+    dtype: str,
+    draft: HybridConfig | None = None,
+    page_size: int | None = None,
 ) -> float:
     """Bytes per unit of max_total_tokens for a hybrid (or all-SWA) model (and its draft)."""
-    full, swa = token_bytes(cfg, dtype, draft)
+    full, swa = token_bytes(cfg, dtype, draft, page_size)
     if cfg.layer_mix == "all_swa":
         return swa
     return full + check_ratio(ratio) * swa
@@ -172,7 +188,7 @@ def size_hybrid(
     draft: HybridConfig | None = None,
 ) -> PoolSizes:
     """Hybrid (or all-SWA) pools for a KV budget in bytes (shared with a draft model's KV)."""
-    cell = cell_bytes(cfg, ratio, dtype, draft) if cfg.layer_mix != "full_only" else 0
+    cell = cell_bytes(cfg, ratio, dtype, draft, page_size) if cfg.layer_mix != "full_only" else 0
     if cell <= 0:
         return solve_pool_sizes(cfg, 0, ratio=ratio, page_size=page_size)
     return solve_pool_sizes(cfg, int(budget_bytes // cell), ratio=ratio, page_size=page_size)
@@ -188,7 +204,7 @@ def size_single_pool(
 ) -> PoolSizes:
     """One pool for every layer (hybrid memory disabled): each token costs every layer's KV."""
     ps = _check_page_size(page_size)
-    full, swa = token_bytes(cfg, dtype, draft)
+    full, swa = token_bytes(cfg, dtype, draft, ps)
     tokens = _align(budget_bytes // (full + swa), ps)
     if tokens <= 0:
         raise SizingError(
@@ -201,8 +217,8 @@ def size_single_pool(
 def bytes_used(
     cfg: HybridConfig, sizes: PoolSizes, dtype: str, draft: HybridConfig | None = None
 ) -> int:
-    full, swa = token_bytes(cfg, dtype, draft)
-    return sizes.full_tokens * full + sizes.swa_tokens * swa
+    full, swa = token_bytes(cfg, dtype, draft, sizes.page_size)
+    return int(sizes.full_tokens * full + sizes.swa_tokens * swa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +280,7 @@ def size_chunk_cap(
             f"chunk-cap sizing needs a hybrid model, {cfg.model_type!r} is {cfg.layer_mix}"
         )
     ps = _check_page_size(page_size)
-    full_bytes, swa_bytes = token_bytes(cfg, dtype)
+    full_bytes, swa_bytes = token_bytes(cfg, dtype, page_size=ps)
     swa = _ceil_align(chunk_cap_tokens(cfg.sliding_window, ps, cap), ps)
     full = _align((budget_bytes - swa * swa_bytes) // full_bytes, ps)
     if full <= 0:
@@ -308,7 +324,7 @@ def with_host_tier(
             f"a host tier keeps hybrid pools' two lifetimes; pool mode {sizes.mode.value!r} has "
             "one pool (turn hybrid memory on, or leave the host cache at 0)"
         )
-    full_b, swa_b = token_bytes(cfg, dtype, draft)
+    full_b, swa_b = token_bytes(cfg, dtype, draft, sizes.page_size)
     ratio = sizes.swa_tokens / sizes.full_tokens
     ps = sizes.page_size
     full = _align(gib_to_bytes(gib) / (full_b + ratio * swa_b), ps)

@@ -38,6 +38,8 @@ from fixture_forms import (  # noqa: E402 - beside this script
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 PROMPT = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 45, 77, 30,
           119, 9]  # fmt: skip
+# DeepSeek-V4's compressors need a prompt that crosses many windows and compression boundaries.
+LONG_PROMPT = [(7 * i * i + 3 * i + 11) % 125 + 3 for i in range(80)]
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0,
             bos_token_id=1, eos_token_id=2)  # fmt: skip
@@ -56,6 +58,7 @@ def configs():
             tie_word_embeddings=False,
         ),
     )
+    yield from deepseek_v4_configs()
     yield "mistral", tf.MistralConfig(**BASE, num_hidden_layers=2, sliding_window=6)
     yield (
         "qwen2",
@@ -215,6 +218,33 @@ def configs():
     )
 
 
+# DeepSeek-V4: every layer slides (sliding_window 8 / 10: W = 7 / 9); compressed layers add an
+# entry per `compress_rate` tokens. Rates 4 and 8 divide the test page sizes; 3 and 6 divide
+# neither them nor the chunk sizes. `index_topk` below the entries a long prompt makes, so the
+# Lightning Indexer's choice matters; YaRN on the compressed rope of the first.
+V4 = dict(vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_attention_heads=4,
+          num_key_value_heads=1, head_dim=32, q_lora_rank=32, partial_rotary_factor=0.25,
+          o_groups=2, o_lora_rank=16, index_n_heads=8, index_head_dim=16, n_routed_experts=4,
+          num_experts_per_tok=2, hc_mult=3, max_position_embeddings=4096, pad_token_id=0,
+          bos_token_id=1, eos_token_id=2)  # fmt: skip
+CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+
+
+def deepseek_v4_configs():
+    yield "deepseek_v4", tf.DeepseekV4Config(
+        **V4, num_hidden_layers=3, sliding_window=8, index_topk=3,
+        layer_types=[HCA, CSA, SWA], mlp_layer_types=["hash_moe", "moe", "moe"],
+        compress_rates={CSA: 4, HCA: 8},
+        rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 1024},
+    )  # fmt: skip
+    yield "deepseek_v4_odd", tf.DeepseekV4Config(
+        **V4, num_hidden_layers=4, sliding_window=10, index_topk=4,
+        layer_types=[CSA, HCA, SWA, CSA], mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+        compress_rates={CSA: 3, HCA: 6},
+    )  # fmt: skip
+
+
 # Fixtures that are another family's model rewritten into a form the hub ships.
 VARIANTS = {
     "gemma3_legacy": ("gemma3", legacy_gemma3),
@@ -245,10 +275,13 @@ def build(cfg, seed=0):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-        if cfg.model_type == "step3p7":  # the router's choice bias is a buffer: draw it too
+        if cfg.model_type in ("step3p7", "deepseek_v4"):  # routers' choice bias: a buffer
             for name, b in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     b.copy_(torch.randn(b.shape, generator=gen) * 0.3)
+                if name.endswith("tid2eid"):  # hash routing: distinct experts per token id
+                    rows = [torch.randperm(cfg.n_routed_experts, generator=gen) for _ in b]
+                    b.copy_(torch.stack(rows)[:, : b.shape[1]])
     return model
 
 
@@ -279,6 +312,29 @@ def fixtures():
         yield name, built[base], rewrite
 
 
+def check_indexer_ties(model, ids) -> None:
+    """The Lightning Indexer keeps the top-k scores; where the k-th and the next tie (every
+    head's ReLU at 0 gives exact zeros) torch breaks the tie its own way. A fixture must not
+    depend on that: fail if any query of the forward or the greedy run has such a tie."""
+    seen = []
+    for layer in model.model.layers:
+        comp = layer.self_attn.compressor
+        if comp is not None and hasattr(comp, "indexer"):
+            rate, k = comp.compress_rate, comp.indexer.index_topk
+            hook = lambda mod, args, out, rate=rate, k=k: seen.append((out[0], rate, k))  # noqa
+            comp.indexer.scorer.register_forward_hook(hook)
+    with torch.no_grad():
+        model(input_ids=ids)
+        model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for scores, rate, k in seen:
+        start = ids.shape[1] - scores.shape[0] if scores.shape[0] > 1 else None
+        for row, s in enumerate(scores):
+            n = (row + 1) // rate if start is not None else s.shape[0]
+            top = torch.sort(s[:n], descending=True).values
+            if n > k and top[k - 1] == top[k]:
+                raise SystemExit(f"indexer tie at query row {row}: {top[: k + 1].tolist()}")
+
+
 def main() -> None:
     only = set(sys.argv[1:])  # optional: the fixtures to rebuild (default: all)
     for name, cfg, rewrite in fixtures():
@@ -295,7 +351,8 @@ def main() -> None:
             # (it reads `image_outputs` from a text-only output): run its language model, as
             # loaded from the same files, instead.
             model = model.language_model
-        ids = torch.tensor([PROMPT])
+        prompt = LONG_PROMPT if name.startswith("deepseek_v4") else PROMPT
+        ids = torch.tensor([prompt])
         # transformers 5.24's Gemma 4 runs KV-shared layers only with hidden states requested
         # (the same math; it skips a slicing shortcut)
         extra = {"output_hidden_states": True} if name.startswith("gemma4") else {}
@@ -310,9 +367,11 @@ def main() -> None:
                 eos_token_id=None,
                 pad_token_id=0,
             )
+        if name.startswith("deepseek_v4"):
+            check_indexer_ties(model, ids)
         np.save(folder / "logits.npy", logits.astype(np.float32))
-        greedy = out[0, len(PROMPT) :].tolist()
-        (folder / "greedy.json").write_text(json.dumps({"prompt": PROMPT, "greedy": greedy}))
+        greedy = out[0, len(prompt) :].tolist()
+        (folder / "greedy.json").write_text(json.dumps({"prompt": prompt, "greedy": greedy}))
         for extra in ("generation_config.json",):
             (folder / extra).unlink(missing_ok=True)
         print(name, logits.shape, greedy)

@@ -68,10 +68,22 @@ def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
     return list(types[:n])
 
 
-def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int] | None]:
-    """Per layer: (compress_rate, elements per compressed entry), or None (window only)."""
+def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int, int] | None]:
+    """Per layer: (compress_rate, elements per compressed entry, elements per pending token),
+    or None (window only).
+
+    A pending token is what the compressor keeps of a token until its entry is made: its KV
+    and gate projections. CSA projects two series (`2 * head_dim` each, and the indexer's
+    `2 * index_head_dim`), because its entry w mixes window w with window w - 1; HCA one."""
     rates = compress_rates(cfg)
     head_dim = positive_int(cfg, "head_dim", 512)
     index_dim = positive_int(cfg, "index_head_dim", 128)
     entry = {CSA: head_dim + index_dim, HCA: head_dim}
-    return [None if t == SLIDING else (rates[t], entry[t]) for t in layer_types(cfg, n)]
+    pending = {CSA: 4 * (head_dim + index_dim), HCA: 2 * head_dim}
+    return [None if t == SLIDING else (rates[t], entry[t], pending[t]) for t in layer_types(cfg, n)]
+
+
+def compressor_span(rate: int, overlapping: bool) -> int:
+    """Tokens before a window's last token whose projections make its entry: the window, and
+    for CSA (overlapping windows) the window before it too."""
+    return (2 if overlapping else 1) * rate - 1

@@ -62,9 +62,20 @@ class LayerSpec:
     kv_source: int | None = None
     # DeepSeek-V4's compressed layers: besides the window, one cache entry of `compress_dims`
     # elements (K = V, plus an indexer key) per `compress_rate` tokens, kept for the whole
-    # sequence (not in the two pools; see BUILD_NOTES.md).
+    # sequence on the full pages (`memory/compressed_pool.py`); and per token, until its entry
+    # is made, `pending_dims` elements of compressor projections in the SWA pool's slots.
     compress_rate: int | None = None
     compress_dims: int = 0
+    pending_dims: int = 0
+
+    @property
+    def overlapping(self) -> bool:
+        """CSA: entry w mixes windows w - 1 and w (two series per pending token)."""
+        return self.pending_dims == 4 * self.compress_dims
+
+    @property
+    def compressor_span(self) -> int:
+        return hf_compressed.compressor_span(self.compress_rate or 0, self.overlapping)
 
     @property
     def kernel_window(self) -> int:
@@ -143,14 +154,24 @@ class HybridConfig:
             i for i, la in enumerate(self.layers) if not la.kind.is_local and la.kv_source is None
         )
 
-    def compressed_bytes_per_token(self, dtype_bytes: float) -> float:
-        """Bytes of compressed cache one token costs, over all compressed layers (amortized:
-        an entry every `compress_rate` tokens)."""
+    @property
+    def compressed_layer_ids(self) -> tuple[int, ...]:
+        """DeepSeek-V4's CSA / HCA layers (their entries live on the full pages)."""
+        return tuple(i for i, la in enumerate(self.layers) if la.compress_rate)
+
+    def compressed_bytes_per_token(self, dtype_bytes: float, page_size: int | None = None) -> float:
+        """Bytes of compressed entries one token costs, over all compressed layers: an entry
+        every `compress_rate` tokens, or with `page_size`, ceil(page_size / rate) entries per
+        page (what a full page holds, `memory/compressed_pool.py`)."""
         return sum(
-            la.compress_dims * dtype_bytes / la.compress_rate
+            la.compress_dims * dtype_bytes * entries_per_token(la.compress_rate, page_size)
             for la in self.layers
             if la.compress_rate
         )
+
+    def pending_bytes_per_token(self, dtype_bytes: float) -> float:
+        """Bytes of compressor projections one SWA slot holds, over all compressed layers."""
+        return sum(la.pending_dims * dtype_bytes for la in self.layers if la.compress_rate)
 
     @property
     def kinds(self) -> str:
@@ -163,7 +184,8 @@ class HybridConfig:
         layers) or 'full_only' (no local layers)."""
         if not self.swa_layer_ids:
             return "full_only"
-        return "hybrid" if self.full_layer_ids else "all_swa"
+        # DeepSeek-V4's compressed entries live as long as the request, on full pages.
+        return "hybrid" if self.full_layer_ids or self.compressed_layer_ids else "all_swa"
 
     @property
     def is_hybrid(self) -> bool:
@@ -174,6 +196,14 @@ class HybridConfig:
         """Memory window W: the most tokens before a query that any local layer reads."""
         windows = [layer.window for layer in self.layers if layer.kind.is_local]
         return max(windows) if windows else None
+
+
+def entries_per_token(rate: int, page_size: int | None) -> float:
+    """Compressed entries per token of capacity: 1 / rate, or with pages, the entry slots a
+    page has (one per rate tokens, rounded up) over its tokens."""
+    if page_size is None:
+        return 1 / rate
+    return -(-page_size // rate) / page_size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,9 +345,12 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
     elif model_type in hf_compressed.MODEL_TYPES:  # every layer has a window branch
         layers = _layer_specs(model_type, text, [LayerKind.SLIDING] * n)
         layers = [
-            dataclasses.replace(la, compress_rate=c[0], compress_dims=c[1]) if c else la
+            dataclasses.replace(la, compress_rate=c[0], compress_dims=c[1], pending_dims=c[2])
+            if c
+            else la
             for la, c in zip(layers, hf_compressed.compressed_layers(text, n))
         ]
+        _check_compressor_window(layers)
     else:
         if text.get("layer_types") is not None:
             kinds = _kinds_from_layer_types(text, n)
@@ -342,6 +375,18 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
         hidden_size=positive_int(text, "hidden_size"),
         vocab_size=positive_int(text, "vocab_size") if "vocab_size" in text else 0,
     )
+
+
+def _check_compressor_window(layers: list[LayerSpec]) -> None:
+    """A compressor reads its pending projections from the SWA slots, which hold W tokens
+    before the newest: the window must cover the span an entry is made from."""
+    for i, la in enumerate(layers):
+        if la.compress_rate and la.compressor_span > la.window:
+            raise ConfigError(
+                f"layer {i}: a compress rate of {la.compress_rate} reads {la.compressor_span} "
+                f"tokens back, more than the sliding window keeps (W = {la.window}); swajax "
+                "keeps pending compressor state in the window's slots"
+            )
 
 
 def _layer_specs(

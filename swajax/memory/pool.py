@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from swajax.config import AttentionShape, HybridConfig
+from swajax.memory.compressed_pool import CompressedPools, dtype_of, init_compressed
 from swajax.memory.zeros import zeros
 from swajax.sizing import PoolMode, PoolSizes
 
@@ -77,6 +78,8 @@ class KVPools:
     k_is_v: tuple[bool, bool] = dataclasses.field(
         default=(False, False), metadata=dict(static=True)
     )
+    # DeepSeek-V4's compressed entries and pending compressor projections (None otherwise).
+    compressed: CompressedPools | None = None
 
     def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
         """(K, V) buffers of one global layer, shape [rows, kv_heads, dim] (the same buffer
@@ -150,7 +153,8 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
     full_k, full_v, swa_k, swa_v = zeros(*full, *swa, sharding=sharding)  # one program
     k_is_v = (cfg.full_attention.k_is_v, cfg.swa_attention.k_is_v)
-    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v)
+    compressed = init_compressed(cfg, full_rows, swa_rows, ps, dtype_of(kind).name)
+    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed)
 
 
 def write_kv(pools: KVPools, layer_id: int | Slot, k: jax.Array, v: jax.Array,
@@ -197,6 +201,4 @@ write_kv_jit.__doc__ = "`write_kv`, jit-compiled with the old pools donated."
 
 
 def bytes_allocated(pools: KVPools) -> int:
-    return sum(
-        x.size * x.dtype.itemsize for x in (pools.full_k, pools.full_v, pools.swa_k, pools.swa_v)
-    )
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pools))

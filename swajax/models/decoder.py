@@ -194,6 +194,15 @@ def forward_of(graphdef, mode: AttentionMode, treedef) -> Forward:
     return _FORWARDS[key] if key in _FORWARDS else _FORWARDS.setdefault(key, Forward(*key))
 
 
+def decoder_for(spec: ModelSpec) -> nnx.Module:
+    """The decoder module of a family: `Decoder`, or DeepSeek-V4's own (same interface)."""
+    if spec.family == "deepseek_v4":
+        from swajax.models.deepseek_v4 import DeepseekV4Decoder
+
+        return DeepseekV4Decoder(spec)
+    return Decoder(spec)
+
+
 class HybridLM:
     """The engine's model: a `Decoder` plus its KV pools' dtype and attention implementation."""
 

@@ -20,6 +20,7 @@ from swajax.config import (
     text_config,
 )
 from swajax.config.hf_fields import flag, nonneg_int, number, positive_int
+from swajax.models.deepseek_v4_spec import v4_fields
 from swajax.models.rope import RopeSpec
 from swajax.models.spec import Act, Block, Mlp, ModelSpec, Norm, QkNorm
 
@@ -41,6 +42,7 @@ FAMILIES = {
     "gemma4_text": "gemma4",
     "step3p5": "step3",
     "step3p7": "step3",
+    "deepseek_v4": "deepseek_v4",
 }
 
 
@@ -324,4 +326,5 @@ FAMILY_SPECS: dict[str, Callable[[HybridConfig, Mapping, Rope], dict]] = {
     "step3": _step3,
     "llama4": _llama4,
     "mimo": _mimo,
+    "deepseek_v4": lambda hybrid, text, rope: v4_fields(hybrid, text),
 }

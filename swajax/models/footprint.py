@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from swajax.models.decoder import Decoder
+from swajax.models.decoder import decoder_for
 from swajax.models.spec import ModelSpec
 
 # The routed experts' parameters of every MoE block (quantized forms included): [E, ...].
@@ -49,7 +49,7 @@ def _values(name: str, shape: tuple[int, ...]) -> int:
 
 
 def footprint(spec: ModelSpec) -> Footprint:
-    abstract = nnx.state(nnx.eval_shape(lambda: Decoder(spec)))
+    abstract = nnx.state(nnx.eval_shape(lambda: decoder_for(spec)))
     params = nbytes = expert_params = expert_bytes = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
         keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]

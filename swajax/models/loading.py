@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from swajax.config import ConfigError, text_config
 from swajax.folder_swap import FolderError, swap_in
 from swajax.models.checkpoint import Checkpoint, LoadError
-from swajax.models.decoder import Decoder
+from swajax.models.decoder import Decoder, decoder_for
 from swajax.models.family_specs import model_spec
 from swajax.models.quantization import Quantization, quantization
 from swajax.models.sharding import check_divisible, fitted, param_spec
@@ -83,6 +83,8 @@ MOE_MODES = ("auto", "routed", "dense")
 IGNORED = (r"\.rotary_emb\.inv_freq$",)
 IGNORED_BY_FAMILY = {
     "mimo": (r"^model\.mtp\.",),
+    # DeepSeek-V4's multi-token-prediction layers (declared in the config, not run).
+    "deepseek_v4": (r"^(model\.)?mtp\.",),
     # The towers and projectors of the multimodal checkpoints (at the top, or under `model.` in
     # transformers 5's layout): the text model reads none of them. Anything else unread is
     # still an error naming it.
@@ -146,7 +148,7 @@ def _abstract(spec: ModelSpec, mesh) -> Decoder:
     """The decoder of `spec` as shapes only (checked against the mesh first)."""
     if mesh is not None:
         check_divisible(spec, mesh)
-    return nnx.eval_shape(lambda: Decoder(spec))
+    return nnx.eval_shape(lambda: decoder_for(spec))
 
 
 def decoder_spec(cfg: dict, *, dtype: str = "float32", moe: str = "auto",

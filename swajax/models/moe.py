@@ -1,4 +1,5 @@
-"""The mixture-of-experts blocks of GPT-OSS, Llama 4 and MiMo-V2-Flash: each family's router, the
+"""The mixture-of-experts blocks of GPT-OSS, Llama 4, MiMo-V2-Flash, Step 3.x and DeepSeek-V4:
+each family's router, the
 expert weights stacked [E, ...] with gate and up columns interleaved (GPT-OSS's own layout; the
 others are reordered at load), and `swajax.models.experts` for the computation: routed when most
 experts are skipped (`ModelSpec.routed_experts`), else every expert on every token (also the
@@ -215,3 +216,76 @@ class Step3MoE(nnx.Module):
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
         return _run(spec, x, routing, weights, self._act) + self.share_expert(x)
+
+
+SCORES = {
+    "sqrtsoftplus": lambda z: jnp.sqrt(jax.nn.softplus(z)),
+    "sigmoid": jax.nn.sigmoid,
+    "softmax": lambda z: jax.nn.softmax(z, axis=-1),
+}
+
+
+class DeepseekV4MoE(nnx.Module):
+    """Scores sqrt(softplus(logits)) (the config's `scoring_func`); top-k by score + correction
+    bias, or on hash layers the token id's fixed experts (`tid2eid`); chosen scores normalized,
+    times the routed scale. Experts and the shared expert clamp SwiGLU *before* the SiLU: gate
+    above, up both ways. Per-expert w1 / w3 / w2 tensors are stacked at load."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int):
+        e, h, i = spec.num_experts, spec.hidden, spec.expert_intermediate
+        self.spec, self.hashed = spec, spec.v4.hash_layers[layer_id]
+        self.form = "fp8" if spec.weights.method == "fp8" else "plain"
+        self.gate = Linear(h, e)
+        if self.hashed:
+            self.tid2eid, self.correction = param((spec.vocab_size, spec.top_k), jnp.int32), None
+        else:
+            self.tid2eid, self.correction = None, param((e,))
+        _stacked(self, "gate_up", spec, (e, h, 2 * i), self.form, parts=2)
+        _stacked(self, "down", spec, (e, i, h), self.form)
+        q = spec.weights if self.form == "fp8" else None
+        self.w1 = Linear(h, i, dtype=spec.dtype, quant=q)
+        self.w3 = Linear(h, i, dtype=spec.dtype, quant=q)
+        self.w2 = Linear(i, h, dtype=spec.dtype, quant=q)
+
+    def load(self, w, prefix):
+        self.gate.load(w, f"{prefix}.gate")
+        if self.hashed:
+            w.fill(self.tid2eid, f"{prefix}.gate.tid2eid")
+        else:
+            w.fill(self.correction, f"{prefix}.gate.bias")
+        experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
+        pairs = [[f"{e}.w1.weight", f"{e}.w3.weight"] for e in experts]
+        downs = [[f"{e}.w2.weight"] for e in experts]
+        if self.form == "fp8":
+            for attr, names, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
+                kernel, scale = getattr(self, attr), getattr(self, f"{attr}_scale")
+                _, din, dout = kernel.get_value().shape
+                block = _expert_block(self.spec, din, dout, parts=len(names[0]))
+                w.fill_fp8_stacked(kernel, scale, names, block, transform)
+        else:
+            w.fill_stacked(self.gate_up, pairs, transform=PAIRED)
+            w.fill_stacked(self.down, downs)
+        for name in ("w1", "w2", "w3"):
+            getattr(self, name).load(w, f"{prefix}.shared_experts.{name}")
+
+    def _act(self, h):
+        limit = self.spec.swiglu_limit
+        gate, up = jnp.minimum(h[..., 0::2], limit), jnp.clip(h[..., 1::2], -limit, limit)
+        return jax.nn.silu(gate) * up
+
+    def __call__(self, x, tokens):
+        spec = self.spec
+        scores = SCORES[spec.v4.scoring](self.gate(x.astype(F32)))
+        if self.hashed:
+            idx = self.tid2eid[...][tokens]
+        else:
+            _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
+        chosen = jnp.take_along_axis(scores, idx, axis=-1)
+        chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        weights = ex.Experts(
+            _weight(self, "gate_up", spec, self.form), None, _weight(self, "down", spec, self.form),
+            None,
+        )  # fmt: skip
+        shared = self._act(jnp.stack([self.w1(x), self.w3(x)], axis=-1).reshape(x.shape[0], -1))
+        return _run(spec, x, routing, weights, self._act) + self.w2(shared)

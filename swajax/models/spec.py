@@ -8,6 +8,7 @@ import dataclasses
 import enum
 
 from swajax.config import ConfigError, HybridConfig
+from swajax.models.deepseek_v4_spec import V4Spec
 from swajax.models.quantization import Quantization
 from swajax.models.rope import RopeSpec
 
@@ -45,6 +46,7 @@ class Mlp(enum.StrEnum):
     LLAMA4_MOE = "llama4_moe"
     MIMO_MOE = "mimo_moe"
     STEP3_MOE = "step3_moe"
+    DEEPSEEK_V4_MOE = "deepseek_v4_moe"  # hash or top-k routed, plus a shared expert
 
 
 def _member(kind: type[enum.StrEnum], field: str, value):
@@ -104,6 +106,7 @@ class ModelSpec:
     weights: Quantization = Quantization()
     # The checkpoint ships per-layer K and V scales for an FP8 KV cache (`self_attn.k_scale`).
     kv_scales: bool = False
+    v4: V4Spec | None = None  # DeepSeek-V4's own hyper-parameters
 
     def __post_init__(self):
         # The vocabularies arrive as enums or their strings; kept as enums from here on.

@@ -1,0 +1,214 @@
+"""DeepSeek-V4 (Flax NNX): shared-KV MQA over a sliding window plus compressed entries (CSA
+with the Lightning Indexer, HCA), grouped output projection, hyper-connections and hash / routed
+MoE. The engine's model interface is `Decoder`'s (`swajax.models.decoder`).
+
+Tensor names are the hub's (`layers.N.attn.wq_a.weight`, `embed.weight`, `hc_head_fn`, ...),
+with or without the `model.` prefix transformers' `save_pretrained` adds to some of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from flax import nnx
+
+from swajax.attention import AttentionMode
+from swajax.memory import pool as pool_lib
+from swajax.models import deepseek_v4_attention as v4_attention
+from swajax.models.deepseek_v4_compressor import Compressor, rope_tail, update
+from swajax.models.hyper_connection import HyperConnection, HyperHead, expand
+from swajax.models.layers import F32, HIGHEST, Linear, RMSNorm, dot, param, unit_rms
+from swajax.models.moe import DeepseekV4MoE
+from swajax.models.spec import ModelSpec
+from swajax.models.weights import Layout
+
+XLA = AttentionMode()
+
+
+class V4Attention(nnx.Module):
+    def __init__(self, spec: ModelSpec, i: int):
+        v4, shape, dt = spec.v4, spec.hybrid.swa_attention, spec.dtype
+        self.spec, self.layer_id, self.layer = spec, i, spec.hybrid.layers[i]
+        h, d, hidden = shape.num_heads, shape.head_dim, spec.hidden
+        self.heads, self.dim = h, d
+        self.wq_a = Linear(hidden, v4.q_lora_rank, dtype=dt)
+        self.q_norm = RMSNorm(v4.q_lora_rank, spec.eps)
+        self.wq_b = Linear(v4.q_lora_rank, h * d, dtype=dt)
+        self.wkv, self.kv_norm = Linear(hidden, d, dtype=dt), RMSNorm(d, spec.eps)
+        self.wo_a = param((v4.o_groups, h * d // v4.o_groups, v4.o_lora_rank), dt)
+        self.wo_b = Linear(v4.o_groups * v4.o_lora_rank, hidden, dtype=dt)
+        self.sinks = param((h,))
+        rate, overlap = self.layer.compress_rate, self.layer.overlapping
+        self.compressor = Compressor(hidden, d, rate, overlap, spec.eps, dt) if rate else None
+        # CSA: the Lightning Indexer, with a compressor of its own
+        csa = bool(rate) and overlap
+        self.indexer = Compressor(hidden, v4.index_dim, rate, True, spec.eps, dt) if csa else None
+        self.index_wq_b = (
+            Linear(v4.q_lora_rank, v4.index_heads * v4.index_dim, dtype=dt) if csa else None
+        )
+        self.index_weights = Linear(hidden, v4.index_heads, dtype=dt) if csa else None
+
+    def load(self, w, prefix: str) -> None:
+        for name in ("wq_a", "wq_b", "wkv", "wo_b"):
+            getattr(self, name).load(w, f"{prefix}.{name}")
+        self.q_norm.load(w, f"{prefix}.q_norm.weight")
+        self.kv_norm.load(w, f"{prefix}.norm.weight")
+        groups = self.wo_a.get_value().shape[0]
+        w.fill(self.wo_a, f"{prefix}.wo_a.weight", transform=grouped_layout(groups))
+        w.fill(self.sinks, f"{prefix}.attn_sink")
+        if self.compressor is not None:
+            self.compressor.load(w, f"{prefix}.compressor")
+        if self.indexer is not None:
+            self.indexer.load(w, f"{prefix}.indexer.compressor")
+            self.index_wq_b.load(w, f"{prefix}.indexer.wq_b")
+            self.index_weights.load(w, f"{prefix}.indexer.weights_proj")
+
+    def __call__(self, x, positions, pools, meta, mode: AttentionMode):
+        t, h, d, spec = x.shape[0], self.heads, self.dim, self.spec
+        rope = spec.ropes[self.layer_id]
+        residual = self.q_norm(self.wq_a(x))
+        q = unit_rms(self.wq_b(residual).reshape(t, h, d), spec.eps)
+        q = rope_tail(q, positions, rope)
+        kv = rope_tail(self.kv_norm(self.wkv(x)).reshape(t, 1, d), positions, rope)
+        slot = pools.slot(self.layer_id)
+        pools = pool_lib.write_kv(pools, slot, kv, None, meta.write)
+        compressed = index = None
+        if self.compressor is not None:
+            parts = [self.compressor] + ([self.indexer] if self.indexer is not None else [])
+            comp = update(parts, pools.compressed, self.layer_id, x, meta, rope)
+            pools = _with(pools, comp)
+            compressed = comp.layer(self.layer_id)
+        if self.indexer is not None:
+            v4 = spec.v4
+            iq = self.index_wq_b(residual).reshape(t, v4.index_heads, v4.index_dim)
+            iq = rope_tail(iq, positions, rope)
+            iw = self.index_weights(x).astype(F32) * v4.index_heads**-0.5
+            index = (iq, iw)
+        out = v4_attention.attend(
+            q, pools, slot, meta, self.layer, scale=spec.scales[self.layer_id],
+            sinks=self.sinks[...], compressed=compressed, index=index,
+            topk=spec.v4.index_topk,
+        )  # fmt: skip
+        # K = V carries RoPE on its tail: rotate the output back at the query's position.
+        out = rope_tail(out, -positions, rope)
+        g = self.wo_a.shape[0]
+        grouped = jnp.einsum("tgi,gio->tgo", out.reshape(t, g, -1).astype(F32),
+                             self.wo_a[...].astype(F32), precision=HIGHEST)  # fmt: skip
+        return self.wo_b(grouped.reshape(t, -1).astype(x.dtype)), pools
+
+
+def _with(pools, comp):
+    return dataclasses.replace(pools, compressed=comp)
+
+
+def grouped_layout(groups: int) -> Layout:
+    """wo_a as stored, an nn.Linear [groups * rank, in / groups] whose rows are group after
+    group, <-> [groups, in / groups, rank]."""
+
+    def to_groups(a):
+        return a.reshape(groups, a.shape[0] // groups, a.shape[1]).transpose(0, 2, 1)
+
+    def from_groups(a):
+        return a.transpose(0, 2, 1).reshape(-1, a.shape[1])
+
+    return Layout(to_groups, from_groups)
+
+
+class V4Layer(nnx.Module):
+    def __init__(self, spec: ModelSpec, i: int):
+        v4 = spec.v4
+        self.attn = V4Attention(spec, i)
+        self.ffn = DeepseekV4MoE(spec, i)
+        self.attn_norm = RMSNorm(spec.hidden, spec.eps)
+        self.ffn_norm = RMSNorm(spec.hidden, spec.eps)
+        hc = (v4.hc_mult, spec.hidden, v4.hc_iters, v4.hc_eps, spec.eps)
+        self.hc_attn, self.hc_ffn = HyperConnection(*hc), HyperConnection(*hc)
+
+    def load(self, w, prefix: str) -> None:
+        self.attn.load(w, f"{prefix}.attn")
+        self.ffn.load(w, f"{prefix}.ffn")
+        self.attn_norm.load(w, f"{prefix}.attn_norm.weight")
+        self.ffn_norm.load(w, f"{prefix}.ffn_norm.weight")
+        self.hc_attn.load(w, prefix, "attn")
+        self.hc_ffn.load(w, prefix, "ffn")
+
+    def __call__(self, streams, tokens, positions, pools, meta, mode):
+        post, comb, x = self.hc_attn(streams)
+        a, pools = self.attn(self.attn_norm(x), positions, pools, meta, mode)
+        streams = expand(streams, post, comb, a)
+        post, comb, x = self.hc_ffn(streams)
+        return expand(streams, post, comb, self.ffn(self.ffn_norm(x), tokens)), pools
+
+
+class DeepseekV4Decoder(nnx.Module):
+    """`Decoder`'s interface (load, scan_layers, __call__) for DeepSeek-V4."""
+
+    def __init__(self, spec: ModelSpec):
+        v4 = spec.v4
+        self.spec = spec
+        self.embed = param((spec.vocab_size, spec.hidden), spec.dtype)
+        self.layers = nnx.List([V4Layer(spec, i) for i in range(spec.num_layers)])
+        self.hc_head = HyperHead(v4.hc_mult, spec.hidden, v4.hc_eps, spec.eps)
+        self.norm = RMSNorm(spec.hidden, spec.eps)
+        self.head = Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
+        self.scanned = False
+
+    def scan_layers(self) -> None:
+        """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
+
+    def load(self, w):
+        names = Names(w.checkpoint.names())
+        prefixed = PrefixedLoader(w, names)
+        w.fill(self.embed, names("embed.weight", "embed_tokens.weight"))
+        for i, layer in enumerate(self.layers):
+            layer.load(prefixed, f"layers.{i}")
+        parts = ("fn", "base", "scale")
+        self.hc_head.load(w, {p: names(f"hc_head_{p}", f"hc_head.hc_{p}") for p in parts})
+        self.norm.load(w, names("norm.weight"))
+        w.fill(self.head.kernel, names("head.weight", "lm_head.weight"), transpose=True)
+
+    def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
+        embed = self.embed[...]
+        x = embed[tokens]
+        streams = jnp.broadcast_to(x[:, None, :], (x.shape[0], self.spec.v4.hc_mult, x.shape[1]))
+        for layer in self.layers:
+            streams, pools = layer(streams, tokens, positions, pools, meta, mode)
+        x = self.norm(self.hc_head(streams[sample_index]))
+        return dot(x, self.head.kernel[...]), pools
+
+
+class Names:
+    """A checkpoint name as stored: the hub's, with transformers' `model.` prefix, or one of the
+    aliases transformers writes for the top-level tensors."""
+
+    def __init__(self, stored):
+        self.stored = set(stored)
+
+    def __call__(self, *candidates: str) -> str:
+        for name in candidates:
+            for full in (name, f"model.{name}"):
+                if full in self.stored:
+                    return full
+        return candidates[0]  # absent: the loader names it in its error
+
+
+class PrefixedLoader:
+    """A `WeightLoader` whose names resolve through `Names` (layer tensors)."""
+
+    def __init__(self, w, names: Names):
+        self._w, self._names = w, names
+
+    def __getattr__(self, attr):
+        method = getattr(self._w, attr)
+        if attr not in ("fill", "fill_stacked", "fill_fp8", "fill_fp8_stacked", "fill_joined"):
+            return method
+
+        def resolved(param, name, *args, **kwargs):
+            if isinstance(name, str):
+                name = self._names(name)
+            else:
+                name = [[self._names(n) for n in group] for group in name]
+            return method(param, name, *args, **kwargs)
+
+        return resolved

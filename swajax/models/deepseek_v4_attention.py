@@ -1,0 +1,91 @@
+"""DeepSeek-V4's attention over the pools: a query's window keys and its layer's compressed
+entries share one softmax (with the per-head sinks). XLA only: `--attention pallas` runs the
+other families' layers in the kernels and these here (BUILD_NOTES.md, "DeepSeek-V4").
+
+Query t sees the window [t - W, t] from the SWA pool (K = V, one head) and, on a compressed
+layer, entry w iff its window has ended by t (w < (t + 1) / rate). On a CSA layer only the
+`index_topk` entries the Lightning Indexer scores highest among those:
+score(t, s) = sum_h w_{t,h} * relu(q_{t,h} . k_s) / sqrt(index_dim).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from swajax.attention.mask import visible
+from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
+from swajax.attention.xla import KEYS_PER_BATCH, block_keys, block_pages, softmax_attend
+from swajax.config import LayerSpec
+from swajax.memory.pool import KVPools, Slot
+
+F32 = jnp.float32
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def entry_table(meta: AttentionMetadata, pools: KVPools, i: int, req):
+    """Entry slots of request `req`'s windows 0..N-1 (N: what its full page table can hold)
+    and the position each window ends at."""
+    comp, ps = pools.compressed, meta.page_size
+    table = meta.full_page_table[req]
+    n = table.shape[0] * ps // comp.rates[i]
+    ends = (jnp.arange(n, dtype=jnp.int32) + 1) * comp.rates[i] - 1
+    full = table[ends // ps] * ps + ends % ps
+    return comp.entry_slot(i, full), ends
+
+
+def attend(q, pools: KVPools, slot: Slot, meta: AttentionMetadata, layer: LayerSpec, *, scale,
+           sinks, compressed: int | None = None, index=None, topk: int = 0):  # fmt: skip
+    """q [T, H, D] -> [T, H, D]. `compressed`: the layer's index in the compressed stores
+    (None: window only). `index` (CSA): (indexer queries [T, Hi, Di], head weights [T, Hi])."""
+    t, h, d = q.shape
+    kv_pages, _, offset = pools.pages(slot)
+    shifted = dataclasses.replace(meta, swa_page_table=meta.swa_page_table + offset)
+    comp = pools.compressed
+    rate = comp.rates[compressed] if compressed is not None else 0
+    q_blocks = to_blocks(q, meta).reshape(*meta.block_tokens.shape, 1, h, d)
+    idx_q = idx_w = None
+    if index is not None:
+        idx_q, idx_w = to_blocks(index[0], meta), to_blocks(index[1], meta)
+    sink = sinks.astype(F32).reshape(1, h)
+
+    def one_block(args):
+        qb, req, first_q, tokens, iq, iw = args
+        pages, k_pos = block_keys(shifted, layer, req, first_q)
+        keys = kv_pages[pages].reshape(-1, 1, d)
+        q_pos = first_q + jnp.arange(meta.block_q, dtype=jnp.int32)
+        mask = visible(q_pos[:, None], k_pos[None, :], layer)
+        mask &= (k_pos >= 0)[None, :] & (k_pos < meta.seq_lens[req])[None, :]
+        if compressed is not None:
+            slots, ends = entry_table(meta, pools, compressed, req)
+            entries = comp.entries[compressed][slots].astype(F32)
+            seen = ends[None, :] <= q_pos[:, None]
+            if iq is not None:
+                seen &= _chosen(iq, iw, entries[:, d:], seen, topk)
+            keys = jnp.concatenate([keys.astype(F32), entries[:, None, :d]], axis=0)
+            mask = jnp.concatenate([mask, seen], axis=1)
+        mask &= (tokens < t)[:, None]
+        return softmax_attend(qb, keys, keys, mask, scale=scale, sinks=sink)
+
+    keys = block_pages(meta, layer) * meta.page_size
+    if compressed is not None:
+        keys += meta.full_page_table.shape[1] * meta.page_size // rate
+    batch = max(1, KEYS_PER_BATCH // keys)
+    args = (q_blocks, meta.block_req, meta.block_pos, meta.block_tokens, idx_q, idx_w)
+    out = jax.lax.map(one_block, args, batch_size=batch)  # None: no leaves to map over
+    return from_blocks(out.reshape(*meta.block_tokens.shape, h, d), meta, q.dtype)
+
+
+def _chosen(iq, iw, keys, seen, topk: int):
+    """bool [Q, N]: the entries each query's indexer keeps (top `topk` of the ones it sees)."""
+    dim = keys.shape[-1]
+    dots = jnp.einsum("qhd,nd->qhn", iq.astype(F32), keys, precision=HIGHEST)
+    scores = jnp.einsum("qhn,qh->qn", jax.nn.relu(dots) * dim**-0.5, iw.astype(F32),
+                        precision=HIGHEST)  # fmt: skip
+    scores = jnp.where(seen, scores, -jnp.inf)
+    k = min(topk, keys.shape[0])
+    _, top = jax.lax.top_k(scores, k)
+    picked = jnp.zeros(scores.shape, bool).at[jnp.arange(scores.shape[0])[:, None], top].set(True)
+    return picked
