@@ -1,0 +1,129 @@
+"""DeepSeek-V4 against transformers, inside the engine (tools/make_fixtures.py builds both
+fixtures: window 7 / 9, compress rates 4 and 8 / 3 and 6, an 80-token prompt).
+
+Every run has chunked prefill and evicts the window after every step, so each entry is made
+from pending projections read back from the SWA pool, often across chunks; the rates 3 and 6
+divide neither the page sizes nor the chunks. Logits within 1e-4 of transformers' float32, the
+greedy continuation identical, both pools entirely free afterwards.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean
+
+from swajax.api import EngineSpec, make_engine
+from swajax.models import load_decoder
+from swajax.serving.sampling_params import SamplingParams
+
+SPEC = EngineSpec.of(
+    kv_budget_gib=0.002, page_size=4, chunk_size=8, eviction_interval=1, max_context=128
+)
+
+
+# Per fixture: pages and chunks that make the second run's hit end between two window ends of
+# its HCA layers (deepseek_v4: 60; deepseek_v4_odd: 64, between those of its CSA layers too).
+BETWEEN = {"deepseek_v4": dict(page_size=2, chunk_size=10), "deepseek_v4_odd": {}}
+
+
+@pytest.fixture(scope="module", params=sorted(BETWEEN))
+def fixture(request):
+    path = FIXTURES / request.param
+    case = json.loads((path / "greedy.json").read_text())
+    return load_decoder(path), case, np.load(path / "logits.npy"), BETWEEN[request.param]
+
+
+def run(decoder, spec, prompts, max_new_tokens=8):
+    engine = make_engine(decoder, spec)
+    rids = []
+    for prompt in prompts:  # one after the other: a later one may hit an earlier one's prefix
+        rids.append(engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens),
+                                       keep_logits=True))  # fmt: skip
+        engine.run()
+    return engine, [engine.requests[r] for r in rids]
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_matches_transformers_with_a_prefix_hit_between_boundaries(fixture):
+    """The prompt twice: the second finds the first cached up to a point between two window
+    ends, so its first entries are made from pending projections the first request left in
+    the SWA pool."""
+    decoder, case, expected, between = fixture
+    engine, (first, second) = run(decoder, SPEC.replace(**between), [case["prompt"]] * 2)
+    assert rel_err(np.stack(first.logits[: len(case["prompt"])]), expected) <= 1e-4
+    assert first.output == second.output == case["greedy"]
+    hit = engine.scheduler.hit_tokens
+    rates = {la.compress_rate for la in decoder.spec.hybrid.layers if la.compress_rate}
+    assert hit > 0 and hit % max(rates), (hit, rates)
+    tail = np.stack(second.logits[: len(case["prompt"]) - hit])
+    assert rel_err(tail, expected[hit:]) <= 1e-4
+    assert engine.metrics[-1].swa_used < engine.metrics[-1].full_used  # the window was freed
+    check_clean(engine)
+
+
+SETTINGS = {
+    "hybrid off": dict(hybrid_memory=False),
+    "page 8 chunk 16": dict(page_size=8, chunk_size=16),
+    "no chunking": dict(chunk_size=None, prefix_cache=False),
+    "pallas": dict(attention="pallas"),  # the compressed attention runs on the XLA path
+}
+# The default run takes one setting per fixture; the rest run with `-m slow`.
+DEFAULT = {("deepseek_v4_odd", "hybrid off"), ("deepseek_v4", "pallas")}
+CASES = [
+    pytest.param(f, v, marks=() if (f, v) in DEFAULT else pytest.mark.slow, id=f"{f}-{v}")
+    for f in sorted(BETWEEN)
+    for v in SETTINGS
+]
+
+
+@pytest.mark.parametrize("fixture, setting", CASES, indirect=["fixture"])
+def test_memory_settings_give_the_same_tokens(fixture, setting):
+    decoder, case, expected, _ = fixture
+    engine, (req,) = run(decoder, SPEC.replace(**SETTINGS[setting]), [case["prompt"]])
+    assert req.output == case["greedy"]
+    assert rel_err(np.stack(req.logits[: len(case["prompt"])]), expected) <= 1e-4
+    check_clean(engine)
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    ["deepseek_v4_odd", pytest.param("deepseek_v4", marks=pytest.mark.slow)],
+    indirect=True,
+)
+def test_retraction_and_abort_keep_other_requests_exact(fixture):
+    """The fixture prompt is retracted mid-prefill and again mid-decode, and resumes (its
+    compressor state made again from the pools); another request is aborted mid-prefill.
+    Every output equals its output in an undisturbed run, the fixture prompt's is
+    transformers' continuation, and nothing leaks."""
+    decoder, case, _, _ = fixture
+    prompt = case["prompt"]
+    prompts, new = [prompt, prompt[3:60], prompt[::-1]], [8, 12, 12]
+
+    def start(engine):
+        return [engine.add_request(p, SamplingParams(max_new_tokens=n))
+                for p, n in zip(prompts, new)]  # fmt: skip
+
+    engine = make_engine(decoder, SPEC)
+    rids = start(engine)
+    req = engine.requests[rids[0]]
+    engine.step()
+    engine.abort(rids[1])
+    while req.kv_len < 20:
+        engine.step()
+    assert req.kv_len < len(prompt)
+    engine.scheduler.retract(req)
+    while len(req.output) < 3:
+        engine.step()
+    engine.scheduler.retract(req)
+    engine.run()
+    assert req.retractions == 2 and req.output == case["greedy"]
+    calm = make_engine(decoder, SPEC)
+    ids = start(calm)
+    calm.run()
+    assert engine.requests[rids[2]].output == calm.requests[ids[2]].output
+    check_clean(engine)
