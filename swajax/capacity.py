@@ -21,15 +21,16 @@ class CapacityReport:
     budget_bytes: int
     full_tokens: int
     swa_tokens: int
-    full_bytes_per_token: int  # one token's KV over all full layers (a draft's included)
-    swa_bytes_per_token: int  # one token's KV over all SWA layers (a draft's included)
+    full_bytes_per_token: float  # one token in the full pool (a draft's KV included)
+    swa_bytes_per_token: float  # one token in the SWA pool (a draft's KV included)
     bytes_used: int
     single_pool_tokens: int  # tokens the same budget holds with one pool for every layer
     capacity_ratio: float  # full_tokens / single_pool_tokens
     min_ratio_estimate: float | None  # (W + I + P) / T, when an average length T is given
-    # DeepSeek-V4's compressed caches, outside the two pools: amortized bytes of one token
-    # over all compressed layers (0 for every other model)
+    # DeepSeek-V4's third lifetime: bytes of compressed entries per token of the full pool
+    # (at this page size), and of pending compressor projections per SWA slot (0 otherwise)
     compressed_bytes_per_token: float = 0.0
+    pending_bytes_per_token: float = 0.0
     # With a named device: the budget is what its memory leaves after these weight bytes.
     device: str | None = None
     weight_bytes: int | None = None
@@ -63,7 +64,8 @@ def capacity_report(
     else:
         sizes = single
     sizes = sizing.with_host_tier(sizes, cfg, host_cache_gib, dtype, draft)
-    full_b, swa_b = sizing.token_bytes(cfg, dtype, draft)
+    full_b, swa_b = sizing.token_bytes(cfg, dtype, draft, page_size)
+    part = sizing.compressed_dtype_bytes(dtype)
     estimate = None
     if avg_seq_len is not None:
         estimate = sizing.min_ratio_estimate(
@@ -86,7 +88,8 @@ def capacity_report(
         single_pool_tokens=single.full_tokens,
         capacity_ratio=sizes.max_total_tokens / single.full_tokens,
         min_ratio_estimate=estimate,
-        compressed_bytes_per_token=cfg.compressed_bytes_per_token(sizing.dtype_bytes(dtype)),
+        compressed_bytes_per_token=cfg.compressed_bytes_per_token(part, page_size),
+        pending_bytes_per_token=cfg.pending_bytes_per_token(part),
         host_full_tokens=sizes.host_full_tokens,
         host_swa_tokens=sizes.host_swa_tokens,
     )

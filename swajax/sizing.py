@@ -112,6 +112,31 @@ def compressed_dtype_bytes(dtype: str) -> int:
     return max(dtype_bytes(dtype), 2)
 
 
+# Families whose ratio, when none is given, is SGLang's override for them rather than the
+# caller's default: DeepSeek-V4 keeps most of its bytes per token in the window (pending
+# compressor state included) and little on the full side.
+MODEL_RATIOS = {"deepseek_v4": 0.1}
+
+
+def resolve_ratio(cfg: HybridConfig, ratio: float | None, default: float) -> float:
+    """The ratio given, else the model's own override, else `default`."""
+    if ratio is not None:
+        return ratio
+    return MODEL_RATIOS.get(cfg.model_type, default)
+
+
+# DeepSeek-V4's compressed entries ride on full pages with ceil(page / rate) slots each: a page
+# size that both rates (4, 128) divide wastes none (`memory/compressed_pool.py`).
+MODEL_PAGE_SIZES = {"deepseek_v4": 128}
+
+
+def resolve_page_size(cfg: HybridConfig, page_size: int | None, default: int) -> int:
+    """The page size given, else the model's own, else `default`."""
+    if page_size is not None:
+        return page_size
+    return MODEL_PAGE_SIZES.get(cfg.model_type, default)
+
+
 def check_ratio(ratio: float) -> float:
     if not (isinstance(ratio, int | float) and 0 < ratio <= 1):
         raise SizingError(f"swa_full_tokens_ratio must be in (0, 1], got {ratio!r}")

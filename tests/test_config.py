@@ -272,7 +272,8 @@ def test_new_family_presets_by_hand():
     assert (step.swa_attention.num_heads, step.full_attention.num_heads) == (96, 64)
     assert step.swa_attention.num_kv_heads == step.full_attention.num_kv_heads == 8
     ds = load_preset("deepseek-v4-flash")
-    assert ds.layer_mix == "all_swa" and ds.sliding_window == 127
+    # Compressed entries live as long as the request, on the full pages: hybrid pools
+    assert ds.layer_mix == "hybrid" and ds.sliding_window == 127 and not ds.full_layer_ids
     assert ds.swa_attention.k_is_v and ds.swa_attention.has_sinks
     rates = [la.compress_rate for la in ds.layers]
     assert rates[:4] == [None, None, 4, 128] and rates.count(4) == 21 and rates.count(128) == 20
@@ -283,7 +284,7 @@ def test_new_family_presets_by_hand():
 def test_deepseek_v4_layer_types_and_rates_forms():
     base = {"model_type": "deepseek_v4", "num_hidden_layers": 4, "hidden_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
-            "sliding_window": 8, "index_head_dim": 8}  # fmt: skip
+            "sliding_window": 16, "index_head_dim": 8}  # fmt: skip
     csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
     new = parse_hf_config(base | {"layer_types": ["sliding_attention", csa, hca, csa],
                                   "compress_rates": {csa: 2, hca: 16}})  # fmt: skip
@@ -292,6 +293,7 @@ def test_deepseek_v4_layer_types_and_rates_forms():
     assert new == legacy
     assert [la.compress_rate for la in new.layers] == [None, 2, 16, 2]
     assert [la.compress_dims for la in new.layers] == [0, 40, 32, 40]
+    assert [la.pending_dims for la in new.layers] == [0, 160, 64, 160]  # CSA: two series
     with pytest.raises(ConfigError, match="compress_ratios"):
         parse_hf_config(base | {"compress_ratios": [0, 3, 16, 2]})
     with pytest.raises(ConfigError, match="layer_types"):

@@ -41,7 +41,7 @@ class EngineSpec:
     # None: enough for AUTO_REQUESTS contexts of the model's own length (at most AUTO_CONTEXT
     # tokens each, AUTO_BUDGET_GIB in all).
     kv_budget_gib: float | None = None
-    ratio: float = 0.5
+    ratio: float | None = None  # None: 0.5, or the model's own (sizing.MODEL_RATIOS)
     page_size: int = 4
     hybrid_memory: bool = True
     attention: str = "xla"
@@ -72,6 +72,7 @@ class EngineSpec:
 
 
 KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DEFAULT_RATIO = 0.5  # swa_full_tokens_ratio when neither the spec nor the model names one
 DEFAULT_CONTEXT = 4096  # a config without max_position_embeddings
 AUTO_CONTEXT, AUTO_REQUESTS, AUTO_BUDGET_GIB = 32_768, 2, 2.0
 
@@ -131,7 +132,8 @@ def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid
     own = spec.options.max_context
     context = min(own or decoder.spec.max_position or DEFAULT_CONTEXT, AUTO_CONTEXT)
     full, swa = sizing.token_bytes(cfg, kv, draft_cfg)
-    per_token = sizing.cell_bytes(cfg, spec.ratio, kv, draft_cfg) if hybrid else full + swa
+    ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)
+    per_token = sizing.cell_bytes(cfg, ratio, kv, draft_cfg) if hybrid else full + swa
     tokens = AUTO_REQUESTS * (context + 2 * spec.page_size)
     return int(min(tokens * per_token, sizing.gib_to_bytes(AUTO_BUDGET_GIB)))
 
@@ -158,8 +160,9 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     hybrid = spec.hybrid_memory and cfg.layer_mix != "full_only"
     budget = _budget_bytes(decoder, spec, kv, draft_cfg, hybrid)
     if hybrid:
+        ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)
         sizes = sizing.size_hybrid(
-            cfg, budget, ratio=spec.ratio, page_size=spec.page_size, dtype=kv, draft=draft_cfg
+            cfg, budget, ratio=ratio, page_size=spec.page_size, dtype=kv, draft=draft_cfg
         )
     else:
         sizes = sizing.size_single_pool(

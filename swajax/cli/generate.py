@@ -242,7 +242,8 @@ def add_model_args(p, prompts: bool = True) -> None:
                    "max_position_embeddings, capped by what the pools hold)")  # fmt: skip
     p.add_argument("--max-running", type=args_lib.int_at_least(1, 4096), default=16,
                    help="requests decoded together")  # fmt: skip
-    p.add_argument("--ratio", type=args_lib.RATIO, default=0.5)
+    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
+                   help="SWA / full, in (0, 1] (default 0.5; DeepSeek-V4: 0.1)")  # fmt: skip
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
     p.add_argument("--disable-hybrid-memory", action="store_true")
     p.add_argument("--no-prefix-cache", action="store_true")

@@ -32,9 +32,8 @@ def format_report(report: CapacityReport) -> str:
         ("capacity vs single", f"{report.capacity_ratio:.2f}x"),
     ]
     if report.compressed_bytes_per_token:
-        rows.append(
-            ("compressed bytes/token", f"{report.compressed_bytes_per_token:,.1f} (not in pools)")
-        )
+        rows.append(("of which compressed", f"{report.compressed_bytes_per_token:,.1f} (full)"))
+        rows.append(("of which pending", f"{report.pending_bytes_per_token:,.1f} (SWA)"))
     if report.device is not None:
         rows.insert(
             4, ("device / weights", f"{report.device} / {report.weight_bytes / 1e9:.1f} GB")
@@ -62,8 +61,8 @@ def run(args) -> int:
     report = capacity_report(
         cfg,
         budget,
-        ratio=args.ratio,
-        page_size=args.page_size or 1,
+        ratio=sizing.resolve_ratio(cfg, args.ratio, 0.8),
+        page_size=sizing.resolve_page_size(cfg, args.page_size, 1),
         dtype=args.dtype,
         avg_seq_len=args.avg_seq_len,
         eviction_interval=args.eviction_interval,
@@ -151,10 +150,12 @@ def register(sub) -> None:
                    help="in GiB (or --accelerator: what it leaves after the weights)")  # fmt: skip
     p.add_argument("--dequantize-weights", action="store_true",
                    help="count quantized weights dequantized to bfloat16")  # fmt: skip
-    p.add_argument("--ratio", type=args_lib.RATIO, default=0.8, help="SWA / full, in (0, 1]")
+    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
+                   help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)")  # fmt: skip
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
-                   help="default 1 for capacity, 16 when planning a --workload")  # fmt: skip
+                   help="default 1 for capacity, 16 when planning a --workload; "
+                   "DeepSeek-V4: 128")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--avg-seq-len",

@@ -48,8 +48,8 @@ def run(args) -> int:
         acceptance=args.acceptance,
         workload=args.workload,
         requests=args.requests,
-        ratio=args.ratio,
-        page_size=args.page_size,
+        ratio=sizing.resolve_ratio(cfg, args.ratio, 0.8),
+        page_size=sizing.resolve_page_size(cfg, args.page_size, 16),
         seed=args.seed,
         dtype=args.dtype,
         progress=not args.json,
@@ -86,8 +86,10 @@ def register(sub) -> None:
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
-    p.add_argument("--ratio", type=args_lib.RATIO, default=0.8)
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=16)
+    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
+                   help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)")  # fmt: skip
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
+                   help="default 16; DeepSeek-V4: 128")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16",
                    help="KV element type the pools are sized in (fp8_*: one byte)")  # fmt: skip
     p.add_argument("--workload", type=args_lib.workload_choice, required=True,

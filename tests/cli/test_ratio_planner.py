@@ -46,11 +46,16 @@ def test_sweep_starts_at_the_corrected_minimum_and_picks_the_fastest():
     assert "planned ratio 0.3" in text and "2.00x one pool" in text
 
 
-def test_plan_cli_names_what_it_needs(cli):
+def test_plan_cli_names_what_it_needs(cli, tmp_path):
     code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
                        "--workload", "multi-turn")  # fmt: skip
     assert code == 2 and "give --accelerator" in err
-    code, _, err = cli("plan", "--preset", "deepseek-v4-flash", "--kv-budget-gib", "1",
+    unbuilt = tmp_path / "config.json"  # attention fields plan reads, of no family swajax builds
+    unbuilt.write_text(json.dumps({"model_type": "hybrid_x", "num_hidden_layers": 2,
+                                   "hidden_size": 64, "num_attention_heads": 4,
+                                   "num_key_value_heads": 2, "sliding_window": 8,
+                                   "layer_types": ["sliding_attention", "full_attention"]}))
+    code, _, err = cli("plan", "--hf-config", str(unbuilt), "--kv-budget-gib", "1",
                        "--workload", "multi-turn", "--accelerator", "h200")  # fmt: skip
     assert code == 2 and "weight bytes need a model swajax builds" in err
     code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
