@@ -68,9 +68,9 @@ def layer_types(cfg: Mapping[str, Any], n: int) -> list[str]:
     return list(types[:n])
 
 
-def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int, int] | None]:
-    """Per layer: (compress_rate, elements per compressed entry, elements per pending token),
-    or None (window only).
+def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int, int, int] | None]:
+    """Per layer: (compress_rate, elements per compressed entry, elements per pending token,
+    entries a query attends: CSA's `index_topk`, 0 for all), or None (window only).
 
     A pending token is what the compressor keeps of a token until its entry is made: its KV
     and gate projections. CSA projects two series (`2 * head_dim` each, and the indexer's
@@ -80,7 +80,11 @@ def compressed_layers(cfg: Mapping[str, Any], n: int) -> list[tuple[int, int, in
     index_dim = positive_int(cfg, "index_head_dim", 128)
     entry = {CSA: head_dim + index_dim, HCA: head_dim}
     pending = {CSA: 4 * (head_dim + index_dim), HCA: 2 * head_dim}
-    return [None if t == SLIDING else (rates[t], entry[t], pending[t]) for t in layer_types(cfg, n)]
+    topk = {CSA: positive_int(cfg, "index_topk", 512), HCA: 0}
+    return [
+        None if t == SLIDING else (rates[t], entry[t], pending[t], topk[t])
+        for t in layer_types(cfg, n)
+    ]
 
 
 def compressor_span(rate: int, overlapping: bool) -> int:

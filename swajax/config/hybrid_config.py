@@ -67,6 +67,7 @@ class LayerSpec:
     compress_rate: int | None = None
     compress_dims: int = 0
     pending_dims: int = 0
+    compress_topk: int = 0  # CSA: the entries the Lightning Indexer keeps per query
 
     @property
     def overlapping(self) -> bool:
@@ -345,7 +346,9 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
     elif model_type in hf_compressed.MODEL_TYPES:  # every layer has a window branch
         layers = _layer_specs(model_type, text, [LayerKind.SLIDING] * n)
         layers = [
-            dataclasses.replace(la, compress_rate=c[0], compress_dims=c[1], pending_dims=c[2])
+            dataclasses.replace(
+                la, compress_rate=c[0], compress_dims=c[1], pending_dims=c[2], compress_topk=c[3]
+            )
             if c
             else la
             for la, c in zip(layers, hf_compressed.compressed_layers(text, n))

@@ -6,9 +6,11 @@ Bytes: the weights a step touches (dense weights always; each MoE layer's expert
 proportion the step's tokens are expected to touch, 1 - (1 - k/E)^T) plus the KV every
 request's attention reads: full layers its whole context, local layers at most W + 1 keys
 before each of its new tokens (a chunked layer at most its chunk), over the layers that own
-KV. FLOPs: 2 x active parameters per new token, plus attention's 4 x heads x head_dim per
-(query, key) pair. The model is for comparing configurations of the same model side by side
-(hybrid vs one pool, ratio against ratio), not for predicting absolute latency.
+KV; DeepSeek-V4's compressed layers add their entries (HCA: every one; CSA: the indexer's key
+of every one, and the `index_topk` entries it keeps). FLOPs: 2 x active parameters per new
+token, plus attention's 4 x heads x head_dim per (query, key) pair. The model is for comparing
+configurations of the same model side by side (hybrid vs one pool, ratio against ratio), not
+for predicting absolute latency.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from swajax.config import HybridConfig, LayerKind
-from swajax.sizing import layer_bytes
+from swajax.sizing import compressed_dtype_bytes, layer_bytes
 
 GB, TB = 1e9, 1e12
 
@@ -101,7 +103,8 @@ class StepTimeModel:
 
     def _layer_groups(self, f_bytes: float, s_bytes: float) -> tuple:
         """Layers that cost the same, counted: (kind, window, FLOPs per (query, key) pair, KV
-        bytes per key read (0 for a layer that reads its source layer's KV), count). A model
+        bytes per key read (0 for a layer that reads its source layer's KV), compressed entries
+        (`_compressed`), count). A model
         has a handful of these however deep it is, so a step costs a few array operations
         over its requests, not a Python loop over requests x layers."""
         groups: dict[tuple, int] = {}
@@ -111,9 +114,30 @@ class StepTimeModel:
             per_key = 0.0 if layer.kv_source is not None else (
                 s_bytes if layer.kind.is_local else f_bytes
             )  # fmt: skip
-            key = (layer.kind, layer.window, per_pair, per_key)
+            key = (layer.kind, layer.window, per_pair, per_key, self._compressed(layer, shape))
             groups[key] = groups.get(key, 0) + 1
         return tuple((*key, count) for key, count in groups.items())
+
+    def _compressed(self, layer, shape) -> tuple[int, int, float, float]:
+        """(rate, top-k, bytes of an attended entry, bytes of an indexer key) of a compressed
+        layer; (0, 0, 0, 0) for any other."""
+        if not layer.compress_rate:
+            return (0, 0, 0.0, 0.0)
+        b = compressed_dtype_bytes(self.kv_dtype)
+        index = layer.compress_dims - shape.head_dim if layer.compress_topk else 0
+        return (layer.compress_rate, layer.compress_topk, shape.head_dim * b, index * b)
+
+    @staticmethod
+    def _entries(compressed, per_pair, first, last, seq, new) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes read, FLOPs) per request of a compressed layer's entries: each query attends
+        the entries of the windows ended by then (CSA: at most top-k of them, after scoring
+        every indexer key); a step reads the union."""
+        rate, topk, entry, index = compressed
+        seen_first, seen_last, ended = (first + 1) // rate, (last + 1) // rate, seq // rate
+        if topk:
+            attended = new * (np.minimum(seen_first, topk) + np.minimum(seen_last, topk)) / 2
+            return ended * index + np.minimum(ended, new * topk) * entry, per_pair * attended
+        return ended * entry, per_pair * new * (seen_first + seen_last) / 2
 
     @staticmethod
     def _visible(kind: LayerKind, window: int, q: np.ndarray) -> np.ndarray:
@@ -131,10 +155,13 @@ class StepTimeModel:
         new = seq - prefix
         first, last = prefix, seq - 1
         kv, flops = 0.0, 0.0
-        for kind, window, per_pair, per_key, count in self._groups:
+        for kind, window, per_pair, per_key, compressed, count in self._groups:
             seen = self._visible(kind, window, first)
             pairs = new * (seen + self._visible(kind, window, last)) / 2
             flops += count * per_pair * float(pairs.sum())
+            if compressed[0]:
+                read, work = self._entries(compressed, per_pair, first, last, seq, new)
+                kv, flops = kv + count * float(read.sum()), flops + count * float(work.sum())
             if not per_key:
                 continue  # reads the KV its source layer already brought in
             if kind is LayerKind.FULL:

@@ -64,6 +64,16 @@ def _per_layer(model: StepTimeModel, spans) -> float:
                 local = layer.kind.is_local
                 keys = min(span.seq_len, seen + new - 1) if local else span.seq_len
                 kv += keys * (s_bytes if local else f_bytes)
+            if layer.compress_rate:  # DeepSeek-V4: entries of the windows ended so far
+                r, k, d = layer.compress_rate, layer.compress_topk, shape.head_dim
+                ended = span.seq_len // r
+                first, last = (span.prefix_len + 1) // r, span.seq_len // r
+                if k:  # CSA: every indexer key, the top-k entries of each query
+                    kv += ended * (layer.compress_dims - d) * 2 + min(ended, new * k) * d * 2
+                    first, last = min(first, k), min(last, k)
+                else:
+                    kv += ended * d * 2
+                flops += 2 * shape.num_heads * 2 * d * new * (first + last) / 2
     acc = model.accelerator
     read = model.cost.weights_read(tokens) + kv
     flops += 2 * model.cost.active_params * tokens
@@ -71,7 +81,7 @@ def _per_layer(model: StepTimeModel, spans) -> float:
 
 
 @pytest.mark.parametrize(
-    "preset", ["gpt-oss-120b", "llama-4-scout", "gemma-4-e4b", "mimo-v2-flash"]
+    "preset", ["gpt-oss-120b", "llama-4-scout", "gemma-4-e4b", "mimo-v2-flash", "deepseek-v4-flash"]
 )
 def test_grouped_layers_cost_what_each_layer_costs(preset):
     """Sliding, chunked, full and KV-sharing layers, decode and prefill spans of every length."""
