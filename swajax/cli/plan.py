@@ -120,7 +120,7 @@ def _run_planner(args, cfg) -> int:
         timer,
         chunks=chunks,
         ratios=args.ratios or ratio_planner.RATIOS,
-        page_size=args.page_size or 16,  # a serving page size for the simulation
+        page_size=sizing.resolve_page_size(cfg, args.page_size, 16),  # a serving page size
         dtype=args.dtype,
         host_cache_gib=args.host_cache_gib,
     )
