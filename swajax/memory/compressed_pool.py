@@ -69,7 +69,7 @@ class CompressedPools:
 
 
 def init_compressed(cfg: HybridConfig, full_rows: int, swa_rows: int, page_size: int,
-                    dtype) -> CompressedPools | None:  # fmt: skip
+                    dtype, sharding=None) -> CompressedPools | None:  # fmt: skip
     """Zeroed stores for the compressed layers of `cfg` (None without any): `full_rows` /
     `swa_rows` are the pools' rows, dummy page included."""
     ids = cfg.compressed_layer_ids
@@ -80,7 +80,7 @@ def init_compressed(cfg: HybridConfig, full_rows: int, swa_rows: int, page_size:
     shapes = [((pages * ceil_div(page_size, la.compress_rate), la.compress_dims), dtype)
               for la in layers]  # fmt: skip
     shapes += [((swa_rows, la.pending_dims), dtype) for la in layers]
-    arrays = zeros(*shapes)
+    arrays = zeros(*shapes, sharding=sharding)
     index = [-1] * cfg.num_layers
     for j, i in enumerate(ids):
         index[i] = j

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from swajax.config import AttentionShape, HybridConfig
 from swajax.memory.compressed_pool import CompressedPools, dtype_of, init_compressed
@@ -153,7 +154,9 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
     full_k, full_v, swa_k, swa_v = zeros(*full, *swa, sharding=sharding)  # one program
     k_is_v = (cfg.full_attention.k_is_v, cfg.swa_attention.k_is_v)
-    compressed = init_compressed(cfg, full_rows, swa_rows, ps, dtype_of(kind).name)
+    # Compressed stores have no head axis: split pools over heads leave them replicated.
+    whole = None if sharding is None else jax.sharding.NamedSharding(sharding.mesh, P())
+    compressed = init_compressed(cfg, full_rows, swa_rows, ps, dtype_of(kind).name, whole)
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed)
 
 

@@ -254,7 +254,7 @@ class HybridLM:
         if self.mesh is not None:
             from swajax.models.sharding import pool_sharding
 
-            heads = pool_sharding(self.mesh)
+            heads = pool_sharding(self.mesh, self.spec)
         return pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)
 
     @property

@@ -46,6 +46,17 @@ _RULES = {
     ("mlp", "gate_up_scales"): P(None, AXIS, None),
     ("mlp", "down_blocks"): P(None, None, AXIS, None),
     ("mlp", "down_scales"): P(None, None, AXIS),
+    # DeepSeek-V4: one KV head (shared-KV MQA), so its pools stay whole on every device; the
+    # query heads, the output groups and the experts' intermediate split instead.
+    ("wq_b", "kernel"): P(None, AXIS),
+    ("attn", "wo_a"): P(AXIS, None, None),
+    ("wo_b", "kernel"): P(AXIS, None),
+    ("attn", "sinks"): P(AXIS),
+    ("ffn", "gate_up"): P(None, None, AXIS),
+    ("ffn", "down"): P(None, AXIS, None),
+    ("w1", "kernel"): P(None, AXIS),
+    ("w3", "kernel"): P(None, AXIS),
+    ("w2", "kernel"): P(AXIS, None),
 }
 
 
@@ -64,6 +75,8 @@ def check_divisible(spec, mesh: Mesh) -> None:
     for name, width in widths:
         if width % n:
             raise ValueError(f"{name} size {width} is not divisible by the {n} devices of the mesh")
+    if spec.v4 is not None:  # its pools are replicated (`pool_sharding`)
+        return
     for name, shape in (("full", spec.hybrid.full_attention), ("SWA", spec.hybrid.swa_attention)):
         if shape.num_kv_heads % n:
             raise ValueError(
@@ -76,6 +89,8 @@ def param_spec(path) -> P:
     """How the parameter at `path` (NNX graph keys) splits: by heads, else replicated. The
     parameters of scanned layers (`layer_stack`) carry a leading layer axis, never split."""
     names = tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+    if names and names[-1] == "value":  # a pytree path into an `nnx.State` ends at the value
+        names = names[:-1]
     spec = next((s for key, s in _RULES.items() if names[-len(key) :] == key), P())
     return P(None, *spec) if "stacks" in names and spec != P() else spec
 
@@ -98,8 +113,11 @@ def shard_state(state, mesh: Mesh):
     return jax.tree_util.tree_map_with_path(place, state)
 
 
-def pool_sharding(mesh: Mesh) -> NamedSharding:
-    """KV pools [layers, rows, kv_heads, dim]: split on the head axis."""
+def pool_sharding(mesh: Mesh, spec=None) -> NamedSharding:
+    """KV pools [layers, rows, kv_heads, dim]: split on the head axis; DeepSeek-V4's single
+    shared KV head (and its compressed stores) replicated."""
+    if spec is not None and spec.v4 is not None:
+        return replicated(mesh)
     return NamedSharding(mesh, P(None, None, AXIS, None))
 
 

@@ -51,10 +51,19 @@ def test_plan_cli_names_what_it_needs(cli, tmp_path):
                        "--workload", "multi-turn")  # fmt: skip
     assert code == 2 and "give --accelerator" in err
     unbuilt = tmp_path / "config.json"  # attention fields plan reads, of no family swajax builds
-    unbuilt.write_text(json.dumps({"model_type": "hybrid_x", "num_hidden_layers": 2,
-                                   "hidden_size": 64, "num_attention_heads": 4,
-                                   "num_key_value_heads": 2, "sliding_window": 8,
-                                   "layer_types": ["sliding_attention", "full_attention"]}))
+    unbuilt.write_text(
+        json.dumps(
+            {
+                "model_type": "hybrid_x",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+            }
+        )
+    )
     code, _, err = cli("plan", "--hf-config", str(unbuilt), "--kv-budget-gib", "1",
                        "--workload", "multi-turn", "--accelerator", "h200")  # fmt: skip
     assert code == 2 and "weight bytes need a model swajax builds" in err

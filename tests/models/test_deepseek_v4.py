@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 from helpers import FIXTURES
 from helpers.engine_checks import check_clean
+from jax.sharding import PartitionSpec as P
 
 from swajax.api import EngineSpec, make_engine
+from swajax.memory.mesh_axis import AXIS
 from swajax.models import load_decoder
+from swajax.models.sharding import kv_mesh
 from swajax.serving.sampling_params import SamplingParams
 
 SPEC = EngineSpec.of(
@@ -126,4 +129,24 @@ def test_retraction_and_abort_keep_other_requests_exact(fixture):
     ids = start(calm)
     calm.run()
     assert engine.requests[rids[2]].output == calm.requests[ids[2]].output
+    check_clean(engine)
+
+
+def test_tensor_parallel_over_four_devices():
+    """Query heads, the experts' intermediate and the shared expert split over the 4 fake
+    devices (tests/conftest.py); the one shared KV head's pools and the compressed stores are
+    whole on each. Same logits and tokens."""
+    path = FIXTURES / "deepseek_v4_odd"
+    case = json.loads((path / "greedy.json").read_text())
+    mesh = kv_mesh(4)
+    engine, (req,) = run(load_decoder(path, mesh=mesh), SPEC.replace(tensor_parallel=4),
+                         [case["prompt"]])  # fmt: skip
+    assert req.output == case["greedy"]
+    expected = np.load(path / "logits.npy")
+    assert rel_err(np.stack(req.logits[: len(case["prompt"])]), expected) <= 1e-4
+    wq_b = engine.model.decoder.layers[0].attn.wq_b.kernel.get_value()
+    assert wq_b.sharding.spec == P(None, AXIS)
+    pools = engine.runner.pools
+    assert pools.swa_k.sharding.spec == P() and pools.compressed.entries[0].sharding.spec == P()
+    assert len(pools.compressed.entries[0].sharding.device_set) == 4
     check_clean(engine)

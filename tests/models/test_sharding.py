@@ -139,3 +139,19 @@ def test_speculative_decoding_runs_under_a_mesh():
         outs = [o.token_ids for o in llm.generate(prompts, params)]
         runs.append((outs, llm.summary()["draft_tokens_accepted"]))
     assert runs[0] == runs[1] and runs[0][1] > 0
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_the_engines_model_keeps_the_parameters_split(scan_layers):
+    """`HybridLM` places the loaded state again (`shard_state`); each split parameter must stay
+    split there, scanned stacks included. (An `nnx.State` path ends at `.value`: the rules once
+    matched none of them, so every device held every weight whole.)"""
+    mesh = kv_mesh(2)
+    model = HybridLM(load_decoder(FIXTURES / "llama4", mesh=mesh), mesh=mesh,
+                     scan_layers=scan_layers)  # fmt: skip
+    split = [x for x in jax.tree.leaves(model.state) if len(x.sharding.device_set) == 2
+             and x.addressable_shards[0].data.shape != x.shape]  # fmt: skip
+    assert len(split) >= 4  # q / k / v / o projections and the experts, at least
+    if not scan_layers:
+        q = model.decoder.layers[0].self_attn.q_proj.kernel[...]
+        assert q.addressable_shards[0].data.shape == (64, 32)
