@@ -3,6 +3,8 @@ gathered for the host, and loads that take the pages the host chose and scatter 
 
 Pages move as [pages, layers, page_size, heads, dim] (K and V per sub-pool), the host store's
 layout, so a page of every layer is one contiguous host block; the transposes run on the device.
+DeepSeek-V4's compressed stores move with the pages they live on: a full page's entry slots
+([pages, E, dims] per compressed layer) and an SWA page's pending rows ([pages, ps, dims]).
 """
 
 from __future__ import annotations
@@ -19,6 +21,39 @@ from swajax.memory.pool import KVPools, stored
 
 def _buffers(pools: KVPools, swa: bool) -> tuple[jax.Array, jax.Array]:
     return (pools.swa_k, pools.swa_v) if swa else (pools.full_k, pools.full_v)
+
+
+def _compressed(pools: KVPools, swa: bool) -> tuple[jax.Array, ...]:
+    """The compressed stores that live on this sub-pool's pages (none but DeepSeek-V4's)."""
+    c = pools.compressed
+    if c is None:
+        return ()
+    return c.pending if swa else c.entries
+
+
+def _rows_per_page(pools: KVPools, swa: bool) -> tuple[int, ...]:
+    """Rows of each compressed store on one page: ps pending rows, or E entry slots."""
+    c = pools.compressed
+    return tuple(pools.page_size if swa else c.per_page(i) for i in range(len(c.rates)))
+
+
+def page_layouts(pools: KVPools, swa: bool) -> tuple[tuple[tuple[int, ...], object], ...]:
+    """(shape, dtype) of one page of each buffer a sub-pool's page moves: K, V, then the
+    compressed stores on it (the host store's layout)."""
+    ps = pools.page_size
+    out = [((b.shape[0], ps, *b.shape[2:]), b.dtype) for b in _buffers(pools, swa)]
+    if pools.compressed is not None:
+        rows = _rows_per_page(pools, swa)
+        out += [((r, b.shape[1]), b.dtype) for r, b in zip(rows, _compressed(pools, swa))]
+    return tuple(out)
+
+
+def _compressed_rows(pools: KVPools, swa: bool, pages, slots) -> list[jax.Array]:
+    """Rows of each compressed store on `pages` (SWA: the pages' translated `slots`)."""
+    if swa:
+        return [slots] * len(_compressed(pools, swa))
+    return [(pages[:, None] * r + jnp.arange(r)).reshape(-1)
+            for r in _rows_per_page(pools, swa)]  # fmt: skip
 
 
 def _to_pages(x: jax.Array, ps: int) -> jax.Array:
@@ -42,7 +77,12 @@ def gather_pages(alloc: A.AllocatorState, pools: KVPools, pages: jax.Array, *, s
     ps = alloc.page_size
     rows = _slots(pages, ps)
     rows = A.translate(alloc, rows) if swa else rows
-    return tuple(_to_pages(buffer[:, rows], ps) for buffer in _buffers(pools, swa))
+    kv = tuple(_to_pages(buffer[:, rows], ps) for buffer in _buffers(pools, swa))
+    if pools.compressed is None:
+        return kv
+    stores = zip(_compressed(pools, swa), _compressed_rows(pools, swa, pages, rows))
+    n = pages.shape[0]
+    return kv + tuple(store[r].reshape(n, -1, store.shape[1]) for store, r in stores)
 
 
 def _pair(alloc: A.AllocatorState, pages: jax.Array) -> A.AllocatorState:
@@ -74,9 +114,15 @@ def load_pages(alloc, pools, claim, full_kv, pair, swa_kv):
     ps = alloc.page_size
     alloc = claim_pages(alloc, claim, pair)
     rows = {False: _slots(claim, ps), True: A.translate(alloc, _slots(pair, ps))}
-    new = {}
-    for swa, kv in ((False, full_kv), (True, swa_kv)):
+    new, comp = {}, pools.compressed
+    for swa, kv, pages in ((False, full_kv, claim), (True, swa_kv, pair)):
         names = ("swa_k", "swa_v") if swa else ("full_k", "full_v")
-        for name, buffer, pages in zip(names, _buffers(pools, swa), kv):
-            new[name] = buffer.at[:, rows[swa]].set(stored(_from_pages(pages), buffer.dtype))
-    return alloc, dataclasses.replace(pools, **new)
+        for name, buffer, x in zip(names, _buffers(pools, swa), kv):
+            new[name] = buffer.at[:, rows[swa]].set(stored(_from_pages(x), buffer.dtype))
+        if comp is not None:
+            stores = _compressed(pools, swa)
+            at = _compressed_rows(pools, swa, pages, rows[swa])
+            for i, (store, r, x) in enumerate(zip(stores, at, kv[2:])):
+                store = store.at[r].set(x.reshape(-1, store.shape[1]).astype(store.dtype))
+                comp = comp.replace(i, **{"pending" if swa else "entries": store})
+    return alloc, dataclasses.replace(pools, **new, compressed=comp)

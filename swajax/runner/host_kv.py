@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from swajax.memory.host_copy import gather_pages, load_pages
+from swajax.memory.host_copy import gather_pages, load_pages, page_layouts
 from swajax.memory.padding import bucket, pad
 
 MIN_PAGES = 4
@@ -24,12 +24,11 @@ POOLS = ("full", "swa")
 class HostKV:
     def __init__(self, pools, full_pages: int, swa_pages: int):
         """Stores for `full_pages` / `swa_pages` host pages (ids from 1) shaped like `pools`."""
-        ps = pools.page_size
-        buffers = {"full": (pools.full_k, pools.full_v), "swa": (pools.swa_k, pools.swa_v)}
         self.stores = {}
         for pool, pages in (("full", full_pages), ("swa", swa_pages)):
             self.stores[pool] = tuple(
-                np.empty((pages + 1, b.shape[0], ps, *b.shape[2:]), b.dtype) for b in buffers[pool]
+                np.empty((pages + 1, *shape), dtype)
+                for shape, dtype in page_layouts(pools, pool == "swa")
             )
             for store in self.stores[pool]:
                 store[0] = 0  # the dummy page padding reads: finite, like the pools' own

@@ -150,3 +150,48 @@ def test_tensor_parallel_over_four_devices():
     assert pools.swa_k.sharding.spec == P() and pools.compressed.entries[0].sharding.spec == P()
     assert len(pools.compressed.entries[0].sharding.device_set) == 4
     check_clean(engine)
+
+
+def test_a_hit_from_the_host_tier_equals_a_device_hit():
+    """A prefix evicted to host memory (its full pages with their entry slots, its window's SWA
+    pages with their pending rows) and loaded back computes exactly what a device hit computes;
+    with the host copies of the compressed stores zeroed it does not (they are what is read)."""
+    decoder = load_decoder(FIXTURES / "deepseek_v4_odd")
+    prompt = json.loads((FIXTURES / "deepseek_v4_odd" / "greedy.json").read_text())["prompt"]
+    shared = prompt[:64]  # a node boundary between window ends (rates 3 and 6)
+    first, other, second = shared + prompt[64:72], shared + [5, 6, 7, 8], shared + prompt[70:]
+
+    def go(engine, prompt):
+        rid = engine.add_request(prompt, SamplingParams(max_new_tokens=6), keep_logits=True)
+        engine.run()
+        req = engine.requests[rid]
+        return req.output, np.stack(req.logits), req.cached_tokens
+
+    # Chunks of 16: the node ending at 64 is longer than the window, so the host keeps all of
+    # the window a hit needs (it keeps one node's last window, not one spread over two).
+    spec = SPEC.replace(chunk_size=16)
+
+    def evicted(zero_compressed=False):
+        engine = make_engine(decoder, spec.replace(host_cache_gib=0.001))
+        go(engine, first)
+        go(engine, other)
+        engine.cache.evict(10**9, 10**9)
+        if zero_compressed:
+            engine.flush()
+            engine.runner.host_kv.settle()
+            for stores in engine.runner.host_kv.stores.values():
+                for store in stores[2:]:  # after K and V: the compressed stores
+                    store[...] = 0
+        return engine, go(engine, second)
+
+    device = make_engine(decoder, spec)
+    go(device, first)
+    go(device, other)
+    tokens, logits, cached = go(device, second)
+    engine, (got_tokens, got_logits, got_cached) = evicted()
+    tier = engine.cache.tier
+    assert got_cached == cached == 64 and tier.loaded[0] > 0 and tier.loaded[1] > 0
+    assert got_tokens == tokens and np.array_equal(got_logits, logits)
+    check_clean(engine)
+    _, (_, zeroed, _) = evicted(zero_compressed=True)
+    assert not np.allclose(zeroed, logits, atol=1e-3)
