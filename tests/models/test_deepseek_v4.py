@@ -195,3 +195,35 @@ def test_a_hit_from_the_host_tier_equals_a_device_hit():
     check_clean(engine)
     _, (_, zeroed, _) = evicted(zero_compressed=True)
     assert not np.allclose(zeroed, logits, atol=1e-3)
+
+
+def test_the_hubs_tensor_names_and_its_mtp_layers_load(tmp_path):
+    """The hub publishes DeepSeek-V4 without transformers' `model.` prefix (`embed.weight`,
+    `layers.N.attn.*`, `hc_head_fn`) and with its multi-token-prediction layers (`mtp.*`),
+    which the decoder declares and skips; the same parameters load. A tensor nothing reads
+    is still an error naming it."""
+    import shutil
+
+    import jax
+    from flax import nnx
+    from safetensors.numpy import load_file, save_file
+
+    from swajax.models import LoadError
+
+    dst = tmp_path / "v4"
+    shutil.copytree(FIXTURES / "deepseek_v4", dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    hub = {}
+    for name, value in weights.items():
+        name = name.removeprefix("model.").replace("embed_tokens.", "embed.")
+        hub[name.replace("hc_head.hc_", "hc_head_")] = value
+    hub["mtp.0.attn.wq_a.weight"] = hub["layers.0.attn.wq_a.weight"]
+    save_file(hub, str(dst / "model.safetensors"))
+    loaded = nnx.state(load_decoder(dst))
+    original = nnx.state(load_decoder(FIXTURES / "deepseek_v4"))
+    same = jax.tree.map(lambda a, b: bool((a == b).all()), loaded, original)
+    assert all(jax.tree.leaves(same))
+    hub["layers.0.attn.stray.weight"] = hub["layers.0.attn.wq_a.weight"]
+    save_file(hub, str(dst / "model.safetensors"))
+    with pytest.raises(LoadError, match="layers.0.attn.stray.weight"):
+        load_decoder(dst)
