@@ -91,3 +91,23 @@ def compressor_span(rate: int, overlapping: bool) -> int:
     """Tokens before a window's last token whose projections make its entry: the window, and
     for CSA (overlapping windows) the window before it too."""
     return (2 if overlapping else 1) * rate - 1
+
+
+def entries_per_token(rate: int, page_size: int | None) -> float:
+    """Compressed entries per token of capacity: 1 / rate, or with pages, the entry slots a
+    page has (one per rate tokens, rounded up) over its tokens."""
+    if page_size is None:
+        return 1 / rate
+    return -(-page_size // rate) / page_size
+
+
+def check_window(layers) -> None:
+    """A compressor reads its pending projections from the SWA slots, which hold W tokens
+    before the newest: the window must cover the span an entry is made from."""
+    for i, la in enumerate(layers):
+        if la.compress_rate and la.compressor_span > la.window:
+            raise ConfigError(
+                f"layer {i}: a compress rate of {la.compress_rate} reads {la.compressor_span} "
+                f"tokens back, more than the sliding window keeps (W = {la.window}); swajax "
+                "keeps pending compressor state in the window's slots"
+            )

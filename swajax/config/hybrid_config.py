@@ -164,8 +164,9 @@ class HybridConfig:
         """Bytes of compressed entries one token costs, over all compressed layers: an entry
         every `compress_rate` tokens, or with `page_size`, ceil(page_size / rate) entries per
         page (what a full page holds, `memory/compressed_pool.py`)."""
+        per_token = hf_compressed.entries_per_token
         return sum(
-            la.compress_dims * dtype_bytes * entries_per_token(la.compress_rate, page_size)
+            la.compress_dims * dtype_bytes * per_token(la.compress_rate, page_size)
             for la in self.layers
             if la.compress_rate
         )
@@ -197,14 +198,6 @@ class HybridConfig:
         """Memory window W: the most tokens before a query that any local layer reads."""
         windows = [layer.window for layer in self.layers if layer.kind.is_local]
         return max(windows) if windows else None
-
-
-def entries_per_token(rate: int, page_size: int | None) -> float:
-    """Compressed entries per token of capacity: 1 / rate, or with pages, the entry slots a
-    page has (one per rate tokens, rounded up) over its tokens."""
-    if page_size is None:
-        return 1 / rate
-    return -(-page_size // rate) / page_size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +346,7 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
             else la
             for la, c in zip(layers, hf_compressed.compressed_layers(text, n))
         ]
-        _check_compressor_window(layers)
+        hf_compressed.check_window(layers)
     else:
         if text.get("layer_types") is not None:
             kinds = _kinds_from_layer_types(text, n)
@@ -378,18 +371,6 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> HybridConfig:
         hidden_size=positive_int(text, "hidden_size"),
         vocab_size=positive_int(text, "vocab_size") if "vocab_size" in text else 0,
     )
-
-
-def _check_compressor_window(layers: list[LayerSpec]) -> None:
-    """A compressor reads its pending projections from the SWA slots, which hold W tokens
-    before the newest: the window must cover the span an entry is made from."""
-    for i, la in enumerate(layers):
-        if la.compress_rate and la.compressor_span > la.window:
-            raise ConfigError(
-                f"layer {i}: a compress rate of {la.compress_rate} reads {la.compressor_span} "
-                f"tokens back, more than the sliding window keeps (W = {la.window}); swajax "
-                "keeps pending compressor state in the window's slots"
-            )
 
 
 def _layer_specs(
