@@ -158,7 +158,9 @@ class DeepseekV4Decoder(nnx.Module):
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
 
     def load(self, w):
-        names = Names(w.checkpoint.names())
+        # A loader resolves names against its checkpoint; a writer (`export`) writes the hub's.
+        checkpoint = getattr(w, "checkpoint", None)
+        names = Names(checkpoint.names() if checkpoint is not None else ())
         prefixed = PrefixedLoader(w, names)
         w.fill(self.embed, names("embed.weight", "embed_tokens.weight"))
         for i, layer in enumerate(self.layers):

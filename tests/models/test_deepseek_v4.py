@@ -227,3 +227,25 @@ def test_the_hubs_tensor_names_and_its_mtp_layers_load(tmp_path):
     save_file(hub, str(dst / "model.safetensors"))
     with pytest.raises(LoadError, match="layers.0.attn.stray.weight"):
         load_decoder(dst)
+
+
+def test_export_writes_the_hubs_names_and_the_original_tensors():
+    """`swajax convert --to hf` inverts every layout (grouped wo_a, stacked experts, the hash
+    table) and writes the hub's names; each is a tensor of the fixture, bit for bit, and every
+    one of the fixture's comes back (transformers loads the export to the fixture's logits:
+    tools/check_hf_export.py)."""
+    from swajax.models.checkpoint import Checkpoint
+    from swajax.models.deepseek_v4 import Names
+    from swajax.models.export import hf_tensors
+    from swajax.models.loading import checkpoint_files
+
+    folder = FIXTURES / "deepseek_v4"
+    exported = hf_tensors(load_decoder(folder))
+    source = Checkpoint(checkpoint_files(folder), ())
+    names = Names(source.names())
+    assert not any(name.startswith("model.") for name in exported)
+    for name, value in exported.items():
+        # transformers' save_pretrained wrote two top-level tensors under its own names
+        alias = name.replace("embed.", "embed_tokens.").replace("hc_head_", "hc_head.hc_")
+        np.testing.assert_array_equal(value, source.array(names(name, alias)), err_msg=name)
+    assert source.unconsumed() == []
