@@ -102,6 +102,39 @@ def fp8_mimo(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+def fp8_deepseek_v4(folder: Path) -> None:
+    """DeepSeek-V4 in block FP8 as published: attention projections (wq_a, wq_b, wkv, wo_a,
+    wo_b, the indexer's wq_b) and every expert in float8 e4m3 with an inverse scale per 16x16
+    block; the compressors' and indexer's KV / gate / weight projections, routers, norms,
+    embeddings and head stay float (transformers' `_keep_in_fp32_modules` lists the former)."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    kept = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]"
+                      r"|shared_experts\.w[123])\.weight$")  # fmt: skip
+    bm, bn = FP8_BLOCK
+    for name in list(weights):
+        if not kept.search(name) or ".compressor." in name:
+            continue
+        w = weights[name].float()
+        rows, cols = w.shape
+        grid = w.reshape(rows // bm, bm, cols // bn, bn)
+        scale = grid.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        q = (grid / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+        weights[name], weights[f"{name}_scale_inv"] = q, scale.float().contiguous()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(FP8_BLOCK),
+    }
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
 SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
               image_size=28, patch_size=14)  # fmt: skip
 

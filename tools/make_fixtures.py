@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import transformers as tf
 from fixture_forms import (  # noqa: E402 - beside this script
+    fp8_deepseek_v4,
     fp8_mimo,
     legacy_gemma3,
     legacy_gpt_oss,
@@ -251,6 +252,7 @@ VARIANTS = {
     "gpt_oss_legacy": ("gpt_oss", legacy_gpt_oss),
     "gpt_oss_mxfp4": ("gpt_oss", mxfp4_gpt_oss),
     "mimo_v2_flash_fp8": ("mimo_v2_flash", fp8_mimo),
+    "deepseek_v4_fp8": ("deepseek_v4", fp8_deepseek_v4),
     "gemma3_vl_modules": ("gemma3_vl", module_layout),
 }
 WRAPPERS = ("gemma3", "gemma4", "llama4")  # model types loaded as image-text-to-text

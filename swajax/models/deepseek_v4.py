@@ -32,12 +32,15 @@ class V4Attention(nnx.Module):
         self.spec, self.layer_id, self.layer = spec, i, spec.hybrid.layers[i]
         h, d, hidden = shape.num_heads, shape.head_dim, spec.hidden
         self.heads, self.dim = h, d
-        self.wq_a = Linear(hidden, v4.q_lora_rank, dtype=dt)
+        # Published in block FP8 (kept so on the device where the config says so): the query,
+        # KV and output projections; the compressors' own stay float, as published.
+        q = spec.weights
+        self.wq_a = Linear(hidden, v4.q_lora_rank, dtype=dt, quant=q)
         self.q_norm = RMSNorm(v4.q_lora_rank, spec.eps)
-        self.wq_b = Linear(v4.q_lora_rank, h * d, dtype=dt)
-        self.wkv, self.kv_norm = Linear(hidden, d, dtype=dt), RMSNorm(d, spec.eps)
+        self.wq_b = Linear(v4.q_lora_rank, h * d, dtype=dt, quant=q)
+        self.wkv, self.kv_norm = Linear(hidden, d, dtype=dt, quant=q), RMSNorm(d, spec.eps)
         self.wo_a = param((v4.o_groups, h * d // v4.o_groups, v4.o_lora_rank), dt)
-        self.wo_b = Linear(v4.o_groups * v4.o_lora_rank, hidden, dtype=dt)
+        self.wo_b = Linear(v4.o_groups * v4.o_lora_rank, hidden, dtype=dt, quant=q)
         self.sinks = param((h,))
         rate, overlap = self.layer.compress_rate, self.layer.overlapping
         self.compressor = Compressor(hidden, d, rate, overlap, spec.eps, dt) if rate else None
@@ -45,7 +48,9 @@ class V4Attention(nnx.Module):
         csa = bool(rate) and overlap
         self.indexer = Compressor(hidden, v4.index_dim, rate, True, spec.eps, dt) if csa else None
         self.index_wq_b = (
-            Linear(v4.q_lora_rank, v4.index_heads * v4.index_dim, dtype=dt) if csa else None
+            Linear(v4.q_lora_rank, v4.index_heads * v4.index_dim, dtype=dt, quant=q)
+            if csa
+            else None
         )
         self.index_weights = Linear(hidden, v4.index_heads, dtype=dt) if csa else None
 
@@ -206,11 +211,14 @@ class PrefixedLoader:
         if attr not in ("fill", "fill_stacked", "fill_fp8", "fill_fp8_stacked", "fill_joined"):
             return method
 
-        def resolved(param, name, *args, **kwargs):
-            if isinstance(name, str):
-                name = self._names(name)
-            else:
-                name = [[self._names(n) for n in group] for group in name]
-            return method(param, name, *args, **kwargs)
+        def resolve(arg):
+            if isinstance(arg, str):
+                return self._names(arg)
+            if isinstance(arg, list) and arg and isinstance(arg[0], list):  # stacked groups
+                return [[self._names(n) for n in group] for group in arg]
+            return arg
+
+        def resolved(*args, **kwargs):
+            return method(*(resolve(a) for a in args), **kwargs)
 
         return resolved

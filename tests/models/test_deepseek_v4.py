@@ -9,6 +9,7 @@ greedy continuation identical, both pools entirely free afterwards.
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import FIXTURES
@@ -249,3 +250,21 @@ def test_export_writes_the_hubs_names_and_the_original_tensors():
         alias = name.replace("embed.", "embed_tokens.").replace("hc_head_", "hc_head.hc_")
         np.testing.assert_array_equal(value, source.array(names(name, alias)), err_msg=name)
     assert source.unconsumed() == []
+
+
+def test_block_fp8_weights_stay_fp8_and_match_transformers():
+    """The published form: attention projections and experts in float8 with block scales
+    (tools/fixture_forms.py), kept so on the device and dequantized inside the step; the
+    compressors' projections are float as published. Logits within 1e-4 of transformers'
+    reading of the same files, tokens equal."""
+    path = FIXTURES / "deepseek_v4_fp8"
+    case = json.loads((path / "greedy.json").read_text())
+    decoder = load_decoder(path)
+    attn = decoder.layers[1].attn
+    assert attn.wq_a.kernel.get_value().dtype == jnp.float8_e4m3fn
+    assert decoder.layers[1].ffn.gate_up.get_value().dtype == jnp.float8_e4m3fn
+    assert attn.compressor.wkv.kernel.get_value().dtype == jnp.float32
+    engine, (req,) = run(decoder, SPEC, [case["prompt"]])
+    assert req.output == case["greedy"]
+    expected = np.load(path / "logits.npy")
+    assert rel_err(np.stack(req.logits[: len(case["prompt"])]), expected) <= 1e-4
