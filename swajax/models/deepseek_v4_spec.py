@@ -89,8 +89,6 @@ def _hash_layers(text: Mapping[str, Any], n: int) -> tuple[bool, ...]:
 
 def v4_fields(hybrid: HybridConfig, text: Mapping[str, Any]) -> dict:
     """`ModelSpec` fields of a DeepSeek-V4 config (`family_specs` calls it)."""
-    from swajax.models.spec import Mlp  # spec imports this module
-
     n = hybrid.num_layers
     head_dim = hybrid.swa_attention.head_dim
     main, compress = _ropes(text, head_dim)
@@ -121,7 +119,7 @@ def v4_fields(hybrid: HybridConfig, text: Mapping[str, Any]) -> dict:
     return dict(
         v4=v4,
         ropes=tuple(compress if la.compress_rate else main for la in hybrid.layers),
-        mlps=(Mlp.DEEPSEEK_V4_MOE,) * n,
+        mlps=("deepseek_v4_moe",) * n,  # `ModelSpec` makes it `Mlp.DEEPSEEK_V4_MOE`
         intermediate=(width,) * n,
         num_experts=positive_int(text, "n_routed_experts", 256),
         top_k=positive_int(text, "num_experts_per_tok", 6),
