@@ -2,7 +2,7 @@
 
     python benchmarks/compressed_capacity.py [--gib 40] [--markdown]
 
-Token capacity (bf16, page size 128, ratio 0.1: SGLang's override for the model) of
+Token capacity (bf16, page size 64, ratio 0.1: SGLang's override for the model) of
   - swajax's pools: compressed entries on the full pages, window KV and pending compressor
     projections in the SWA pool (`memory/compressed_pool.py`);
   - two pools without the compressed lifetime: CSA / HCA layers kept as full-attention layers
@@ -27,7 +27,7 @@ from swajax.simulator import ratio_planner
 from swajax.simulator.step_time import ACCELERATORS, StepTimeModel
 from swajax.simulator.workloads import workload_of
 
-PRESET, RATIO, PAGE, DTYPE = "deepseek-v4-flash", 0.1, 128, "bf16"
+PRESET, RATIO, PAGE, DTYPE = "deepseek-v4-flash", 0.1, 64, "bf16"
 
 
 def _as_full(cfg, layer_ids):

@@ -42,7 +42,7 @@ class EngineSpec:
     # tokens each, AUTO_BUDGET_GIB in all).
     kv_budget_gib: float | None = None
     ratio: float | None = None  # None: 0.5, or the model's own (sizing.MODEL_RATIOS)
-    page_size: int = 4
+    page_size: int | None = None  # None: 4, or the model's own (sizing.MODEL_PAGE_SIZES)
     hybrid_memory: bool = True
     attention: str = "xla"
     scan_layers: bool = True  # repeating runs of layers as one scan (swajax.models.layer_stack)
@@ -72,6 +72,7 @@ class EngineSpec:
 
 
 KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DEFAULT_PAGE_SIZE = 4
 DEFAULT_RATIO = 0.5  # swa_full_tokens_ratio when neither the spec nor the model names one
 DEFAULT_CONTEXT = 4096  # a config without max_position_embeddings
 AUTO_CONTEXT, AUTO_REQUESTS, AUTO_BUDGET_GIB = 32_768, 2, 2.0
@@ -134,7 +135,8 @@ def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid
     full, swa = sizing.token_bytes(cfg, kv, draft_cfg)
     ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)
     per_token = sizing.cell_bytes(cfg, ratio, kv, draft_cfg) if hybrid else full + swa
-    tokens = AUTO_REQUESTS * (context + 2 * spec.page_size)
+    page_size = sizing.resolve_page_size(cfg, spec.page_size, DEFAULT_PAGE_SIZE)
+    tokens = AUTO_REQUESTS * (context + 2 * page_size)
     return int(min(tokens * per_token, sizing.gib_to_bytes(AUTO_BUDGET_GIB)))
 
 
@@ -158,15 +160,16 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     draft_cfg = draft.spec.hybrid if draft is not None else None
     kv = spec.kv_dtype or KV_DTYPE[decoder.spec.dtype]
     hybrid = spec.hybrid_memory and cfg.layer_mix != "full_only"
+    page_size = sizing.resolve_page_size(cfg, spec.page_size, DEFAULT_PAGE_SIZE)
     budget = _budget_bytes(decoder, spec, kv, draft_cfg, hybrid)
     if hybrid:
         ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)
         sizes = sizing.size_hybrid(
-            cfg, budget, ratio=ratio, page_size=spec.page_size, dtype=kv, draft=draft_cfg
+            cfg, budget, ratio=ratio, page_size=page_size, dtype=kv, draft=draft_cfg
         )
     else:
         sizes = sizing.size_single_pool(
-            cfg, budget, page_size=spec.page_size, dtype=kv, draft=draft_cfg
+            cfg, budget, page_size=page_size, dtype=kv, draft=draft_cfg
         )
     if spec.host_cache_gib and jax.process_count() > 1:
         raise InputError("a host cache (host_cache_gib) runs in one process; it is not split "

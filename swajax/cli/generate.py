@@ -244,7 +244,8 @@ def add_model_args(p, prompts: bool = True) -> None:
                    help="requests decoded together")  # fmt: skip
     p.add_argument("--ratio", type=args_lib.RATIO, default=None,
                    help="SWA / full, in (0, 1] (default 0.5; DeepSeek-V4: 0.1)")  # fmt: skip
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
+                   help="tokens per KV page (default 4; DeepSeek-V4: 64)")  # fmt: skip
     p.add_argument("--disable-hybrid-memory", action="store_true")
     p.add_argument("--no-prefix-cache", action="store_true")
     args_lib.add_cache_policy(p)

@@ -155,7 +155,7 @@ def register(sub) -> None:
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
                    help="default 1 for capacity, 16 when planning a --workload; "
-                   "DeepSeek-V4: 128")  # fmt: skip
+                   "DeepSeek-V4: 64")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--avg-seq-len",

@@ -89,7 +89,7 @@ def register(sub) -> None:
     p.add_argument("--ratio", type=args_lib.RATIO, default=None,
                    help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)")  # fmt: skip
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
-                   help="default 16; DeepSeek-V4: 128")  # fmt: skip
+                   help="default 16; DeepSeek-V4: 64")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16",
                    help="KV element type the pools are sized in (fp8_*: one byte)")  # fmt: skip
     p.add_argument("--workload", type=args_lib.workload_choice, required=True,

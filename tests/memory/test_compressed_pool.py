@@ -73,7 +73,7 @@ def test_deepseek_v4_defaults_to_its_own_ratio_and_page_size():
     cfg = parse_hf_config(BASE)
     assert sizing.resolve_ratio(cfg, None, 0.8) == 0.1
     assert sizing.resolve_ratio(cfg, 0.3, 0.8) == 0.3
-    assert sizing.resolve_page_size(cfg, None, 1) == 128
+    assert sizing.resolve_page_size(cfg, None, 1) == 64
     qwen = parse_hf_config({"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64,
                             "num_attention_heads": 4, "num_key_value_heads": 2})  # fmt: skip
     assert sizing.resolve_ratio(qwen, None, 0.8) == 0.8

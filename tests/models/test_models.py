@@ -5,6 +5,7 @@ every decode step) and must reproduce transformers' float32 logits of a 24-token
 relative, and its greedy 8-token continuation exactly.
 """
 
+import functools
 import json
 import shutil
 
@@ -59,10 +60,24 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("family", FAMILIES + FORMS + WRAPPERS)
+@functools.cache
+def default_run(family):
+    """`run_engine` with the default settings, once per worker: the hybrid-off test compares
+    with the very run the transformers test checked (the two share an xdist group)."""
+    return run_engine(FIXTURES / family)
+
+
+def grouped(families, slow=()):
+    """Parameters that run on the family's worker (`default_run` is computed there once)."""
+    return [pytest.param(f, marks=[pytest.mark.xdist_group(f"family-{f}")]
+                         + ([pytest.mark.slow] if f in slow else []))
+            for f in families]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", grouped(FAMILIES + FORMS + WRAPPERS))
 def test_matches_transformers_inside_the_engine(family):
     path = FIXTURES / family
-    logits, output, greedy, engine = run_engine(path)
+    logits, output, greedy, engine = default_run(family)
     expected = np.load(path / "logits.npy")
     assert rel_err(logits, expected) <= 1e-4
     assert output == greedy
@@ -139,13 +154,9 @@ NEW_FAMILIES = ["olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7"]
 OFF_SLOW = {"olmo3", "exaone4", "cohere2", "gemma4_e", "step3p7"}
 
 
-@pytest.mark.parametrize(
-    "family",
-    [pytest.param(f, marks=pytest.mark.slow) if f in OFF_SLOW else f
-     for f in FAMILIES + NEW_FAMILIES],
-)  # fmt: skip
+@pytest.mark.parametrize("family", grouped(FAMILIES + NEW_FAMILIES, slow=OFF_SLOW))
 def test_hybrid_memory_off_gives_the_same_logits(family):
-    on, out_on, _, _ = run_engine(FIXTURES / family)
+    on, out_on, _, _ = default_run(family)
     off, out_off, _, _ = run_engine(FIXTURES / family, hybrid_memory=False, page_size=1, chunk=None)
     assert rel_err(off, on) <= 1e-5 and out_on == out_off
 
