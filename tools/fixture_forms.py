@@ -78,28 +78,7 @@ FP8_BLOCK = (16, 16)
 def fp8_mimo(folder: Path) -> None:
     """MiMo-V2-Flash as published: linear weights in float8 e4m3, one float32 inverse scale per
     16x16 block (`weight_scale_inv`); router, norms, embeddings and head stay float."""
-    from safetensors.torch import load_file, save_file
-
-    weights = load_file(str(folder / "model.safetensors"))
-    bm, bn = FP8_BLOCK
-    for name in list(weights):
-        if not name.endswith("proj.weight"):
-            continue
-        w = weights[name].float()
-        rows, cols = w.shape
-        grid = w.reshape(rows // bm, bm, cols // bn, bn)
-        scale = grid.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-        q = (grid / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
-        weights[name], weights[f"{name}_scale_inv"] = q, scale.float().contiguous()
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": list(FP8_BLOCK),
-    }
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    _block_fp8(folder, lambda name: name.endswith("proj.weight"))
 
 
 def fp8_deepseek_v4(folder: Path) -> None:
@@ -109,14 +88,20 @@ def fp8_deepseek_v4(folder: Path) -> None:
     embeddings and head stay float (transformers' `_keep_in_fp32_modules` lists the former)."""
     import re
 
+    kept = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]"
+                      r"|shared_experts\.w[123])\.weight$")  # fmt: skip
+    _block_fp8(folder, lambda name: bool(kept.search(name)) and ".compressor." not in name)
+
+
+def _block_fp8(folder: Path, quantized) -> None:
+    """Rewrite the tensors `quantized(name)` picks in float8 e4m3 with a float32 inverse scale
+    per FP8_BLOCK block, and say so in config.json's `quantization_config`."""
     from safetensors.torch import load_file, save_file
 
     weights = load_file(str(folder / "model.safetensors"))
-    kept = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]"
-                      r"|shared_experts\.w[123])\.weight$")  # fmt: skip
     bm, bn = FP8_BLOCK
     for name in list(weights):
-        if not kept.search(name) or ".compressor." in name:
+        if not quantized(name):
             continue
         w = weights[name].float()
         rows, cols = w.shape

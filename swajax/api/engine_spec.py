@@ -168,9 +168,7 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
             cfg, budget, ratio=ratio, page_size=page_size, dtype=kv, draft=draft_cfg
         )
     else:
-        sizes = sizing.size_single_pool(
-            cfg, budget, page_size=page_size, dtype=kv, draft=draft_cfg
-        )
+        sizes = sizing.size_single_pool(cfg, budget, page_size=page_size, dtype=kv, draft=draft_cfg)
     if spec.host_cache_gib and jax.process_count() > 1:
         raise InputError("a host cache (host_cache_gib) runs in one process; it is not split "
                          "across joined processes")  # fmt: skip

@@ -55,6 +55,25 @@ def _expert_block(spec: ModelSpec, din: int, dout: int, parts: int) -> tuple[int
     return fp8_block(spec.weights, din, dout // parts)
 
 
+def _load_per_expert(module, w, prefix: str, names: tuple[str, str, str]) -> None:
+    """Stack per-expert gate / up / down tensors (`prefix.experts.j.NAME.weight`, names in that
+    order) into `module.gate_up` (pairs interleaved) and `module.down`, kept in float8 with
+    their block scales where `module.form` says so."""
+    gate, up, down = names
+    experts = [f"{prefix}.experts.{j}" for j in range(module.spec.num_experts)]
+    pairs = [[f"{e}.{gate}.weight", f"{e}.{up}.weight"] for e in experts]
+    downs = [[f"{e}.{down}.weight"] for e in experts]
+    if module.form != "fp8":
+        w.fill_stacked(module.gate_up, pairs, transform=PAIRED)
+        w.fill_stacked(module.down, downs)
+        return
+    for attr, group, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
+        kernel, scale = getattr(module, attr), getattr(module, f"{attr}_scale")
+        _, din, dout = kernel.get_value().shape
+        block = _expert_block(module.spec, din, dout, parts=len(group[0]))
+        w.fill_fp8_stacked(kernel, scale, group, block, transform)
+
+
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
     fn = ex.routed if spec.routed_experts else ex.dense
     return fn(x, routing, weights, act)
@@ -148,18 +167,7 @@ class MimoMoE(nnx.Module):
     def load(self, w, prefix):
         self.gate.load(w, f"{prefix}.gate")
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
-        experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
-        pairs = [[f"{e}.gate_proj.weight", f"{e}.up_proj.weight"] for e in experts]
-        downs = [[f"{e}.down_proj.weight"] for e in experts]
-        if self.form == "fp8":
-            for attr, names, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
-                kernel, scale = getattr(self, attr), getattr(self, f"{attr}_scale")
-                _, din, dout = kernel.get_value().shape
-                block = _expert_block(self.spec, din, dout, parts=len(names[0]))
-                w.fill_fp8_stacked(kernel, scale, names, block, transform)
-            return
-        w.fill_stacked(self.gate_up, pairs, transform=PAIRED)
-        w.fill_stacked(self.down, downs)
+        _load_per_expert(self, w, prefix, ("gate_proj", "up_proj", "down_proj"))
 
     def __call__(self, x):
         spec = self.spec
@@ -253,18 +261,7 @@ class DeepseekV4MoE(nnx.Module):
             w.fill(self.tid2eid, f"{prefix}.gate.tid2eid")
         else:
             w.fill(self.correction, f"{prefix}.gate.bias")
-        experts = [f"{prefix}.experts.{j}" for j in range(self.spec.num_experts)]
-        pairs = [[f"{e}.w1.weight", f"{e}.w3.weight"] for e in experts]
-        downs = [[f"{e}.w2.weight"] for e in experts]
-        if self.form == "fp8":
-            for attr, names, transform in (("gate_up", pairs, PAIRED), ("down", downs, None)):
-                kernel, scale = getattr(self, attr), getattr(self, f"{attr}_scale")
-                _, din, dout = kernel.get_value().shape
-                block = _expert_block(self.spec, din, dout, parts=len(names[0]))
-                w.fill_fp8_stacked(kernel, scale, names, block, transform)
-        else:
-            w.fill_stacked(self.gate_up, pairs, transform=PAIRED)
-            w.fill_stacked(self.down, downs)
+        _load_per_expert(self, w, prefix, ("w1", "w3", "w2"))
         for name in ("w1", "w2", "w3"):
             getattr(self, name).load(w, f"{prefix}.shared_experts.{name}")
 
