@@ -254,3 +254,20 @@ def test_block_fp8_weights_stay_fp8_and_match_transformers():
     assert req.output == case["greedy"]
     expected = np.load(path / "logits.npy")
     assert rel_err(np.stack(req.logits[: len(case["prompt"])]), expected) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["decode_steps", "speculative"])
+def test_multi_step_decode_and_speculation_give_transformers_tokens(fixture, setting):
+    """Several decode steps in one program, and draft-and-verify rounds (the model drafting for
+    itself): entries made inside a round, rejected positions' pending rows overwritten."""
+    decoder, case, _, _ = fixture
+    if setting == "decode_steps":
+        engine, (req,) = run(decoder, SPEC.replace(decode_steps=4), [case["prompt"]])
+    else:
+        engine = make_engine(decoder, SPEC.replace(num_speculative_tokens=3), draft=decoder)
+        rid = engine.add_request(case["prompt"], SamplingParams(max_new_tokens=8))
+        engine.run()
+        req = engine.requests[rid]
+    assert req.output == case["greedy"]
+    check_clean(engine)
