@@ -70,6 +70,8 @@ class V4Attention(nnx.Module):
             self.index_weights.load(w, f"{prefix}.indexer.weights_proj")
 
     def __call__(self, x, positions, pools, meta, mode: AttentionMode):
+        """`mode` is not read: these layers attend on the XLA path whatever it says (the
+        kernels have no compressed keys)."""
         t, h, d, spec = x.shape[0], self.heads, self.dim, self.spec
         rope = spec.ropes[self.layer_id]
         residual = self.q_norm(self.wq_a(x))

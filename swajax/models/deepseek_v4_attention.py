@@ -5,7 +5,9 @@ other families' layers in the kernels and these here (BUILD_NOTES.md, "DeepSeek-
 Query t sees the window [t - W, t] from the SWA pool (K = V, one head) and, on a compressed
 layer, entry w iff its window has ended by t (w < (t + 1) / rate). On a CSA layer only the
 `index_topk` entries the Lightning Indexer scores highest among those:
-score(t, s) = sum_h w_{t,h} * relu(q_{t,h} . k_s) / sqrt(index_dim).
+score(t, s) = sum_h w_{t,h} * relu(q_{t,h} . k_s) / sqrt(index_dim). A CSA query reads every
+entry's indexer key but only its chosen entries' KV (a decode step at context n reads n / 4
+keys of 128 values and top-k entries of 512, not n / 4 of 640).
 """
 
 from __future__ import annotations
@@ -58,16 +60,21 @@ def attend(q, pools: KVPools, slot: Slot, meta: AttentionMetadata, layer: LayerS
         q_pos = first_q + jnp.arange(meta.block_q, dtype=jnp.int32)
         mask = visible(q_pos[:, None], k_pos[None, :], layer)
         mask &= (k_pos >= 0)[None, :] & (k_pos < meta.seq_lens[req])[None, :]
-        if compressed is not None:
-            slots, ends = entry_table(meta, pools, compressed, req)
-            entries = comp.entries[compressed][slots].astype(F32)
-            seen = ends[None, :] <= q_pos[:, None]
-            if iq is not None:
-                seen &= _chosen(iq, iw, entries[:, d:], seen, topk)
-            keys = jnp.concatenate([keys.astype(F32), entries[:, None, :d]], axis=0)
-            mask = jnp.concatenate([mask, seen], axis=1)
         mask &= (tokens < t)[:, None]
-        return softmax_attend(qb, keys, keys, mask, scale=scale, sinks=sink)
+        if compressed is None:
+            return softmax_attend(qb, keys, keys, mask, scale=scale, sinks=sink)
+        store = comp.entries[compressed]
+        slots, ends = entry_table(meta, pools, compressed, req)
+        seen = (ends[None, :] <= q_pos[:, None]) & (tokens < t)[:, None]
+        if iq is None:  # HCA: every entry whose window has ended
+            entries = store[slots][:, None, :d].astype(F32)
+            keys = jnp.concatenate([keys.astype(F32), entries], axis=0)
+            mask = jnp.concatenate([mask, seen], axis=1)
+            return softmax_attend(qb, keys, keys, mask, scale=scale, sinks=sink)
+        # CSA: score every indexer key, then read only each query's top-k entries
+        top, kept = _top_entries(iq, iw, store[slots][:, d:].astype(F32), seen, topk)
+        chosen = store[slots[top]][..., :d].astype(F32)  # [Q, k, D]
+        return _attend_own_keys(qb[:, 0], keys[:, 0].astype(F32), mask, chosen, kept, scale, sinks)
 
     keys = block_pages(meta, layer) * meta.page_size
     if compressed is not None:
@@ -78,14 +85,31 @@ def attend(q, pools: KVPools, slot: Slot, meta: AttentionMetadata, layer: LayerS
     return from_blocks(out.reshape(*meta.block_tokens.shape, h, d), meta, q.dtype)
 
 
-def _chosen(iq, iw, keys, seen, topk: int):
-    """bool [Q, N]: the entries each query's indexer keeps (top `topk` of the ones it sees)."""
+def _top_entries(iq, iw, keys, seen, topk: int):
+    """(indices [Q, k], kept bool [Q, k]): the entries each query's indexer keeps, the top
+    `topk` of the ones it sees (ties: the lower index), and which of those it does see."""
     dim = keys.shape[-1]
     dots = jnp.einsum("qhd,nd->qhn", iq.astype(F32), keys, precision=HIGHEST)
     scores = jnp.einsum("qhn,qh->qn", jax.nn.relu(dots) * dim**-0.5, iw.astype(F32),
                         precision=HIGHEST)  # fmt: skip
     scores = jnp.where(seen, scores, -jnp.inf)
-    k = min(topk, keys.shape[0])
-    _, top = jax.lax.top_k(scores, k)
-    picked = jnp.zeros(scores.shape, bool).at[jnp.arange(scores.shape[0])[:, None], top].set(True)
-    return picked
+    _, top = jax.lax.top_k(scores, min(topk, keys.shape[0]))
+    return top, jnp.take_along_axis(seen, top, axis=1)
+
+
+def _attend_own_keys(q, window, mask, chosen, kept, scale, sinks):
+    """One softmax (with the sinks) over the window keys all queries share (K = V, [S, D],
+    `mask` [Q, S]) and each query's own chosen entries ([Q, k, D], `kept` [Q, k]).
+    q [Q, H, D] -> [Q, 1, H, D] float32, the layout `softmax_attend` returns."""
+    q = q.astype(F32) * scale
+    shared = jnp.einsum("qhd,sd->qhs", q, window, precision=HIGHEST)
+    own = jnp.einsum("qhd,qkd->qhk", q, chosen, precision=HIGHEST)
+    shared = jnp.where(mask[:, None, :], shared, -jnp.inf)
+    own = jnp.where(kept[:, None, :], own, -jnp.inf)
+    sink = sinks.astype(F32)[None, :]
+    top = jnp.maximum(jnp.maximum(shared.max(-1), own.max(-1)), sink)  # [Q, H]
+    p_shared, p_own = jnp.exp(shared - top[..., None]), jnp.exp(own - top[..., None])
+    total = p_shared.sum(-1) + p_own.sum(-1) + jnp.exp(sink - top)
+    out = jnp.einsum("qhs,sd->qhd", p_shared, window, precision=HIGHEST)
+    out += jnp.einsum("qhk,qkd->qhd", p_own, chosen, precision=HIGHEST)
+    return (out / total[..., None])[:, None]
