@@ -67,13 +67,14 @@ def attend(q, pools: KVPools, slot: Slot, meta: AttentionMetadata, layer: LayerS
         slots, ends = entry_table(meta, pools, compressed, req)
         seen = (ends[None, :] <= q_pos[:, None]) & (tokens < t)[:, None]
         if iq is None:  # HCA: every entry whose window has ended
-            entries = store[slots][:, None, :d].astype(F32)
+            entries = store[slots, None, :d].astype(F32)
             keys = jnp.concatenate([keys.astype(F32), entries], axis=0)
             mask = jnp.concatenate([mask, seen], axis=1)
             return softmax_attend(qb, keys, keys, mask, scale=scale, sinks=sink)
         # CSA: score every indexer key, then read only each query's top-k entries
-        top, kept = _top_entries(iq, iw, store[slots][:, d:].astype(F32), seen, topk)
-        chosen = store[slots[top]][..., :d].astype(F32)  # [Q, k, D]
+        # Gathers of the columns needed only: an indexer key is 128 values of a 640-value row.
+        top, kept = _top_entries(iq, iw, store[slots, d:].astype(F32), seen, topk)
+        chosen = store[slots[top], :d].astype(F32)  # [Q, k, D]
         return _attend_own_keys(qb[:, 0], keys[:, 0].astype(F32), mask, chosen, kept, scale, sinks)
 
     keys = block_pages(meta, layer) * meta.page_size
