@@ -105,9 +105,10 @@ def check_window(layers) -> None:
     """A compressor reads its pending projections from the SWA slots, which hold W tokens
     before the newest: the window must cover the span an entry is made from."""
     for i, la in enumerate(layers):
-        if la.compress_rate and la.compressor_span > la.window:
+        span = compressor_span(la.compress_rate or 0, la.overlapping)
+        if la.compress_rate and span > la.window:
             raise ConfigError(
-                f"layer {i}: a compress rate of {la.compress_rate} reads {la.compressor_span} "
+                f"layer {i}: a compress rate of {la.compress_rate} reads {span} "
                 f"tokens back, more than the sliding window keeps (W = {la.window}); swajax "
                 "keeps pending compressor state in the window's slots"
             )

@@ -60,10 +60,8 @@ class LayerSpec:
     # Gemma 4's KV-shared layers: the layer whose KV this one reads (it stores none); None for a
     # layer that stores its own.
     kv_source: int | None = None
-    # DeepSeek-V4's compressed layers: besides the window, one cache entry of `compress_dims`
-    # elements (K = V, plus an indexer key) per `compress_rate` tokens, kept for the whole
-    # sequence on the full pages (`memory/compressed_pool.py`); and per token, until its entry
-    # is made, `pending_dims` elements of compressor projections in the SWA pool's slots.
+    # DeepSeek-V4: an entry of `compress_dims` per `compress_rate` tokens, on the full pages,
+    # and `pending_dims` per token in the SWA slots until it is made (memory/compressed_pool).
     compress_rate: int | None = None
     compress_dims: int = 0
     pending_dims: int = 0
@@ -71,12 +69,8 @@ class LayerSpec:
 
     @property
     def overlapping(self) -> bool:
-        """CSA: entry w mixes windows w - 1 and w (two series per pending token)."""
-        return self.pending_dims == 4 * self.compress_dims
-
-    @property
-    def compressor_span(self) -> int:
-        return hf_compressed.compressor_span(self.compress_rate or 0, self.overlapping)
+        """CSA (the layers with an indexer): entry w mixes windows w - 1 and w."""
+        return self.compress_topk > 0
 
     @property
     def kernel_window(self) -> int:

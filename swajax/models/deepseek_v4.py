@@ -159,7 +159,6 @@ class DeepseekV4Decoder(nnx.Module):
         self.hc_head = HyperHead(v4.hc_mult, spec.hidden, v4.hc_eps, spec.eps)
         self.norm = RMSNorm(spec.hidden, spec.eps)
         self.head = Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
-        self.scanned = False
 
     def scan_layers(self) -> None:
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""

@@ -74,6 +74,13 @@ def _load_per_expert(module, w, prefix: str, names: tuple[str, str, str]) -> Non
         w.fill_fp8_stacked(kernel, scale, group, block, transform)
 
 
+def _paired_experts(module) -> ex.Experts:
+    """`module.gate_up` / `module.down` (plain or float8, no biases) as the computation takes
+    them (MiMo-V2-Flash, DeepSeek-V4)."""
+    gate_up = _weight(module, "gate_up", module.spec, module.form)
+    return ex.Experts(gate_up, None, _weight(module, "down", module.spec, module.form), None)
+
+
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
     fn = ex.routed if spec.routed_experts else ex.dense
     return fn(x, routing, weights, act)
@@ -177,10 +184,7 @@ class MimoMoE(nnx.Module):
         if spec.norm_topk:
             chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = ex.Experts(
-            _weight(self, "gate_up", spec, self.form), None, _weight(self, "down", spec, self.form),
-            None,
-        )  # fmt: skip
+        weights = _paired_experts(self)
         return _run(spec, x, routing, weights, _swiglu_pairs)
 
 
@@ -280,9 +284,6 @@ class DeepseekV4MoE(nnx.Module):
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = ex.Experts(
-            _weight(self, "gate_up", spec, self.form), None, _weight(self, "down", spec, self.form),
-            None,
-        )  # fmt: skip
+        weights = _paired_experts(self)
         shared = self._act(jnp.stack([self.w1(x), self.w3(x)], axis=-1).reshape(x.shape[0], -1))
         return _run(spec, x, routing, weights, self._act) + self.w2(shared)
