@@ -37,11 +37,16 @@ class HyperConnection(nnx.Module):
         logits = mix[:, 2 * n :].reshape(-1, n, n) * scale[2] + base[2 * n :].reshape(n, n)
         comb = jax.nn.softmax(logits, axis=-1) + self.eps
         comb = comb / (comb.sum(axis=-2, keepdims=True) + self.eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(axis=-1, keepdims=True) + self.eps)
-            comb = comb / (comb.sum(axis=-2, keepdims=True) + self.eps)
+        comb = jax.lax.fori_loop(0, self.iters - 1, self._sinkhorn, comb)
         collapsed = jnp.sum(pre[:, :, None] * streams.astype(F32), axis=1)
         return post, comb, collapsed.astype(streams.dtype)
+
+    def _sinkhorn(self, _, comb):
+        """One Sinkhorn-Knopp iteration (rows, then columns). A loop on device, not in Python:
+        unrolled, V4's 20 iterations per connection were most of its step program (thousands
+        of ops, minutes of XLA compilation for a published depth)."""
+        comb = comb / (comb.sum(axis=-1, keepdims=True) + self.eps)
+        return comb / (comb.sum(axis=-2, keepdims=True) + self.eps)
 
 
 def expand(streams, post, comb, out):
