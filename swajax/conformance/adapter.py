@@ -31,6 +31,9 @@ class SwajaxAdapter:
         return swajax_backend(header)
 
     def attention(self, case: dict) -> np.ndarray:
+        import functools
+
+        import jax
         import jax.numpy as jnp
 
         from swajax.attention import attention, build_metadata
@@ -66,18 +69,19 @@ class SwajaxAdapter:
         meta = build_metadata(r2t, state, rows, prefix, seq, window=window if local else 0)
         q = case["q"]  # the metadata pads the batch's tokens to a bucket
         q = np.concatenate([q, np.zeros((meta.num_tokens - len(q), *q.shape[1:]), q.dtype)])
-        out = attention(
-            jnp.asarray(q),
-            jnp.asarray(case["k_pages"]),
-            jnp.asarray(case["v_pages"]),
-            meta,
-            LayerSpec(kind, window if local else None),
+        # One program per case: run eagerly, the implementation's every op (and every body of
+        # its maps) would compile on its own, hundreds of tiny programs.
+        run = jax.jit(functools.partial(
+            attention,
+            layer=LayerSpec(kind, window if local else None),
             scale=float(case["scale"]),
-            sinks=jnp.asarray(case["sinks"]) if "sinks" in case else None,
             soft_cap=float(case["soft_cap"]) if "soft_cap" in case else None,
             implementation=self.implementation,
             interpret=self.implementation == "pallas",
-        )
+        ))  # fmt: skip
+        sinks = jnp.asarray(case["sinks"]) if "sinks" in case else None
+        out = run(jnp.asarray(q), jnp.asarray(case["k_pages"]), jnp.asarray(case["v_pages"]),
+                  meta, sinks=sinks)  # fmt: skip
         return np.asarray(out, np.float64)[: len(case["q"])]
 
     def logits(self, model_dir: str, prompt: list[int]) -> np.ndarray:
