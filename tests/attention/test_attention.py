@@ -1,5 +1,8 @@
 """Attention: mask pictures, metadata, and the XLA implementation against a dense oracle."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,9 +36,14 @@ def test_mask_pictures():
     assert picture(4, FULL) == ["1...", "11..", "111.", "1111"]
 
 
-def run(case, layer, **kw):
+def jitted(layer, **kw):
+    """`attention` as one program (run eagerly, each of its ops would compile on its own)."""
+    return jax.jit(functools.partial(attention, layer=layer, **kw))
+
+
+def run(case, layer, sinks=None, **kw):
     k, v = case.pages["swa" if layer.kind.is_local else "full"]
-    return attention(case.q, k, v, case.meta, layer, implementation="xla", **kw)
+    return jitted(layer, implementation="xla", **kw)(case.q, k, v, case.meta, sinks=sinks)
 
 
 def test_bf16_within_documented_tolerance():
@@ -93,9 +101,10 @@ def test_token_by_token_decode_equals_one_prefill():
     case = make_case(rng, ps=4, prefix=[0], seq=[n], evict=False)
     for layer in (FULL, SLIDING, CHUNKED):
         k, v = case.pages["swa" if layer.kind.is_local else "full"]
-        prefill = np.asarray(attention(case.q, k, v, case.meta, layer, scale=0.25))
+        fn = jitted(layer, scale=0.25)
+        prefill = np.asarray(fn(case.q, k, v, case.meta))
         for i in range(0, n, 7):
             meta = build_metadata(case.r2t, case.alloc, [0], [i], [i + 1], window=8)
             q = jnp.zeros((meta.num_tokens,) + case.q.shape[1:]).at[0].set(case.q[i])
-            step = np.asarray(attention(q, k, v, meta, layer, scale=0.25))[0]
+            step = np.asarray(fn(q, k, v, meta))[0]
             np.testing.assert_allclose(step, prefill[i], rtol=1e-5, atol=1e-6)
