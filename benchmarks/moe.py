@@ -1,12 +1,17 @@
 """Routed experts vs every expert on every token, GPT-OSS-shaped MoE block, CPU.
 
-    python benchmarks/moe.py [--json] [--tokens 256] [--hidden 2880] [--repeats 3]
+    python benchmarks/moe.py [--json] [--tokens 256] [--hidden 2880] [--repeats 3] [--bound]
 
 gpt-oss-20b's block: 32 experts of width 2880, top-4, hidden 2880, float32; 256 tokens (a
 prefill chunk). Both paths run jitted, interleaved, best of `--repeats`; the outputs are compared
 (same routing, relative error printed). A third row runs the routed path over the same experts
 kept as MXFP4 blocks (GPT-OSS as published), dequantizing each routed block's expert inside the
 jit. The ratios are the numbers to read: these machines are noisy.
+
+`--bound` times what bounds the routed loop instead: one block per expert, [block, H] x [H, 2H]
+each, in a loop reading the stacked [E, H, 2H] weights (`w[e]`, as `experts.routed` does),
+the same loop choosing among E separate weight buffers (`lax.switch`), and one product of all
+the rows with one expert's weights (the same arithmetic as a single large GEMM).
 """
 
 from __future__ import annotations
@@ -37,10 +42,14 @@ def main(argv=None) -> int | None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--block", type=int, default=None, help="rows per block (default: automatic)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--bound", action="store_true", help="time the loop's weight reads instead")
     p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     a = p.parse_args(argv)
     if a.smoke:
         a.tokens, a.hidden, a.experts, a.top_k, a.repeats = 16, 64, 8, 2, 1
+        weights_bound(a)  # both paths, tiny
+    if a.bound:
+        return weights_bound(a)
     t, h, e, k = a.tokens, a.hidden, a.experts, a.top_k
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(t, h)), jnp.float32)
@@ -98,6 +107,53 @@ def main(argv=None) -> int | None:
               f"faster (rel err {result['rel_err']:.1e}); routed over MXFP4 experts "
               f"{best['mxfp4']:.3f} s, {result['mxfp4_speedup']:.2f}x (rel err "
               f"{result['mxfp4_rel_err']:.1e})")  # fmt: skip
+
+
+def _best(fns: dict, repeats: int) -> dict:
+    for fn in fns.values():  # compiles
+        jax.block_until_ready(fn())
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):  # interleaved
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def weights_bound(a) -> None:
+    """One [block, H] x [H, 2H] product per expert three ways (see the module's docstring)."""
+    e, h = a.experts, a.hidden
+    block = ex.block_rows(a.tokens * a.top_k, e)
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(e, h, 2 * h)) * 0.02, jnp.float32)
+    separate = [w[i] for i in range(e)]  # E buffers of their own, made once
+    x = jnp.asarray(rng.normal(size=(e * block, h)), jnp.float32)
+    order = jnp.arange(e, dtype=jnp.int32)
+
+    def loop(x, pick):
+        def body(b, out):
+            rows = jax.lax.dynamic_slice_in_dim(x, b * block, block)
+            return jax.lax.dynamic_update_slice_in_dim(out, pick(b, rows), b * block, 0)
+
+        return jax.lax.fori_loop(0, e, body, jnp.zeros((e * block, 2 * h), jnp.float32))
+
+    @jax.jit
+    def stacked(x, w, order):
+        return loop(x, lambda b, rows: rows @ w[order[b]])
+
+    @jax.jit
+    def switched(x, ws, order):
+        branches = [lambda rows, i=i: rows @ ws[i] for i in range(e)]
+        return loop(x, lambda b, rows: jax.lax.switch(order[b], branches, rows))
+
+    one = jax.jit(lambda x, w: x @ w[0])
+    best = _best(dict(stacked=lambda: stacked(x, w, order),
+                      separate=lambda: switched(x, separate, order), one=lambda: one(x, w)),
+                 a.repeats)  # fmt: skip
+    print(f"{e} blocks of {block} rows x [{h}, {2 * h}] on {jax.default_backend()}: stacked "
+          f"weights {best['stacked']:.3f} s, separate buffers {best['separate']:.3f} s, one "
+          f"product of all rows {best['one']:.3f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
