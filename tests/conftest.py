@@ -1,16 +1,31 @@
 """Test setup: fake CPU devices must be requested before jax is first imported."""
 
 import os
+import subprocess
+import sys
 
-# Four fake CPU devices for the sharding tests. The suite's time is mostly XLA compiling many
-# tiny programs: LLVM optimization level 0 cuts it by about a quarter, and XLA:CPU's older
-# elemental emitters instead of its MLIR fusion emitters by 40% more (measured on the engine's
-# step programs); neither changes semantics (speed is measured by benchmarks/, never by tests).
-os.environ.setdefault(
-    "XLA_FLAGS",
-    "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    " --xla_cpu_use_fusion_emitters=false",
-)
+
+def _xla_flags() -> str:
+    """Four fake CPU devices for the sharding tests, and flags that make XLA:CPU compile faster
+    (the suite's time is mostly compiling many tiny programs): LLVM optimization level 0 cuts
+    it by about a quarter, and XLA:CPU's older elemental emitters instead of its MLIR fusion
+    emitters by 40% more on the engine's step programs (measured with jax 0.10.2). Neither
+    changes semantics (speed is measured by benchmarks/, never by tests), but the emitter flag
+    is gone from later jaxlibs, where an unknown flag aborts the process: it is added only if a
+    child process accepts it. The xdist workers inherit the result from the controller."""
+    base = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    fast = base + " --xla_cpu_use_fusion_emitters=false"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"],
+        env={**os.environ, "XLA_FLAGS": fast, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        timeout=300,
+    )
+    return fast if probe.returncode == 0 else base
+
+
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = _xla_flags()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["SWAJAX_COMPILE_CACHE"] = "off"  # tests that want the on-disk cache set their own
 
