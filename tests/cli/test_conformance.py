@@ -14,7 +14,7 @@ from helpers.conformance_adapters import PythonModelAdapter
 from helpers.mutants import MUTANTS, MutantAdapter
 
 from swajax.conformance import kit as kit_lib
-from swajax.conformance.adapter import SwajaxAdapter
+from swajax.conformance.adapter import SwajaxAdapter, SwajaxPallasAdapter
 from swajax.conformance.attention_cases import CASES
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -55,6 +55,15 @@ def test_manifest_and_files(kit):
 def test_swajax_passes_everything(cli, kit):
     code, results = _run(cli, kit, "swajax.conformance.adapter:SwajaxAdapter")
     assert code == 0 and all(r["status"] == "ok" for r in results.values()), results
+
+
+@pytest.mark.slow  # the kernels are checked against the oracle by the attention tests already
+def test_the_pallas_kernels_pass_the_attention_cases(tmp_path):
+    """The README's second in-repo adapter: the kernels (interpret mode) on every attention
+    case of a freshly exported kit."""
+    kit_lib.export(tmp_path, parts=("attention",))
+    results = kit_lib.run(tmp_path, SwajaxPallasAdapter())
+    assert len(results) == len(CASES) and all(r.status == "ok" for r in results), results
 
 
 def test_an_independent_allocator_passes_the_operation_cases(cli, kit):
