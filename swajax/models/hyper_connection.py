@@ -43,8 +43,8 @@ class HyperConnection(nnx.Module):
 
     def _sinkhorn(self, _, comb):
         """One Sinkhorn-Knopp iteration (rows, then columns). A loop on device, not in Python:
-        unrolled, V4's 20 iterations per connection were most of its step program (thousands
-        of ops, minutes of XLA compilation for a published depth)."""
+        unrolled, V4's 20 iterations per connection, two connections per layer, were more than
+        half of its step program after XLA's passes, growing with depth (BUILD_NOTES.md)."""
         comb = comb / (comb.sum(axis=-1, keepdims=True) + self.eps)
         return comb / (comb.sum(axis=-2, keepdims=True) + self.eps)
 
