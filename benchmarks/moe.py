@@ -17,6 +17,7 @@ the rows with one expert's weights (the same arithmetic as a single large GEMM).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -76,14 +77,9 @@ def main(argv=None) -> int | None:
     dense = jax.jit(lambda x, w: ex.dense(x, routing(x), w, gpt_oss_act))
     routed = jax.jit(lambda x, w: ex.routed(x, routing(x), w, gpt_oss_act, block=a.block))
     runs = (("dense", dense, weights), ("routed", routed, weights), ("mxfp4", routed, packed))
-    times = {name: [] for name, _, _ in runs}
-    outs = {}
-    for _ in range(a.repeats + 1):  # the first round compiles
-        for name, fn, w in runs:
-            start = time.perf_counter()
-            outs[name] = jax.block_until_ready(fn(x, w))
-            times[name].append(time.perf_counter() - start)
-    best = {name: min(ts[1:]) for name, ts in times.items()}
+    calls = {name: functools.partial(fn, x, w) for name, fn, w in runs}
+    outs = {name: jax.block_until_ready(call()) for name, call in calls.items()}  # compiles
+    best = _best(calls, a.repeats)
 
     def err(name):
         return float(jnp.max(jnp.abs(outs[name] - outs["dense"])) / jnp.max(jnp.abs(outs["dense"])))
@@ -110,6 +106,7 @@ def main(argv=None) -> int | None:
 
 
 def _best(fns: dict, repeats: int) -> dict:
+    """Best seconds of each call over `repeats` interleaved rounds, after one untimed round."""
     for fn in fns.values():  # compiles
         jax.block_until_ready(fn())
     best = dict.fromkeys(fns, float("inf"))

@@ -1,12 +1,9 @@
 """Attention: mask pictures, metadata, and the XLA implementation against a dense oracle."""
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.attention_case import check, make_case
+from helpers.attention_case import check, jitted, make_case
 
 from swajax.attention import attention, picture
 from swajax.config import LayerKind, LayerSpec
@@ -34,11 +31,6 @@ def test_mask_pictures():
         "...111",
     ]
     assert picture(4, FULL) == ["1...", "11..", "111.", "1111"]
-
-
-def jitted(layer, **kw):
-    """`attention` as one program (run eagerly, each of its ops would compile on its own)."""
-    return jax.jit(functools.partial(attention, layer=layer, **kw))
 
 
 def run(case, layer, sinks=None, **kw):

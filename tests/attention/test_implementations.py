@@ -3,15 +3,11 @@ one subclass per implementation (XLA; Pallas with the GPU front end and with the
 both in interpret mode). Shapes stay small: interpret mode copies blocked inputs per grid step.
 """
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.attention_case import check, make_case
+from helpers.attention_case import check, jitted, make_case
 
-from swajax.attention import attention
 from swajax.config import LayerKind, LayerSpec
 
 LAYERS = {
@@ -25,11 +21,8 @@ class AttentionCases:
     OPTIONS: dict = {}
 
     def run(self, case, layer, pages=None, sinks=None, **kw):
-        """One jitted program per call, as a model's step runs it (eagerly, every op of the
-        implementation would compile on its own: most of this file's time)."""
         k, v = pages or case.pages["swa" if layer.kind.is_local else "full"]
-        run = jax.jit(functools.partial(attention, layer=layer, **self.OPTIONS, **kw))
-        return run(case.q, k, v, case.meta, sinks=sinks)
+        return jitted(layer, **self.OPTIONS, **kw)(case.q, k, v, case.meta, sinks=sinks)
 
     @pytest.mark.parametrize("ps", [1, 4, 16])
     @pytest.mark.parametrize("kind", list(LAYERS))

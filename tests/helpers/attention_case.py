@@ -8,11 +8,13 @@ dummy page, freed SWA pages) with NaN, and builds the batch metadata.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.attention import as_pages, build_metadata
+from swajax.attention import as_pages, attention, build_metadata
 from swajax.config import LayerKind, LayerSpec
 from swajax.memory import allocator as A, req_to_token as R
 
@@ -136,3 +138,11 @@ def check(case, layer, got, *, scale, sinks=None, soft_cap=None, tol=1e-5):
     err = np.max(np.abs(got - expected)) / max(np.max(np.abs(expected)), 1e-30)
     assert np.isfinite(got).all(), "NaN or inf in the output"
     assert err <= tol, f"relative error {err:.3g} > {tol}"
+
+
+def jitted(layer: LayerSpec, **options):
+    """`attention` for one layer and options as one jitted program, as a model's step runs it:
+    called eagerly, each of its operations (and each body of its maps) compiles on its own,
+    which was most of the attention tests' time. Call it as fn(q, k_pages, v_pages, meta,
+    sinks=...)."""
+    return jax.jit(functools.partial(attention, layer=layer, **options))

@@ -271,3 +271,35 @@ def test_multi_step_decode_and_speculation_give_transformers_tokens(fixture, set
         req = engine.requests[rid]
     assert req.output == case["greedy"]
     check_clean(engine)
+
+
+def test_sinkhorn_iterations_are_a_loop_not_a_longer_program():
+    """mHC's Sinkhorn-Knopp iterations run as a loop on device: 20 iterations trace to the same
+    program as 2 (unrolled, they were most of V4's step program); the loop computes what the
+    iterations written out in numpy compute (the fixtures check the whole model against
+    transformers)."""
+    import jax
+
+    from swajax.models.hyper_connection import HyperConnection
+
+    rng = np.random.default_rng(0)
+    streams = jnp.asarray(rng.normal(size=(3, 4, 8)), jnp.float32)
+    sizes = {}
+    for iters in (2, 20):
+        hc = HyperConnection(4, 8, iters, 1e-6, 1e-6)
+        for part in (hc.fn, hc.base, hc.scale):
+            part[...] = jnp.asarray(rng.normal(size=part.shape), jnp.float32)
+        sizes[iters] = len(jax.make_jaxpr(lambda s, hc=hc: hc(s))(streams).eqns)
+    assert sizes[2] == sizes[20]
+    _, comb, _ = hc(streams)  # the 20-iteration one
+    flat = np.asarray(streams, np.float64).reshape(3, -1)
+    flat = flat / np.sqrt(np.mean(flat**2, axis=-1, keepdims=True) + 1e-6)
+    fn, base, scale = (np.asarray(p[...], np.float64) for p in (hc.fn, hc.base, hc.scale))
+    logits = (flat @ fn.T)[:, 8:].reshape(-1, 4, 4) * scale[2] + base[8:].reshape(4, 4)
+    ref = np.exp(logits - logits.max(-1, keepdims=True))
+    ref = ref / ref.sum(-1, keepdims=True) + 1e-6
+    ref = ref / (ref.sum(-2, keepdims=True) + 1e-6)
+    for _ in range(19):
+        ref = ref / (ref.sum(-1, keepdims=True) + 1e-6)
+        ref = ref / (ref.sum(-2, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(np.asarray(comb), ref, rtol=1e-5, atol=1e-6)
