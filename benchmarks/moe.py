@@ -9,9 +9,10 @@ kept as MXFP4 blocks (GPT-OSS as published), dequantizing each routed block's ex
 jit. The ratios are the numbers to read: these machines are noisy.
 
 `--bound` times what bounds the routed loop instead: one block per expert, [block, H] x [H, 2H]
-each, in a loop reading the stacked [E, H, 2H] weights (`w[e]`, as `experts.routed` does),
-the same loop choosing among E separate weight buffers (`lax.switch`), and one product of all
-the rows with one expert's weights (the same arithmetic as a single large GEMM).
+each, in a loop reading the stacked [E, H, 2H] weights whole (`w[e]`), the same loop reading
+them a cache-sized chunk of rows at a time (as `experts.routed` does), the loop choosing among
+E separate weight buffers (`lax.switch`), and one product of all the rows with one expert's
+weights (the same arithmetic as a single large GEMM).
 """
 
 from __future__ import annotations
@@ -140,16 +141,21 @@ def weights_bound(a) -> None:
         return loop(x, lambda b, rows: rows @ w[order[b]])
 
     @jax.jit
+    def chunked(x, w, order):
+        return loop(x, lambda b, rows: ex.expert_product(rows, w, order[b]))
+
+    @jax.jit
     def switched(x, ws, order):
         branches = [lambda rows, i=i: rows @ ws[i] for i in range(e)]
         return loop(x, lambda b, rows: jax.lax.switch(order[b], branches, rows))
 
     one = jax.jit(lambda x, w: x @ w[0])
-    best = _best(dict(stacked=lambda: stacked(x, w, order),
+    best = _best(dict(stacked=lambda: stacked(x, w, order), chunked=lambda: chunked(x, w, order),
                       separate=lambda: switched(x, separate, order), one=lambda: one(x, w)),
                  a.repeats)  # fmt: skip
     print(f"{e} blocks of {block} rows x [{h}, {2 * h}] on {jax.default_backend()}: stacked "
-          f"weights {best['stacked']:.3f} s, separate buffers {best['separate']:.3f} s, one "
+          f"weights whole {best['stacked']:.3f} s, in chunks {best['chunked']:.3f} s, separate "
+          f"buffers {best['separate']:.3f} s, one "
           f"product of all rows {best['one']:.3f} s")  # fmt: skip
 
 

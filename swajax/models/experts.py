@@ -101,13 +101,56 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
     return _Layout(slot, token, scale, expert.astype(jnp.int32), padded, ends[-1] // block)
 
 
+# XLA:CPU copies a dynamically indexed slice of the stacked weights into a buffer of its own
+# before a product reads it. Copied whole, an expert (66 MB for gpt-oss-20b's w1) goes through
+# memory three times; copied and multiplied a few rows of K at a time, each copy is read back
+# from the last-level cache (benchmarks/moe.py --bound: 0.27 -> 0.21 s for that projection).
+# MXFP4 experts are dequantized a few output columns at a time for the same reason.
+CHUNK_BYTES = 8 << 20
+
+
+def k_rows(k: int, n: int, itemsize: int) -> int:
+    """Rows of a [K, N] weight read per product: as many as fit CHUNK_BYTES (at least 8)."""
+    return int(min(k, max(8, CHUNK_BYTES // (n * itemsize))))
+
+
+def _in_chunks(count: int, size: int, fn, carry):
+    """carry = fn(start, n, carry) over [0, count) in pieces of `size`, the last one shorter."""
+    full = count // size
+    carry = jax.lax.fori_loop(0, full, lambda c, carry: fn(c * size, size, carry), carry)
+    return fn(full * size, count - full * size, carry) if count % size else carry
+
+
+def expert_product(rows, w, e):
+    """rows [block, K] x w[e] [K, N] in float32, w read (or dequantized) a chunk at a time."""
+    k, n = w.shape[1:]
+    acc = jnp.zeros((rows.shape[0], n), F32)
+    if isinstance(w, quantized.Mxfp4):
+        cols = k_rows(n, k, jnp.dtype(w.dtype).itemsize)
+
+        def columns(start, size, acc):
+            y = quantized.matmul(rows, w.outputs(e, start, size))
+            return jax.lax.dynamic_update_slice_in_dim(acc, y, start, 1)
+
+        return quantized.matmul(rows, w[e]) if cols == n else _in_chunks(n, cols, columns, acc)
+    if quantized.is_quantized(w):  # block FP8: this expert alone dequantized
+        return quantized.matmul(rows, w[e])
+    kc = k_rows(k, n, w.dtype.itemsize)
+
+    def chunk(start, size, acc):
+        part = jax.lax.dynamic_slice(w, (e, start, 0), (1, size, n))[0]
+        return acc + quantized.matmul(jax.lax.dynamic_slice_in_dim(rows, start, size, 1), part)
+
+    return quantized.matmul(rows, w[e]) if kc == k else _in_chunks(k, kc, chunk, acc)
+
+
 def _block_loop(lhs, w, layout: _Layout, block: int):
     """[S, K] x w[block's expert] per block in use; blocks not in use stay 0."""
     out = jnp.zeros((lhs.shape[0], w.shape[-1]), F32)
 
     def body(b, out):
         rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        y = quantized.matmul(rows, w[layout.expert[b]])  # only this expert dequantized
+        y = expert_product(rows, w, layout.expert[b])
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)

@@ -60,6 +60,13 @@ class Mxfp4:
     def __getitem__(self, i) -> Mxfp4:
         return Mxfp4(self.blocks[i], self.scales[i], self.dtype)
 
+    def outputs(self, i, start, size: int) -> Mxfp4:
+        """Stacked weight i's outputs [start, start + size) (`i` and `start` may be traced)."""
+        groups = self.blocks.shape[-2]
+        blocks = jax.lax.dynamic_slice(self.blocks, (i, start, 0, 0), (1, size, groups, 16))
+        scales = jax.lax.dynamic_slice(self.scales, (i, start, 0), (1, size, groups))
+        return Mxfp4(blocks[0], scales[0], self.dtype)
+
     def halves(self) -> tuple[jax.Array, jax.Array]:
         """The values of the even and of the odd input positions (low and high nibbles), each
         [..., out, in/2] in `dtype`: no interleaving, no transpose."""
