@@ -104,3 +104,32 @@ def test_top_logprobs_rank_the_raw_distribution(model):
         assert [v for _, v in ranked] == sorted((v for _, v in ranked), reverse=True)
     with pytest.raises(swajax.InputError, match="logprobs 21 exceeds max_logprobs 20"):
         model.generate([PROMPT], swajax.SamplingParams(logprobs=21))
+
+
+def test_greedy_steps_compile_no_draw_and_a_sampled_request_joins_them(tiny):
+    """An all-greedy step's program leaves the vocabulary sort and the draw out (its
+    `SampleMode.draw` is False); a sampled request joining greedy ones runs in the program that
+    has them, and every request gets the tokens it gets alone."""
+    engine = tiny.engine
+    greedy = swajax.SamplingParams(max_new_tokens=8)
+    sampled = swajax.SamplingParams(max_new_tokens=8, temperature=3.0, seed=11)
+    a, b = (tiny.tokenizer.encode(p) for p in ("the quick brown fox", "def fibonacci(n):"))
+
+    def modes():
+        keys = engine.runner.programs.programs
+        items = [item for key in keys for item in key[1:] if isinstance(item, tuple)]
+        return {value for name, value in items if name == "mode"}
+
+    def run(pairs):
+        rids = [engine.add_request(list(p), s) for p, s in pairs]
+        engine.run()
+        return [list(engine.requests[r].output) for r in rids]
+
+    known = modes()
+    (alone_a,) = run([(a, greedy)])
+    assert modes() - known and not any(m.draw for m in modes() - known)
+    known = modes()
+    (alone_b,) = run([(b, sampled)])
+    assert any(m.draw for m in modes() - known)
+    assert run([(a, greedy), (b, sampled)]) == [alone_a, alone_b]
+    assert alone_b != run([(b, greedy)])[0]  # it did sample

@@ -29,6 +29,10 @@ class SampleMode(NamedTuple):
 
     penalize: bool = False  # some sampled request has a penalty: read and count its tokens
     top_logprobs: int = 0  # N > 0: the N most likely tokens' logprobs of every sampled row
+    # Some row may have temperature > 0: the vocabulary sort and the draw are compiled in (a
+    # fifth of a decode step's kernels, behind a runtime test of the batch). False: every row
+    # is greedy, which the caller guarantees (the engine knows each request's temperature).
+    draw: bool = True
 
 
 class Penalties(NamedTuple):
@@ -111,10 +115,12 @@ def draw_keys(seeds, positions, salt=None):
     return jax.vmap(jax.random.fold_in)(keys, salt)
 
 
-def _draw(x, b):
+def _draw(x, b, draw: bool):
     """Temperature rows sampled from the processed distribution of logits x; greedy rows
-    argmax. A greedy-only batch skips the vocabulary sort."""
+    argmax. A greedy-only batch skips the vocabulary sort (`draw` False: not even compiled)."""
     greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    if not draw:
+        return greedy
 
     def draw_all(_):
         scaled = x / jnp.maximum(b.temperature, 1e-6)[:, None]
@@ -137,7 +143,7 @@ def sample(logits, b, pen: Penalties | None, mode: SampleMode):
     if mode.penalize:
         x = penalize(x, pen, b.sample_rows, b.repetition_penalty, b.presence_penalty,
                      b.frequency_penalty)  # fmt: skip
-    tokens = _draw(x, b)
+    tokens = _draw(x, b, mode.draw)
     if mode.penalize:  # count the new token (padding rows are out of range: dropped)
         pen = pen._replace(output=pen.output.at[b.sample_rows, tokens].add(1, mode="drop"))
     top_ids = top_lp = None

@@ -44,7 +44,9 @@ MIN_REQS, MIN_EDITS = 8, 64
 
 
 def _mode(plan: StepPlan) -> SampleMode:
-    return SampleMode(plan.penalize, plan.top_logprobs)
+    """The step's static sampling: an all-greedy batch compiles no drawing at all."""
+    draw = bool(np.any(plan.forward.temperature > 0))
+    return SampleMode(plan.penalize, plan.top_logprobs, draw)
 
 
 class DeviceRunner:
