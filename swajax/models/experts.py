@@ -9,7 +9,8 @@ expert and each expert's group is padded to a multiple of a block of rows, so ev
 padded layout belongs to one expert. On GPU / TPU the two grouped matmuls are `lax.ragged_dot`
 over the padded groups; on CPU, where `ragged_dot` falls back to a dense masked product slower
 than running every expert, a loop over the blocks in use does one [block, K] x [K, N] product
-each. `dense` runs every expert on every token and weighs the unselected ones 0: the test oracle.
+each (reading the expert's weights a cache-sized chunk at a time). `dense` runs every expert
+on every token and weighs the unselected ones 0: the test oracle.
 """
 
 from __future__ import annotations
