@@ -104,9 +104,11 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
 
 # XLA:CPU copies a dynamically indexed slice of the stacked weights into a buffer of its own
 # before a product reads it. Copied whole, an expert (66 MB for gpt-oss-20b's w1) goes through
-# memory three times; copied and multiplied a few rows of K at a time, each copy is read back
-# from the last-level cache (benchmarks/moe.py --bound: 0.27 -> 0.21 s for that projection).
-# MXFP4 experts are dequantized a few output columns at a time for the same reason.
+# memory three times; copied and multiplied a chunk at a time, each copy is read back from the
+# last-level cache (benchmarks/moe.py --bound: 0.27 -> 0.21 s for that projection); an MXFP4
+# w2 is dequantized a chunk of outputs at a time for the same reason. Chunks run along the
+# hidden axis (w1's inputs, w2's outputs), which tensor parallelism never splits: a dynamic
+# slice of a split axis would gather it from every device. Only on CPU.
 CHUNK_BYTES = 8 << 20
 
 
@@ -122,48 +124,59 @@ def _in_chunks(count: int, size: int, fn, carry):
     return fn(full * size, count - full * size, carry) if count % size else carry
 
 
-def expert_product(rows, w, e):
-    """rows [block, K] x w[e] [K, N] in float32, w read (or dequantized) a chunk at a time."""
+def expert_product(rows, w, e, along: str | None = "in"):
+    """rows [block, K] x w[e] [K, N] in float32, w read (or dequantized) a chunk of its inputs
+    (`along` "in") or of its outputs ("out") at a time; whole when one chunk holds it or
+    `along` is None."""
     k, n = w.shape[1:]
+    mxfp4 = isinstance(w, quantized.Mxfp4)
+    length, across = (k, n) if along == "in" else (n, k)
+    size = k_rows(length, across, jnp.dtype(w.dtype).itemsize)
+    # Quantized weights are chunked only over MXFP4 outputs: its inputs come in blocks of 32
+    # whose slices are strided gathers (slower than dequantizing the expert whole, measured).
+    chunkable = not quantized.is_quantized(w) or (mxfp4 and along == "out")
+    if along is None or size >= length or not chunkable:
+        return quantized.matmul(rows, w[e])  # quantized: this expert alone dequantized
+
+    def piece(start, size):
+        if mxfp4:
+            return w.outputs(e, start, size)
+        shape, at = (
+            ((1, size, n), (e, start, 0)) if along == "in" else ((1, k, size), (e, 0, start))
+        )
+        return jax.lax.dynamic_slice(w, at, shape)[0]
+
+    def over_inputs(start, size, acc):
+        part = jax.lax.dynamic_slice_in_dim(rows, start, size, 1)
+        return acc + quantized.matmul(part, piece(start, size))
+
+    def over_outputs(start, size, acc):
+        y = quantized.matmul(rows, piece(start, size))
+        return jax.lax.dynamic_update_slice_in_dim(acc, y, start, 1)
+
     acc = jnp.zeros((rows.shape[0], n), F32)
-    if isinstance(w, quantized.Mxfp4):
-        cols = k_rows(n, k, jnp.dtype(w.dtype).itemsize)
-
-        def columns(start, size, acc):
-            y = quantized.matmul(rows, w.outputs(e, start, size))
-            return jax.lax.dynamic_update_slice_in_dim(acc, y, start, 1)
-
-        return quantized.matmul(rows, w[e]) if cols == n else _in_chunks(n, cols, columns, acc)
-    if quantized.is_quantized(w):  # block FP8: this expert alone dequantized
-        return quantized.matmul(rows, w[e])
-    kc = k_rows(k, n, w.dtype.itemsize)
-
-    def chunk(start, size, acc):
-        part = jax.lax.dynamic_slice(w, (e, start, 0), (1, size, n))[0]
-        return acc + quantized.matmul(jax.lax.dynamic_slice_in_dim(rows, start, size, 1), part)
-
-    return quantized.matmul(rows, w[e]) if kc == k else _in_chunks(k, kc, chunk, acc)
+    return _in_chunks(length, size, over_inputs if along == "in" else over_outputs, acc)
 
 
-def _block_loop(lhs, w, layout: _Layout, block: int):
+def _block_loop(lhs, w, layout: _Layout, block: int, along: str | None):
     """[S, K] x w[block's expert] per block in use; blocks not in use stay 0."""
     out = jnp.zeros((lhs.shape[0], w.shape[-1]), F32)
 
     def body(b, out):
         rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        y = expert_product(rows, w, layout.expert[b])
+        y = expert_product(rows, w, layout.expert[b], along)
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)
 
 
-def _grouped(lhs, w, layout: _Layout, block: int, method: str):
+def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str):
     lhs = lhs.astype(w.dtype)
+    cpu = jax.default_backend() == "cpu"
     if method == "auto":  # quantized experts loop too: ragged_dot would dequantize them all
-        cpu = jax.default_backend() == "cpu"
         method = "loop" if cpu or quantized.is_quantized(w) else "ragged"
-    if method == "loop":
-        return _block_loop(lhs, w, layout, block)
+    if method == "loop":  # chunks for XLA:CPU's copies (above); elsewhere each expert whole
+        return _block_loop(lhs, w, layout, block, along if cpu else None)
     w = quantized.dense(w)
     return jax.lax.ragged_dot(lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32)
 
@@ -179,9 +192,9 @@ def routed(
     xz = jnp.concatenate([x.astype(F32), jnp.zeros((1, x.shape[-1]), F32)])
     rows = xz[layout.token] * layout.scale[:, None]
     expert_of_row = jnp.repeat(layout.expert, block, total_repeat_length=rows.shape[0])
-    h = _grouped(rows, experts.w1, layout, block, method)
+    h = _grouped(rows, experts.w1, layout, block, method, "in")  # chunks along the hidden axis
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
-    out = _grouped(act(h), experts.w2, layout, block, method)
+    out = _grouped(act(h), experts.w2, layout, block, method, "out")
     out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
     picked = out[layout.slot].reshape(t, k, -1)
     y = jnp.einsum("tk,tkh->th", routing.weight.astype(F32), picked, precision=HIGHEST)

@@ -55,15 +55,15 @@ def test_block_size_does_not_change_the_result():
         assert rel_err(np.asarray(out), np.asarray(outs[0])) < 1e-6
 
 
-# K rows per chunk of w1 [40, 24] and w2 [12, 40]: 8 + remainders (40 = 5 x 8 exactly, 12 = 8 + 4),
-# then 20 (40 = 2 x 20) with w2 whole.
-@pytest.mark.parametrize("chunk_bytes, rows", [(8 * 24 * 4, [8, 8]), (20 * 24 * 4, [20, 12])])
+# Chunks along the hidden axis (40): w1 [40, 24] 8 or 20 input rows at a time (40 = 5 x 8,
+# 2 x 20), w2 [12, 40] 16 output columns at a time (40 = 2 x 16 + 8), then whole.
+@pytest.mark.parametrize("chunk_bytes, rows", [(8 * 24 * 4, [8, 16]), (20 * 24 * 4, [20, 40])])
 def test_weights_read_a_chunk_at_a_time_give_the_same_result(monkeypatch, chunk_bytes, rows):
-    # Weights too large for one cache-sized chunk are multiplied a few rows of K at a time.
+    # Weights too large for one cache-sized chunk are read (and multiplied) a chunk at a time.
     x, routing, weights = _case(24, 8, 2, h=40, f=12, ties=True)
     want = ex.routed(x, routing, weights, act, method="loop")
     monkeypatch.setattr(ex, "CHUNK_BYTES", chunk_bytes)
-    assert [ex.k_rows(40, 24, 4), ex.k_rows(12, 40, 4)] == rows
+    assert [ex.k_rows(40, 24, 4), ex.k_rows(40, 12, 4)] == rows
     got = jax.jit(lambda x: ex.routed(x, routing, weights, act, method="loop"))(x)
     assert rel_err(np.asarray(got), np.asarray(want)) < 1e-6
     assert rel_err(np.asarray(got), np.asarray(ex.dense(x, routing, weights, act))) < 1e-5

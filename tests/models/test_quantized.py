@@ -55,13 +55,14 @@ def test_paired_fp8_expands_each_halfs_own_grid_interleaved():
     np.testing.assert_array_equal(np.asarray(q.dense()), want)
 
 
-# 48 * 256 bytes: MXFP4 experts dequantized 48 output columns at a time (128 = 2 x 48 + 32,
-# 64 = 48 + 16), float ones multiplied 24 rows of K at a time (64 = 2 x 24 + 16).
+# 48 * 256 bytes, chunks along the hidden axis (64): w1 [64, 128] 24 float input rows at a time
+# (64 = 2 x 24 + 16; MXFP4 inputs are not chunked), w2 [64, 64] 48 output columns at a time
+# (64 = 48 + 16), MXFP4 or float.
 @pytest.mark.parametrize("chunk_bytes", [None, 48 * 256])
 def test_routed_experts_over_mxfp4_equal_the_dense_reference(monkeypatch, chunk_bytes):
     if chunk_bytes:
         monkeypatch.setattr(ex, "CHUNK_BYTES", chunk_bytes)
-        assert [ex.k_rows(128, 64, 4), ex.k_rows(64, 128, 4)] == [48, 24]
+        assert [ex.k_rows(64, 128, 4), ex.k_rows(64, 64, 4)] == [24, 48]
     rng = np.random.default_rng(3)
     e, h, t, k = 4, 64, 9, 2
 
