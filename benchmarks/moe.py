@@ -120,7 +120,7 @@ def _best(fns: dict, repeats: int) -> dict:
 
 
 def weights_bound(a) -> None:
-    """One [block, H] x [H, 2H] product per expert three ways (see the module's docstring)."""
+    """One [block, H] x [H, 2H] product per expert four ways (see the module's docstring)."""
     e, h = a.experts, a.hidden
     block = ex.block_rows(a.tokens * a.top_k, e)
     rng = np.random.default_rng(0)

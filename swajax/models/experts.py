@@ -130,12 +130,12 @@ def expert_product(rows, w, e, along: str | None = "in"):
     `along` is None."""
     k, n = w.shape[1:]
     mxfp4 = isinstance(w, quantized.Mxfp4)
-    length, across = (k, n) if along == "in" else (n, k)
-    size = k_rows(length, across, jnp.dtype(w.dtype).itemsize)
     # Quantized weights are chunked only over MXFP4 outputs: its inputs come in blocks of 32
     # whose slices are strided gathers (slower than dequantizing the expert whole, measured).
     chunkable = not quantized.is_quantized(w) or (mxfp4 and along == "out")
-    if along is None or size >= length or not chunkable:
+    length, across = (k, n) if along == "in" else (n, k)
+    size = k_rows(length, across, jnp.dtype(w.dtype).itemsize) if chunkable else length
+    if along is None or size >= length:
         return quantized.matmul(rows, w[e])  # quantized: this expert alone dequantized
 
     def piece(start, size):
