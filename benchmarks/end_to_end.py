@@ -1,23 +1,30 @@
 """End-to-end generation: swajax's engine against transformers' generate, same model, same run.
 
     python benchmarks/end_to_end.py [--json] [--hf-python PATH] [--family qwen3]
-        [--prompt-len 40] [--new 32] [--batches 8,1] [--repeats 3] [--decode-steps 1]
+        [--prompt-len 40] [--new 32] [--batches 8,1] [--repeats 3] [--decode-steps 1] [--floor]
 
-A fixture model (default the Qwen 3 one: 3 layers, sliding + full), random prompts, greedy, at
-each batch size. swajax runs the prompts together through the engine (XLA attention, hybrid
-pools, compiled beforehand); transformers runs `generate` on the same batch in the fixtures
-environment (torch + transformers, see tools/make_fixtures.py; skipped with a message if
-absent). Both take the best of `--repeats` timed runs. Prints tokens / s for both, the ratio and
-how many of the outputs are identical.
+A fixture model (default the Qwen 3 one: 3 layers, sliding + full; `--family mimo-dense`: a
+random MiMo-V2-Flash of the demo's shape), random prompts, greedy, at each batch size. swajax
+runs the prompts together through the engine (XLA attention, hybrid pools, compiled
+beforehand); transformers runs `generate` on the same batch in the fixtures environment (torch +
+transformers, see tools/make_fixtures.py; skipped with a message if absent). Both take the best
+of `--repeats` timed runs. Prints tokens / s for both, the ratio and how many of the outputs
+are identical.
+
+`--floor` (MiMo-V2-Flash with dense MLPs: `mimo-dense`): the same model as `floor.py`'s bare
+jitted decode loop, timed in the same run, so floor / transformers says how far any engine of
+this model could get past transformers on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +32,33 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def _floor_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_floor", Path(__file__).with_name("floor.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def folder(family: str) -> Path:
+    """A fixture's folder, or `mimo-dense`: a random MiMo-V2-Flash checkpoint of the demo's
+    shape in the layout transformers reads (its SWA layers have twice the full layers' KV heads,
+    as the published model does, and `sliding_window` is W + 1), written once per process."""
+    if family != "mimo-dense":
+        return FIXTURES / family
+    config = json.loads((ROOT / "swajax" / "demo" / "config.json").read_text())
+    config.update(swa_num_key_value_heads=2 * config["num_key_value_heads"],
+                  sliding_window=config["sliding_window_size"] + 1)  # fmt: skip
+    path = Path(tempfile.mkdtemp(prefix="swajax_e2e_"))
+    _floor_module().random_checkpoint(config, path)
+    return path
+
 
 HF_SCRIPT = """
 import sys, time, json, torch, transformers as tf
@@ -64,7 +98,7 @@ def run_swajax(batch, a):
         max_context=a.prompt_len + a.new + 16,
         decode_steps=a.decode_steps,
     )
-    decoder = load_decoder(FIXTURES / a.family)
+    decoder = load_decoder(folder(a.family), dtype="float32")
     params = SamplingParams(max_new_tokens=a.new)
     generate(make_engine(decoder, setup), batch, params)  # compile every program the run needs
     best = float("inf")
@@ -81,7 +115,7 @@ def run_transformers(batch, a):
     if not python or not Path(python).exists():
         return None
     out = subprocess.run(
-        [python, "-c", HF_SCRIPT, str(FIXTURES / a.family), str(a.new), str(a.repeats)],
+        [python, "-c", HF_SCRIPT, str(folder(a.family)), str(a.new), str(a.repeats)],
         input=json.dumps(batch),
         capture_output=True,
         text=True,
@@ -92,11 +126,42 @@ def run_transformers(batch, a):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def run_floor(batch, a):
+    """(seconds, tokens) of `floor.py`'s bare jitted loop on the same model, best of repeats."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_floor", Path(__file__).with_name("floor.py")
+    )
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    from swajax.models import load_decoder
+
+    config = json.loads((folder(a.family) / "config.json").read_text())
+    if config.get("model_type") != "mimo_v2_flash" or set(config.get("mlp_layer_types") or
+                                                           ["dense"]) != {"dense"}:  # fmt: skip
+        raise SystemExit(f"--floor: the floor is written for MiMo-V2-Flash with dense MLPs, "
+                         f"not {folder(a.family)}")  # fmt: skip
+    w = floor.weights_of(load_decoder(folder(a.family), dtype="float32"))
+    ids = np.asarray(batch)
+    model = floor.Floor(config, len(batch), ids.shape[1] + a.new)
+    floor.run_floor(model, w, ids, a.new)  # compiles
+    runs = [floor.run_floor(model, w, ids, a.new) for _ in range(a.repeats)]
+    return min(s for s, _ in runs), runs[0][1].tolist()
+
+
 def compare(n: int, a) -> dict:
     batch = prompts(n, a.prompt_len)
     seconds, outputs = run_swajax(batch, a)
     generated = n * a.new
     result = dict(batch=n, swajax_tokens_per_s=generated / seconds, swajax_seconds=seconds)
+    if a.floor:
+        floor_s, floor_tokens = run_floor(batch, a)
+        result.update(
+            floor_tokens_per_s=generated / floor_s,
+            swajax_over_floor=floor_s / seconds,
+            floor_same_tokens=f"{sum(a == b for a, b in zip(outputs, floor_tokens))}/{n}",
+        )
     hf = run_transformers(batch, a)
     if hf is None:
         result["transformers"] = f"skipped: no fixtures environment at {a.hf_python}"
@@ -107,6 +172,8 @@ def compare(n: int, a) -> dict:
             ratio=hf["seconds"] / seconds,
             same_tokens=f"{sum(a == b for a, b in zip(outputs, hf['tokens']))}/{n}",
         )
+        if a.floor:
+            result["floor_over_transformers"] = hf["seconds"] / floor_s
     return result
 
 
@@ -123,10 +190,13 @@ def main(argv=None) -> int | None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-steps", type=int, default=1,
                         help="swajax's multi-step decode: up to N steps per program")  # fmt: skip
+    parser.add_argument("--floor", action="store_true",
+                        help="also time floor.py's bare jitted loop of the same model")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.prompt_len, args.new, args.batches, args.repeats = 8, 4, "2", 1
+        args.family, args.floor = "mimo-dense", True
     results = [compare(int(n), args) for n in args.batches.split(",")]
     if args.json:
         print(json.dumps(results))

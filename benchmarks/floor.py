@@ -165,36 +165,35 @@ def run_engine(decoder, prompts, new, steps=1, scan=True):
     return time.perf_counter() - t0, np.asarray([r.output for r in reqs])
 
 
-def model(wide: bool, folder: Path):
-    """(decoder, config): the demo checkpoint in float32, or (`wide`) a random checkpoint of the
-    same family written to `folder` in the hub's layout and loaded like any other."""
-    from swajax.models import load_decoder
-
-    config = json.loads((DEMO / "config.json").read_text())
-    if not wide:
-        return load_decoder(DEMO, dtype="float32"), config
+def random_checkpoint(config: dict, folder: Path):
+    """A randomly initialised checkpoint of `config` (MiMo-V2-Flash, dense MLPs) written to
+    `folder` in the hub's layout, loaded like any other: the decoder in float32."""
     from safetensors.numpy import save_file
 
-    n, h, f, heads, kv, d = 8, 512, 1536, 8, 4, 64
-    config = dict(config, hidden_size=h, intermediate_size=f, num_hidden_layers=n,
-                  num_attention_heads=heads, swa_num_attention_heads=heads,
-                  num_key_value_heads=kv, swa_num_key_value_heads=kv, head_dim=d, swa_head_dim=d,
-                  v_head_dim=d, swa_v_head_dim=d, mlp_layer_types=["dense"] * n,
-                  layer_types=["sliding_attention"] * 3 + ["full_attention"]
-                  + ["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
-    rng, vocab = np.random.default_rng(0), config["vocab_size"]
+    from swajax.models import load_decoder
+
+    c, rng = config, np.random.default_rng(0)
+    h, f, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
 
     def rand(*shape):
         return (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
 
-    t = {"model.embed_tokens.weight": rand(vocab, h), "lm_head.weight": rand(vocab, h),
-         "model.norm.weight": np.ones(h, np.float32)}  # fmt: skip
-    for i, kind in enumerate(config["layer_types"]):
-        pre = f"model.layers.{i}"
-        for name, shape in (("q_proj", (heads * d, h)), ("k_proj", (kv * d, h)),
-                            ("v_proj", (kv * d, h)), ("o_proj", (h, heads * d))):  # fmt: skip
+    t = {
+        "model.embed_tokens.weight": rand(c["vocab_size"], h),
+        "lm_head.weight": rand(c["vocab_size"], h),
+        "model.norm.weight": np.ones(h, np.float32),
+    }
+    for i, kind in enumerate(c["layer_types"]):
+        pre, swa = f"model.layers.{i}", "swa_" if kind == "sliding_attention" else ""
+        kv, d, dv = (c[f"{swa}{k}"] for k in ("num_key_value_heads", "head_dim", "v_head_dim"))
+        for name, shape in (
+            ("q_proj", (heads * d, h)),
+            ("k_proj", (kv * d, h)),
+            ("v_proj", (kv * dv, h)),
+            ("o_proj", (h, heads * dv)),
+        ):
             t[f"{pre}.self_attn.{name}.weight"] = rand(*shape)
-        if kind == "sliding_attention":
+        if swa:
             t[f"{pre}.self_attn.attention_sink_bias"] = rng.standard_normal(heads).astype(
                 np.float32
             )
@@ -205,7 +204,25 @@ def model(wide: bool, folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dict(config, torch_dtype="float32")))
     save_file(t, str(folder / "model.safetensors"))
-    return load_decoder(folder, dtype="float32"), config
+    return load_decoder(folder, dtype="float32")
+
+
+def model(wide: bool, folder: Path):
+    """(decoder, config): the demo checkpoint in float32, or (`wide`) a random checkpoint of the
+    same family, wider and deeper."""
+    from swajax.models import load_decoder
+
+    config = json.loads((DEMO / "config.json").read_text())
+    if not wide:
+        return load_decoder(DEMO, dtype="float32"), config
+    n, h, f, heads, kv, d = 8, 512, 1536, 8, 4, 64
+    config = dict(config, hidden_size=h, intermediate_size=f, num_hidden_layers=n,
+                  num_attention_heads=heads, swa_num_attention_heads=heads,
+                  num_key_value_heads=kv, swa_num_key_value_heads=kv, head_dim=d, swa_head_dim=d,
+                  v_head_dim=d, swa_v_head_dim=d, mlp_layer_types=["dense"] * n,
+                  layer_types=["sliding_attention"] * 3 + ["full_attention"]
+                  + ["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
+    return random_checkpoint(config, folder), config
 
 
 def main(argv=None) -> int:
