@@ -249,6 +249,9 @@ SHARED_HELP = {
     "--dtype": "bytes per KV element for sizing: bf16, fp16, fp32 or fp8",
     "--eviction-interval": "decode steps between runtime SWA evictions",
     "--requests": "how many requests the workload holds",
+    "--clients": "send the workload from N clients, each sending its next request when its "
+    "last one finishes (a closed loop at N outstanding requests; default: all as the workload "
+    "says)",
     "--seed": "random seed (workloads; sampling with --temperature)",
     "--kv-budget-gib": "GiB of KV for both pools together",
     "--host-cache-gib": "GiB of host memory for a host tier of the prefix cache: KV evicted "

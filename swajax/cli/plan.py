@@ -116,13 +116,14 @@ def _run_planner(args, cfg) -> int:
     result = ratio_planner.plan(
         cfg,
         budget,
-        lambda: workload_of(args.workload, args.requests, args.seed),
+        lambda: workload_of(args.workload, args.requests, args.seed, clients=args.clients),
         timer,
         chunks=chunks,
         ratios=args.ratios or ratio_planner.RATIOS,
         page_size=sizing.resolve_page_size(cfg, args.page_size, 16),  # a serving page size
         dtype=args.dtype,
         host_cache_gib=args.host_cache_gib,
+        loaded=args.clients is not None,
     )
     if args.plot:
         ratio_planner.plot(result, args.plot)
@@ -179,6 +180,7 @@ def register(sub) -> None:
     args_lib.add_timer_choice(g, required=False)
     g.add_argument("--chunk-size", type=_chunk, default="8192", help="prefill chunk, or 'auto'")
     g.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=48)
+    g.add_argument("--clients", type=args_lib.MAX_REQUESTS, default=None)
     g.add_argument("--ratios", type=_ratios, help="comma-separated candidates (default: a grid)")
     g.add_argument("--seed", type=args_lib.SEED, default=0)
     g.add_argument("--plot", type=args_lib.out_file(".png"), help="throughput against the ratio")

@@ -48,6 +48,7 @@ def run(args) -> int:
         acceptance=args.acceptance,
         workload=args.workload,
         requests=args.requests,
+        clients=args.clients,
         ratio=sizing.resolve_ratio(cfg, args.ratio, 0.8),
         page_size=sizing.resolve_page_size(cfg, args.page_size, 16),
         seed=args.seed,
@@ -99,6 +100,7 @@ def register(sub) -> None:
     args_lib.add_cache_policy(p)
     args_lib.add_emulated_speculation(p)
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=200)
+    p.add_argument("--clients", type=args_lib.MAX_REQUESTS, default=None)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")

@@ -77,6 +77,7 @@ class Candidate:
     itl_s: float
     peak_concurrency: int
     steps: int
+    loaded_tokens_per_s: float = 0.0  # up to the last request sent (`run.RunSummary`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Plan:
     min_ratio: float
     candidates: tuple[Candidate, ...]
     devices: int
+    by: str = "tokens_per_s"  # the Candidate field the plan maximised
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -109,7 +111,7 @@ def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype
 
     jax.clear_caches()
     return Candidate(ratio, chunk, run.tokens_per_s, run.ttft_s, run.itl_s,
-                     run.peak_concurrency, run.steps)  # fmt: skip
+                     run.peak_concurrency, run.steps, run.loaded_tokens_per_s)  # fmt: skip
 
 
 def plan(
@@ -124,10 +126,14 @@ def plan(
     dtype: str = "bf16",
     run_fn=None,
     host_cache_gib: float = 0.0,
+    loaded: bool = False,
 ) -> Plan:
     """Sweep ratios at or above the corrected minimum (and `chunks`), pick the best modeled
-    throughput. `workload_factory()` makes a fresh copy of the workload for each run;
+    throughput: over the whole run, or (`loaded`: a closed-loop workload) up to the last
+    request sent, so the drain at the end, the same for every ratio, does not dilute it.
+    `workload_factory()` makes a fresh copy of the workload for each run;
     `run_fn(ratio, chunk) -> Candidate` replaces the simulation (tests)."""
+    by = "loaded_tokens_per_s" if loaded else "tokens_per_s"
     mean_len = mean_sequence_length(workload_factory())
     min_ratio = max(
         corrected_min_ratio(cfg, budget_bytes, mean_len=mean_len, chunk=c, page_size=page_size,
@@ -144,27 +150,32 @@ def plan(
     singles = [run(None, c) for c in chunks]
     default_chunk = chunks[len(chunks) // 2] if len(chunks) > 1 else chunks[0]
     return Plan(
-        best=max(candidates, key=lambda c: c.tokens_per_s),
-        single=max(singles, key=lambda c: c.tokens_per_s),
+        best=max(candidates, key=lambda c: getattr(c, by)),
+        single=max(singles, key=lambda c: getattr(c, by)),
         sglang_default=run(SGLANG_DEFAULT_RATIO, default_chunk),
         min_ratio=min_ratio,
         candidates=candidates,
         devices=timer.devices,
+        by=by,
     )
 
 
 def format_plan(p: Plan) -> str:
-    rows = [f"{'ratio':>8}{'chunk':>8}{'tokens/s':>12}{'TTFT s':>10}{'ITL ms':>9}{'peak':>7}"]
+    loaded = p.by == "loaded_tokens_per_s"
+    rows = [f"{'ratio':>8}{'chunk':>8}{'tokens/s':>12}" + (f"{'loaded':>12}" if loaded else "")
+            + f"{'TTFT s':>10}{'ITL ms':>9}{'peak':>7}"]  # fmt: skip
     for c in p.candidates + (p.single,):
         name = "one pool" if c.ratio is None else f"{c.ratio:g}"
-        rows.append(f"{name:>8}{c.chunk:>8}{c.tokens_per_s:>12,.0f}{c.ttft_s:>10.2f}"
-                    f"{c.itl_s * 1e3:>9.2f}{c.peak_concurrency:>7}")  # fmt: skip
-    b = p.best
+        rows.append(f"{name:>8}{c.chunk:>8}{c.tokens_per_s:>12,.0f}"
+                    + (f"{c.loaded_tokens_per_s:>12,.0f}" if loaded else "")
+                    + f"{c.ttft_s:>10.2f}{c.itl_s * 1e3:>9.2f}{c.peak_concurrency:>7}")  # fmt: skip
+    b, key = p.best, (lambda c: getattr(c, p.by))
+    what = "loaded tokens/s (up to the last request sent)" if loaded else "tokens/s"
     rows += [
         f"corrected minimum ratio {p.min_ratio:.4f}; devices {p.devices}",
-        f"planned ratio {b.ratio:g} (chunk {b.chunk}): {b.tokens_per_s:,.0f} tokens/s = "
-        f"{b.tokens_per_s / max(p.single.tokens_per_s, 1e-9):.2f}x one pool, "
-        f"{b.tokens_per_s / max(p.sglang_default.tokens_per_s, 1e-9):.2f}x ratio 0.8",
+        f"planned ratio {b.ratio:g} (chunk {b.chunk}): {key(b):,.0f} {what} = "
+        f"{key(b) / max(key(p.single), 1e-9):.2f}x one pool, "
+        f"{key(b) / max(key(p.sglang_default), 1e-9):.2f}x ratio 0.8",
     ]
     return "\n".join(rows)
 
@@ -180,9 +191,9 @@ def plot(p: Plan, path: str) -> None:
         raise RuntimeError("--plot needs matplotlib: pip install -e '.[plot]'") from e
     fig, ax = plt.subplots(figsize=(7, 4))
     for chunk in sorted({c.chunk for c in p.candidates}):
-        pts = sorted((c.ratio, c.tokens_per_s) for c in p.candidates if c.chunk == chunk)
+        pts = sorted((c.ratio, getattr(c, p.by)) for c in p.candidates if c.chunk == chunk)
         ax.plot(*zip(*pts), marker="o", label=f"hybrid, chunk {chunk}")
-    ax.axhline(p.single.tokens_per_s, linestyle="--", color="gray", label="one pool")
+    ax.axhline(getattr(p.single, p.by), linestyle="--", color="gray", label="one pool")
     ax.set_xlabel("swa_full_tokens_ratio")
     ax.set_ylabel("modeled output tokens/s")
     ax.legend()

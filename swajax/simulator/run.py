@@ -48,6 +48,9 @@ class RunSummary:
     tokens_per_s: float = 0.0
     ttft_s: float = 0.0
     itl_s: float = 0.0
+    # Output tokens per modeled second until the last request was sent (0 when all arrive at
+    # once): throughput at the offered load, before the batch drains (closed-loop workloads).
+    loaded_tokens_per_s: float = 0.0
     # A host tier: its (full, SWA) capacity in tokens, and the tokens moved each way in all.
     host_tokens: tuple[int, int] = (0, 0)
     host_saved_tokens: tuple[int, int] = (0, 0)
@@ -75,9 +78,10 @@ def run_workload(
     if on_engine is not None:
         on_engine(engine)  # e.g. attach a trace recorder
     arrivals, rejected, pending = {}, [], list(workload.initial)
-    clock, submitted, token_times = 0.0, {}, {}
+    clock, submitted, token_times, last_sent = 0.0, {}, {}, [0.0]
 
     def submit(arrival):
+        last_sent[0] = clock
         try:
             rid = engine.add_request(arrival.prompt, arrival.params)
         except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
@@ -116,18 +120,20 @@ def run_workload(
     summary = _summary(engine, sizes, arrivals, finished, len(rejected))
     if timer is None:
         return summary
-    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times))
+    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times, last_sent[0]))
 
 
-def _latencies(clock: float, submitted: dict, token_times: dict) -> dict:
+def _latencies(clock: float, submitted: dict, token_times: dict, last: float) -> dict:
     firsts = [t[0] - submitted[rid] for rid, t in token_times.items() if t]
     gaps = [b - a for t in token_times.values() for a, b in zip(t, t[1:])]
     tokens = sum(len(t) for t in token_times.values())
+    loaded = sum(1 for t in token_times.values() for x in t if x <= last)
     return dict(
         modeled_seconds=clock,
         tokens_per_s=tokens / clock if clock else 0.0,
         ttft_s=sum(firsts) / max(len(firsts), 1),
         itl_s=sum(gaps) / max(len(gaps), 1),
+        loaded_tokens_per_s=loaded / last if last else 0.0,
     )
 
 
@@ -179,6 +185,7 @@ def simulate(
     workload: str,
     requests: int,
     ratio: float,
+    clients: int | None = None,
     page_size: int,
     seed: int = 0,
     chunk_size: int = 8192,
@@ -194,7 +201,8 @@ def simulate(
     host_cache_gib: float = 0.0,
 ) -> dict:
     """Run the workload with hybrid pools and with one pool; returns both summaries and ratios.
-    `workload`: a built-in name (`requests` of them) or a JSON-lines file; `timer` adds
+    `workload`: a built-in name (`requests` of them) or a JSON-lines file, sent by `clients`
+    clients in a closed loop if given (`workloads.closed_loop`); `timer` adds
     modeled throughput and latencies; `host_cache_gib`: a host tier for the hybrid run's
     prefix cache (one pool has no second lifetime to keep; its run has none)."""
     kw = dict(page_size=page_size, dtype=dtype, draft=draft)
@@ -208,7 +216,7 @@ def simulate(
         name: run_workload(
             cfg,
             sizes,
-            workload_of(workload, requests, seed),
+            workload_of(workload, requests, seed, clients=clients),
             options=options,
             progress=progress,
             timer=timer,

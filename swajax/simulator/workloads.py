@@ -180,8 +180,36 @@ def from_file(path: str | Path, vocab: int = 1024, seed: int = 0) -> Workload:
     return Workload(arrivals, lambda arrival, output: None, len(arrivals))
 
 
-def workload_of(name_or_path: str, n: int, seed: int = 0, vocab: int = 1024) -> Workload:
-    """A built-in workload by name (`n` requests), else a JSON-lines file."""
+def closed_loop(workload: Workload, clients: int) -> Workload:
+    """The same requests sent by `clients` clients, each waiting for its reply before it sends
+    the next (a load generator's maximum concurrency): the first `clients` arrive at once and
+    each finished one is followed by its own follow-up (the next turn of its chat) if it has
+    one, else by the next request not yet sent. The load stays at `clients` outstanding
+    requests until the last one is sent, so a run measures throughput at that concurrency
+    rather than a batch draining. Arrival times in the workload are ignored."""
+    if clients < 1:
+        raise ValueError(f"clients must be >= 1, got {clients}")
+    queue = list(workload.initial)
+    initial, queue = queue[:clients], queue[clients:]
+    for arrival in initial:
+        arrival.at = 0.0
+
+    def follow_up(arrival: Arrival, output: list[int]) -> Arrival | None:
+        nxt = workload.follow_up(arrival, output)
+        if nxt is None and queue:
+            nxt = queue.pop(0)
+        return nxt
+
+    return Workload(initial, follow_up, workload.total)
+
+
+def workload_of(
+    name_or_path: str, n: int, seed: int = 0, vocab: int = 1024, clients: int | None = None
+) -> Workload:
+    """A built-in workload by name (`n` requests), else a JSON-lines file; with `clients`, sent
+    in a closed loop (`closed_loop`)."""
     if name_or_path in WORKLOADS:
-        return make_workload(name_or_path, n, seed, vocab)
-    return from_file(name_or_path, vocab, seed)
+        workload = make_workload(name_or_path, n, seed, vocab)
+    else:
+        workload = from_file(name_or_path, vocab, seed)
+    return workload if clients is None else closed_loop(workload, clients)

@@ -46,6 +46,36 @@ def test_sweep_starts_at_the_corrected_minimum_and_picks_the_fastest():
     assert "planned ratio 0.3" in text and "2.00x one pool" in text
 
 
+def test_a_closed_loop_plan_picks_by_throughput_up_to_the_last_send():
+    """`loaded`: the plan maximises throughput up to the last request sent (the drain after it
+    dilutes every ratio alike), and says so; without it, over the whole run."""
+    cfg = load_preset("gpt-oss-120b")
+    factory = lambda: make_workload("reasoning", 8, 0)  # noqa: E731
+
+    def fake(ratio, chunk):  # whole-run throughput peaks at 0.8, loaded at 0.2
+        whole = 50.0 if ratio is None else 100 - 10 * abs(ratio - 0.8)
+        loaded = 40.0 if ratio is None else 200 - 100 * abs(ratio - 0.2)
+        return Candidate(ratio, chunk, whole, 1.0, 0.01, 4, 100, loaded)
+
+    timer = _timer("gpt-oss-120b")
+    assert ratio_planner.plan(cfg, BUDGET, factory, timer, run_fn=fake).best.ratio == 0.8
+    p = ratio_planner.plan(cfg, BUDGET, factory, timer, run_fn=fake, loaded=True)
+    assert p.best.ratio == 0.2 and p.by == "loaded_tokens_per_s"
+    text = ratio_planner.format_plan(p)
+    assert "loaded tokens/s" in text and "5.00x one pool" in text
+
+
+def test_plan_cli_with_clients_runs_a_closed_loop(cli):
+    code, out, _ = cli("plan", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
+                       "--workload", "shared-prefix", "--requests", "8", "--clients", "2",
+                       "--accelerator", "h200", "--page-size", "4", "--json")  # fmt: skip
+    assert code == 0
+    p = json.loads(out)
+    assert p["by"] == "loaded_tokens_per_s"
+    for c in (*p["candidates"], p["single"]):
+        assert c["peak_concurrency"] == 2 and c["loaded_tokens_per_s"] > 0
+
+
 def test_plan_cli_names_what_it_needs(cli, tmp_path):
     code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
                        "--workload", "multi-turn")  # fmt: skip

@@ -166,3 +166,45 @@ def test_simulate_and_plan_report_a_host_tier(cli):
     code, out, _ = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40",
                        "--ratio", "0.1", "--host-cache-gib", "160")  # fmt: skip
     assert code == 0 and "host tier tokens full|SWA" in out
+
+
+def test_closed_loop_keeps_n_requests_outstanding_and_sends_each_once():
+    """`closed_loop`: the first N arrive at once, each finished request is followed by its own
+    next turn if it has one, else by the next unsent request; every request is sent once."""
+    from swajax.simulator.workloads import closed_loop, make_workload
+
+    plain = make_workload("reasoning", 7, seed=1)
+    lengths = [a.params.max_new_tokens for a in plain.initial]
+    loop = closed_loop(make_workload("reasoning", 7, seed=1), 3)
+    assert loop.total == 7 and [a.params.max_new_tokens for a in loop.initial] == lengths[:3]
+    sent = list(loop.initial)
+    while (nxt := loop.follow_up(sent[len(sent) - 3], [1])) is not None:
+        sent.append(nxt)
+    assert [a.params.max_new_tokens for a in sent] == lengths
+    chats = closed_loop(make_workload("multi-turn", 8, seed=1), 1)  # two 4-turn chats
+    first = chats.initial[0]
+    turn = chats.follow_up(first, [5, 6])
+    assert turn.conversation == first.conversation  # its own chat goes on before another starts
+    assert turn.prompt[: len(first.prompt) + 2] == first.prompt + [5, 6]
+    with pytest.raises(ValueError, match="clients must be >= 1, got 0"):
+        closed_loop(plain, 0)
+
+
+def test_simulate_with_clients_never_runs_more_than_them(cli):
+    """`--clients 3` over 10 requests: at most 3 run at once in either run, all finish, and the
+    throughput up to the last send is reported (0 for a workload that all arrives at once)."""
+    base = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002", "--ratio", "0.3",
+            "--page-size", "4", "--workload", "shared-prefix", "--requests", "10",
+            "--accelerator", "h200", "--json"]  # fmt: skip
+    code, out, _ = cli(*base, "--clients", "3")
+    assert code == 0
+    report = json.loads(out)
+    for name in ("hybrid", "single"):
+        r = report[name]
+        assert r["peak_concurrency"] == 3 and r["finished"] == 10 and r["lost"] == 0
+        assert 0 < r["loaded_tokens_per_s"]
+    code, out, _ = cli(*base)
+    assert code == 0
+    report = json.loads(out)
+    assert report["hybrid"]["peak_concurrency"] > 3
+    assert report["hybrid"]["loaded_tokens_per_s"] == 0  # all sent at time 0: no loaded phase
