@@ -86,6 +86,10 @@ def run_workload(
             rid = engine.add_request(arrival.prompt, arrival.params)
         except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
             rejected.append(str(e))
+            nxt = workload.after_rejection(arrival)
+            if nxt is not None:
+                nxt.at = clock
+                pending.insert(0, nxt)
             return
         arrivals[rid], submitted[rid], token_times[rid] = arrival, clock, []
 

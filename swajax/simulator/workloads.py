@@ -29,6 +29,9 @@ class Workload:
     # Called with (finished arrival, its output); returns the next turn, if any.
     follow_up: Callable[[Arrival, list[int]], Arrival | None]
     total: int  # requests the workload will have submitted in the end
+    # Called with an arrival the engine refused (too long for the pools); returns what its
+    # sender sends instead, if anything (a closed loop's client goes on with the next request).
+    after_rejection: Callable[[Arrival], Arrival | None] = lambda arrival: None
 
 
 def _tokens(rng, n: int, vocab: int) -> list[int]:
@@ -184,9 +187,10 @@ def closed_loop(workload: Workload, clients: int) -> Workload:
     """The same requests sent by `clients` clients, each waiting for its reply before it sends
     the next (a load generator's maximum concurrency): the first `clients` arrive at once and
     each finished one is followed by its own follow-up (the next turn of its chat) if it has
-    one, else by the next request not yet sent. The load stays at `clients` outstanding
-    requests until the last one is sent, so a run measures throughput at that concurrency
-    rather than a batch draining. Arrival times in the workload are ignored."""
+    one, else by the next request not yet sent (as is a request the engine refuses). The load
+    stays at `clients` outstanding requests until the last one is sent, so a run measures
+    throughput at that concurrency rather than a batch draining. Arrival times in the workload
+    are ignored."""
     if clients < 1:
         raise ValueError(f"clients must be >= 1, got {clients}")
     queue = list(workload.initial)
@@ -200,7 +204,10 @@ def closed_loop(workload: Workload, clients: int) -> Workload:
             nxt = queue.pop(0)
         return nxt
 
-    return Workload(initial, follow_up, workload.total)
+    def after_rejection(arrival: Arrival) -> Arrival | None:  # the client is free again
+        return queue.pop(0) if queue else None
+
+    return Workload(initial, follow_up, workload.total, after_rejection)
 
 
 def workload_of(

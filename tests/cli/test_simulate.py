@@ -208,3 +208,20 @@ def test_simulate_with_clients_never_runs_more_than_them(cli):
     report = json.loads(out)
     assert report["hybrid"]["peak_concurrency"] > 3
     assert report["hybrid"]["loaded_tokens_per_s"] == 0  # all sent at time 0: no loaded phase
+
+
+def test_a_closed_loop_client_goes_on_after_a_refused_request(cli, tmp_path):
+    """A request the engine refuses (longer than the context) frees its client: the next one
+    is sent, so every acceptable request still runs, one at a time with `--clients 1`."""
+    path = tmp_path / "w.jsonl"
+    rows = [{"prompt_len": 50, "output_len": 8}] * 5
+    rows[0] = rows[2] = {"prompt_len": 200_000, "output_len": 8}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = cli("simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
+                       "--ratio", "0.3", "--page-size", "4", "--workload", str(path),
+                       "--clients", "1", "--json")  # fmt: skip
+    assert code == 0
+    for name in ("hybrid", "single"):
+        r = json.loads(out)[name]
+        assert (r["finished"], r["rejected"], r["lost"]) == (3, 2, 0)
+        assert r["peak_concurrency"] == 1
