@@ -62,6 +62,7 @@ def test_simulate_table_and_plot(cli, tmp_path):
     "argv, needle",
     [
         (["--requests", "0"], "--requests"),
+        (["--clients", "0"], "--clients"),
         (["--ratio", "2"], "got 2"),
         (["--preset", "nope"], "nope"),
     ],
