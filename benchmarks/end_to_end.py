@@ -12,8 +12,9 @@ of `--repeats` timed runs. Prints tokens / s for both, the ratio and how many of
 are identical.
 
 `--floor` (MiMo-V2-Flash with dense MLPs: `mimo-dense`): the same model as `floor.py`'s bare
-jitted decode loop, timed in the same run, so floor / transformers says how far any engine of
-this model could get past transformers on this machine.
+jitted decode loop, at one step per program and at `--decode-steps` per program, timed in the
+same run, so floor / transformers says how far any engine of this model could get past
+transformers on this machine.
 """
 
 from __future__ import annotations
@@ -127,14 +128,9 @@ def run_transformers(batch, a):
 
 
 def run_floor(batch, a):
-    """(seconds, tokens) of `floor.py`'s bare jitted loop on the same model, best of repeats."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_floor", Path(__file__).with_name("floor.py")
-    )
-    floor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(floor)
+    """`floor.py`'s bare jitted loop on the same model, best of repeats: (seconds at one step
+    per program, its tokens, seconds at `--decode-steps` per program)."""
+    floor = _floor_module()
     from swajax.models import load_decoder
 
     config = json.loads((folder(a.family) / "config.json").read_text())
@@ -145,9 +141,14 @@ def run_floor(batch, a):
     w = floor.weights_of(load_decoder(folder(a.family), dtype="float32"))
     ids = np.asarray(batch)
     model = floor.Floor(config, len(batch), ids.shape[1] + a.new)
-    floor.run_floor(model, w, ids, a.new)  # compiles
-    runs = [floor.run_floor(model, w, ids, a.new) for _ in range(a.repeats)]
-    return min(s for s, _ in runs), runs[0][1].tolist()
+    tokens = floor.run_floor(model, w, ids, a.new)[1]  # compiles
+    if not (floor.run_floor(model, w, ids, a.new, a.decode_steps)[1] == tokens).all():
+        raise SystemExit(f"the floor at {a.decode_steps} steps per program differs from one")
+    best = {1: float("inf"), a.decode_steps: float("inf")}
+    for _ in range(a.repeats):
+        for steps in best:
+            best[steps] = min(best[steps], floor.run_floor(model, w, ids, a.new, steps)[0])
+    return best[1], tokens.tolist(), best[a.decode_steps]
 
 
 def compare(n: int, a) -> dict:
@@ -156,10 +157,12 @@ def compare(n: int, a) -> dict:
     generated = n * a.new
     result = dict(batch=n, swajax_tokens_per_s=generated / seconds, swajax_seconds=seconds)
     if a.floor:
-        floor_s, floor_tokens = run_floor(batch, a)
+        floor_s, floor_tokens, same_steps_s = run_floor(batch, a)
         result.update(
             floor_tokens_per_s=generated / floor_s,
             swajax_over_floor=floor_s / seconds,
+            floor_same_steps_tokens_per_s=generated / same_steps_s,
+            swajax_over_floor_same_steps=same_steps_s / seconds,
             floor_same_tokens=f"{sum(a == b for a, b in zip(outputs, floor_tokens))}/{n}",
         )
     hf = run_transformers(batch, a)
@@ -174,6 +177,7 @@ def compare(n: int, a) -> dict:
         )
         if a.floor:
             result["floor_over_transformers"] = hf["seconds"] / floor_s
+            result["floor_same_steps_over_transformers"] = hf["seconds"] / same_steps_s
     return result
 
 
@@ -203,7 +207,7 @@ def main(argv=None) -> int | None:
         return
     for result in results:
         for key, value in result.items():
-            print(f"{key:26} {value:.2f}" if isinstance(value, float) else f"{key:26} {value}")
+            print(f"{key:36} {value:.2f}" if isinstance(value, float) else f"{key:36} {value}")
         print()
 
 
