@@ -77,6 +77,10 @@ def run(args) -> int:
         fmt = "{:>14.3f}" if isinstance(a, float) else "{:>14,}"
         print(f"{k:24}" + fmt.format(a) + fmt.format(b))
     print(f"peak concurrency hybrid / single: {report['peak_concurrency_ratio']:.2f}x")
+    if args.accelerator:
+        print(f"modeled tokens/s hybrid / single: {report['tokens_per_s_ratio']:.2f}x")
+    if args.accelerator and args.clients:
+        print(f"loaded tokens/s hybrid / single: {report['loaded_tokens_per_s_ratio']:.2f}x")
     return 0
 
 

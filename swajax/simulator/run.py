@@ -235,4 +235,6 @@ def simulate(
         peak_concurrency_ratio=h.peak_concurrency / max(s.peak_concurrency, 1),
         mean_concurrency_ratio=h.mean_concurrency / max(s.mean_concurrency, 1e-9),
         steps_ratio=s.steps / max(h.steps, 1),
+        tokens_per_s_ratio=h.tokens_per_s / max(s.tokens_per_s, 1e-9),
+        loaded_tokens_per_s_ratio=h.loaded_tokens_per_s / max(s.loaded_tokens_per_s, 1e-9),
     )

@@ -204,6 +204,11 @@ def test_simulate_with_clients_never_runs_more_than_them(cli):
         r = report[name]
         assert r["peak_concurrency"] == 3 and r["finished"] == 10 and r["lost"] == 0
         assert 0 < r["loaded_tokens_per_s"]
+    loaded = [report[name]["loaded_tokens_per_s"] for name in ("hybrid", "single")]
+    assert report["loaded_tokens_per_s_ratio"] == pytest.approx(loaded[0] / loaded[1])
+    code, out, _ = cli(*base[:-1], "--clients", "3")  # the table names the ratios
+    assert code == 0 and "loaded tokens/s hybrid / single" in out
+    assert "modeled tokens/s hybrid / single" in out
     code, out, _ = cli(*base)
     assert code == 0
     report = json.loads(out)
