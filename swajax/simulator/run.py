@@ -78,10 +78,11 @@ def run_workload(
     if on_engine is not None:
         on_engine(engine)  # e.g. attach a trace recorder
     arrivals, rejected, pending = {}, [], list(workload.initial)
-    clock, submitted, token_times, last_sent = 0.0, {}, {}, [0.0]
+    clock, submitted, token_times, last_sent = 0.0, {}, {}, 0.0
 
     def submit(arrival):
-        last_sent[0] = clock
+        nonlocal last_sent
+        last_sent = clock
         try:
             rid = engine.add_request(arrival.prompt, arrival.params)
         except RequestError as e:  # e.g. a conversation outgrew the pools: it ends here
@@ -124,7 +125,7 @@ def run_workload(
     summary = _summary(engine, sizes, arrivals, finished, len(rejected))
     if timer is None:
         return summary
-    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times, last_sent[0]))
+    return dataclasses.replace(summary, **_latencies(clock, submitted, token_times, last_sent))
 
 
 def _latencies(clock: float, submitted: dict, token_times: dict, last: float) -> dict:
