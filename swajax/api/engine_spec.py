@@ -26,7 +26,6 @@ from swajax.tokenizer import Tokenizer
 
 # The library's defaults for small models and short generations (the demo): chunked prefill,
 # frequent eviction so the SWA KV is seen going back, a model-derived context (None).
-# Multi-step decode stays opt-in (`decode_steps`): each N compiles a round program of its own.
 SPEC_OPTIONS = EngineOptions(max_running=16, max_context=None, chunk_size=64, eviction_interval=16,
                              cache_policy="lean")  # fmt: skip
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS, tensor_mesh
+from swajax.api.engine_spec import KV_DTYPE, tensor_mesh
 from swajax.cli import args as args_lib
 from swajax.cli.cluster_args import add_cluster_args
 from swajax.cluster import is_leader
@@ -294,7 +294,8 @@ def register(sub) -> None:
                    help="read each step's result before planning the next")  # fmt: skip
     p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
                    help="multi-step decode: up to this many decode steps in one program, "
-                   f"read once (default {SPEC_OPTIONS.decode_steps}: off; try 8)")  # fmt: skip
+                   "read once (default 8 for a model, 1 for the null model; 1: off, for the "
+                   "lowest latency per streamed token)")  # fmt: skip
     _add_sampling_args(p)
     p.add_argument("--json", action="store_true",
                    help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip

@@ -14,7 +14,7 @@ The host keeps each request's tokens up to its first stop token or length limit 
 pages holding only positions after it back (`serving.speculation.take_round`, which a verify
 round with every proposal accepted shares): a request that stops early costs the steps it
 computed past its stop, never a token. The loop's trip count is the round's longest request,
-on device; N (a power of two, `Scheduler._decode_steps`) only sizes the outputs.
+on device; N (the setting, `serving/rounds.py`) only sizes the outputs.
 """
 
 from __future__ import annotations

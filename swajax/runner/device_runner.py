@@ -156,6 +156,9 @@ class DeviceRunner:
     # A fused model's step can be launched before the previous one's result is read, and a
     # decode round (N positions per request) runs inside its program.
     supports_overlap = supports_rounds = True
+    # Rounds of 8 by default: a plain step's host part (plan, pack, upload, read) is paid once
+    # per round (BUILD_NOTES.md, "Multi-step decode").
+    default_decode_steps = 8
 
     def run(self, plan: StepPlan) -> StepResult:
         """One step, launched and read. If it raises, the device state is as if the step had

@@ -26,6 +26,9 @@ from swajax.sizing import PoolMode, PoolSizes
 class HostRunner:
     observer: Observer | None = None  # swajax.observe: a recorder, if any
     supports_rounds = True  # the model emulates a decode round (`verify`)
+    # Plain steps unless asked: the null model stands for an accelerator's steps, with no host
+    # part to amortize, and its traces follow SGLang's one decode allocation per token.
+    default_decode_steps = 1
 
     def __init__(self, model, sizes: PoolSizes, *, draft=None):
         if model.needs_kv:

@@ -34,6 +34,8 @@ class Batch:
     kind: StepKind
     reqs: list[Request]
     lens: list[int]  # new tokens per request
+    # A multi-step decode round's size N (its program's, whatever each request takes); 1 else.
+    round_steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +267,7 @@ class Runner(Protocol):
 
     supports_overlap: bool
     supports_rounds: bool  # decode rounds (multi-step decode) can run
+    default_decode_steps: int  # multi-step decode's N when the options leave it to the runner
 
     def dispatch(self, plan: StepPlan, after=None): ...
     def collect(self, step) -> StepResult: ...

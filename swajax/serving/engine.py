@@ -71,8 +71,7 @@ class Engine:
         layout = SchedulerConfig(page_size=sizes.page_size, window=self.window,
                                  pool_mode=sizes.mode, policy=policy,
                                  rebuild_reach=self._rebuild_reach(),
-                                 decode_steps=options.decode_steps
-                                 if runner.supports_rounds and draft is None else 1)  # fmt: skip
+                                 decode_steps=_decode_steps(options, runner, draft))  # fmt: skip
         self.scheduler = Scheduler(layout, options, self.cache, self.ledger)
         self.overlap = options.overlap and runner.supports_overlap
         self._launched = None  # a step launched but not read yet (overlap scheduling)
@@ -321,6 +320,14 @@ class Engine:
         )
         self.metrics.append(m)
         return m
+
+
+def _decode_steps(options: EngineOptions, runner, draft) -> int:
+    """Multi-step decode's N: the option, else the runner's default; 1 where no round runs
+    (a runner without rounds, a speculative draft, whose rounds come first)."""
+    if not runner.supports_rounds or draft is not None:
+        return 1
+    return options.decode_steps or runner.default_decode_steps
 
 
 def _token_ids(prompt) -> list[int]:

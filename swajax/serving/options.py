@@ -32,9 +32,14 @@ class EngineOptions:
     # except on the null model, which emulates one.
     num_speculative_tokens: int = 0
     # Multi-step decode: up to this many decode steps in one program, read once, when every
-    # running request decodes and nothing waits (`Scheduler._decode_steps` chooses N, a power
-    # of two, each round); 1: off. Not with a speculative draft (its rounds come first).
-    decode_steps: int = 1
+    # running request decodes and nothing waits (serving/rounds.py; each request takes what it
+    # has left, up to N); 1: off. Not with a speculative draft (its rounds come first). A
+    # request that arrives during a round waits for its end, and streamed tokens come N at a
+    # time: 1 for the lowest latency, larger for throughput at small batches. None: the
+    # runner's own default (8 for a model in the fused program, where rounds amortize the
+    # host's part of a step; 1 for the null model, which models an accelerator's steps, and
+    # whose traces follow SGLang's one decode allocation per token).
+    decode_steps: int | None = None
     # Overlap scheduling: plan decode step n + 1 while step n runs (serving/overlap.py); used
     # where the runner can launch a step without reading the previous one (a fused model).
     overlap: bool = True
@@ -47,7 +52,7 @@ class EngineOptions:
                          ("num_speculative_tokens", 0), ("chunk_size", 1), ("decode_steps", 1),
                          ("max_logprobs", 0)):  # fmt: skip
             value = getattr(self, name)
-            optional = name in ("chunk_size", "max_context")
+            optional = name in ("chunk_size", "max_context", "decode_steps")
             if optional and value is None:
                 continue
             if not is_int(value) or value < lo:

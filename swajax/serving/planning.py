@@ -30,6 +30,8 @@ def build_plan(
     n - 1 draft tokens (`speculative`), else up to n decode steps in one program (each
     request its own number)."""
     spec = max(batch.lens) - 1 if batch.kind is StepKind.DECODE and batch.reqs else 0
+    if spec and not speculative:  # the round's program runs N steps' worth, each request its own
+        spec = max(spec, batch.round_steps - 1)
     reqs, lens = batch.reqs, batch.lens
     pre = np.asarray([r.kv_len for r in reqs], np.int32)
     seq = pre + np.asarray(lens, np.int32)

@@ -14,11 +14,11 @@ from swajax.serving.request import Request
 
 def decode_lens(sched: SchedulerView, decoding: list[Request]) -> list[int]:
     """Each decoding request's positions this step. With a draft, k + 1 (a verify round).
-    Multi-step decode: N, the largest power of two (few programs) within
-    `SchedulerConfig.decode_steps` and the most tokens any request has left, and for each
-    request no more than it has left; only when every running request decodes and nothing
-    waits (admission is settled) and none asks for what a round does not return (penalties,
-    top-N logprobs, kept logits). Otherwise one each."""
+    Multi-step decode: up to N = `SchedulerConfig.decode_steps`, each request no more than it
+    has tokens left (the round's program is N's whatever each takes: one program per batch
+    size); only when every running request decodes and nothing waits (admission is settled)
+    and none asks for what a round does not return (penalties, top-N logprobs, kept logits).
+    Otherwise one each."""
     k, one = sched.options.num_speculative_tokens, [1] * len(decoding)
     if k:
         return [1 + k] * len(decoding)
@@ -27,6 +27,4 @@ def decode_lens(sched: SchedulerView, decoding: list[Request]) -> list[int]:
         return one
     if any(r.keep_logits or r.params.penalized or r.params.logprobs for r in decoding):
         return one
-    left = [r.params.max_new_tokens - len(r.output) for r in decoding]
-    n = 1 << (min(cap, max(left)).bit_length() - 1)
-    return [max(1, min(n, x)) for x in left]
+    return [max(1, min(cap, r.params.max_new_tokens - len(r.output))) for r in decoding]

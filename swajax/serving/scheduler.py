@@ -93,7 +93,8 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        return Batch(StepKind.DECODE, decoding, rounds.decode_lens(self, decoding))
+        lens = rounds.decode_lens(self, decoding)
+        return Batch(StepKind.DECODE, decoding, lens, round_steps=self.cfg.decode_steps)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -288,6 +289,9 @@ class Scheduler:
             self._shrink_to_fit(batch)
         if batch.kind is StepKind.DECODE and not self._fits(self._pages_needed(batch)):
             self.evict_windows(batch, due=True)
+        multi_step = max(batch.lens, default=1) > 1 and not self.options.num_speculative_tokens
+        if multi_step and not self._fits(self._pages_needed(batch)):
+            batch.lens = [1] * len(batch.lens)  # a round is never worth a retraction
         while (
             batch.kind is StepKind.DECODE
             and batch.reqs

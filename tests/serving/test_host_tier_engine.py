@@ -255,7 +255,7 @@ def test_a_window_saved_while_a_step_runs_ahead_comes_back_exact(gpt_oss):
     third = first + [9, 8, 7, 6, 5]
     runs = []
     for host in (0.0, 0.001):
-        engine = make_engine(decoder, SETUP.replace(host_cache_gib=host))
+        engine = make_engine(decoder, SETUP.replace(host_cache_gib=host, decode_steps=1))
         engine.add_request(first, SamplingParams(max_new_tokens=2))
         engine.run()
         engine.add_request(first + [77], SamplingParams(max_new_tokens=24))

@@ -111,14 +111,16 @@ def null_engine(steps, *, logprobs=0):
     return [engine.requests[r].output for r in rids], engine
 
 
-def test_the_null_model_runs_rounds_and_n_is_a_power_of_two():
+def test_the_null_model_runs_rounds_of_one_size():
     want, plain = null_engine(1)
     got, engine = null_engine(16)
     assert got == want and len(engine.metrics) < len(plain.metrics) / 2
-    assert {n for n, _ in engine.rounds} == {2, 4, 8, 16}  # N shrinks as the longest ends
-    # Each request takes what it has left, up to N: shorter ones sit out the round's end.
+    # One N for every round (one program per batch size), even as the longest request ends:
+    # each request takes what it has left, up to N, and shorter ones sit out the round's end.
+    assert {n for n, _ in engine.rounds} == {16}
+    assert any(max(steps) < 16 for _, steps in engine.rounds)
     assert any(len(set(steps)) > 1 for _, steps in engine.rounds)
-    assert all(max(steps) == n for n, steps in engine.rounds)
+    assert all(max(steps) <= n for n, steps in engine.rounds)
 
 
 def test_no_round_where_a_request_asks_what_a_round_does_not_return():
@@ -129,3 +131,21 @@ def test_no_round_where_a_request_asks_what_a_round_does_not_return():
 def test_bad_decode_steps_is_refused():
     with pytest.raises(RequestError, match="decode_steps must be an integer >= 1"):
         EngineOptions(decode_steps=0)
+
+
+def test_a_round_that_does_not_fit_runs_as_one_step_not_a_retraction():
+    """Pools a round of 16 would overflow where single steps fit: the step shrinks to one
+    position per request, and nothing is retracted that N = 1 keeps running."""
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 2400, ratio=0.5, page_size=16)
+    prompts = [[1 + (7 * i + j) % 90 for i in range(100)] for j in range(8)]
+    runs = []
+    for steps in (1, 16):  # (without the shrink, N = 16 retracts one request here)
+        options = EngineOptions(max_context=480, decode_steps=steps, prefix_cache=False)
+        engine = engine_for(cfg, NullModel(), sizes, options)
+        rids = [engine.add_request(p, SamplingParams(max_new_tokens=200)) for p in prompts]
+        engine.run()
+        check_clean(engine)
+        runs.append(([engine.requests[r].output for r in rids], engine.scheduler.retractions))
+    (plain, plain_retractions), (got, retractions) = runs
+    assert got == plain and retractions == plain_retractions == 0

@@ -29,7 +29,9 @@ def overlap_engine(decoder, overlap, *, gib=0.002):
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(gib), ratio=0.5, page_size=4,
                                dtype="fp32")  # fmt: skip
-    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap)
+    options = EngineOptions(
+        chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap, decode_steps=1
+    )  # overlap runs with plain steps
     return engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
 
 

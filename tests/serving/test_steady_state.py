@@ -11,19 +11,26 @@ from swajax.models import HybridLM
 from swajax.serving.sampling_params import SamplingParams
 
 
-def steady_compilations(engine, running, prompt, warm_steps, steps, *, from_start=False):
+def steady_compilations(engine, running, prompt, warm, tokens, *, from_start=False):
+    """Programs compiled while every request decodes `tokens` more tokens after `warm` (counted
+    in tokens, not steps: a multi-step round decodes several per step)."""
     start = compilation_count()
+    n = engine.scheduler.cfg.decode_steps
     for i in range(running):
         engine.add_request([(7 * i + j) % 200 + 1 for j in range(prompt)],
-                           SamplingParams(max_new_tokens=warm_steps + steps + 8))  # fmt: skip
-    for _ in range(warm_steps):
-        engine.step()
-    assert all(len(r.output) >= 1 for r in engine.requests.values())  # all decoding
+                           SamplingParams(max_new_tokens=warm + tokens + 2 * n))  # fmt: skip
+
+    def decode_to(length):
+        while min(len(r.output) for r in engine.requests.values()) < length:
+            engine.step()
+
+    decode_to(warm)
     if not from_start:
         start = compilation_count()
-    for _ in range(steps):
-        engine.step()
+    decode_to(warm + tokens)
     assert len(engine.scheduler.running) == running
+    if n > 1:  # the steady steps were rounds
+        assert engine.metrics[-1].new_tokens == running * n
     return compilation_count() - start
 
 
@@ -33,16 +40,17 @@ def test_null_model_compiles_nothing(tiny_engine, running):
     sizes without a compile per size)."""
     engine = tiny_engine(full=running * 256, ps=16, chunk=4096, max_running=running,
                          eviction_interval=16)  # fmt: skip
-    compiled = steady_compilations(engine, running, prompt=32, warm_steps=40, steps=64,
+    compiled = steady_compilations(engine, running, prompt=32, warm=40, tokens=64,
                                    from_start=True)  # fmt: skip
     assert compiled == 0 and engine.runner.compilations() == 0
 
 
 @pytest.mark.parametrize("running", [1, 64, pytest.param(256, marks=pytest.mark.slow)])
-def test_model_steady_decode_compiles_nothing(tiny_engine, running):
+@pytest.mark.parametrize("decode_steps", [1, 8])  # plain steps (with overlap), rounds
+def test_model_steady_decode_compiles_nothing(tiny_engine, running, decode_steps):
     """The demo model (W = 64): prompts already past the window, so every eviction round
     releases about as many pages as the next; four rounds in the warm-up."""
     engine = tiny_engine(full=running * 192 + 256, ps=4, chunk=4096, max_running=running,
                          model=HybridLM(demo_decoder()), max_context=200,
-                         eviction_interval=16)  # fmt: skip
-    assert steady_compilations(engine, running, prompt=72, warm_steps=64, steps=48) == 0
+                         eviction_interval=16, decode_steps=decode_steps)  # fmt: skip
+    assert steady_compilations(engine, running, prompt=72, warm=64, tokens=48) == 0

@@ -20,10 +20,13 @@ def tiny_model():
     return HybridLM(demo_decoder())
 
 
-def test_steady_decode_step_makes_one_upload_and_one_read(tiny_engine, tiny_model, monkeypatch):
-    engine = tiny_engine(full=1024, model=tiny_model, chunk=None)
+@pytest.mark.parametrize("decode_steps", [1, 8])  # plain steps (overlapped), rounds
+def test_steady_decode_step_makes_one_upload_and_one_read(
+    tiny_engine, tiny_model, monkeypatch, decode_steps
+):
+    engine = tiny_engine(full=1024, model=tiny_model, chunk=None, decode_steps=decode_steps)
     for prompt in ([5, 6, 7, 8, 9], [1, 2, 3]):
-        engine.add_request(prompt, SamplingParams(max_new_tokens=40))
+        engine.add_request(prompt, SamplingParams(max_new_tokens=120))
     for _ in range(6):  # prefill, then decode steps until every program is compiled
         engine.step()
     calls = {"put": 0, "get": 0}
@@ -42,13 +45,15 @@ def test_steady_decode_step_makes_one_upload_and_one_read(tiny_engine, tiny_mode
     steps = 5
     with jax.transfer_guard("disallow"):  # any implicit transfer raises
         for _ in range(steps):
-            assert engine.step().kind == "decode"
+            m = engine.step()
+            assert m.kind == "decode" and m.new_tokens == 2 * decode_steps
     assert calls == {"put": steps, "get": steps}
 
 
 def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
-    """Decode steps write one slot per request whatever the context; the device table holds
-    exactly each request's host slots (admission prefixes and chunk re-points included)."""
+    """Decode steps write one slot per request and position (a round's N) whatever the
+    context; the device table holds exactly each request's host slots (admission prefixes and
+    chunk re-points included)."""
     engine = tiny_engine(full=2048, ps=4, chunk=16, model=tiny_model, eviction_interval=8)
     system = list(range(100, 140))
     engine.add_request(system + [1] * 40, SamplingParams(max_new_tokens=12))
@@ -60,12 +65,13 @@ def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
         m = engine.step()
         running = engine.scheduler.running
         if m.kind == "decode":
-            assert m.r2t_tokens_written == m.batch_size
+            assert m.r2t_tokens_written == m.new_tokens
         table = np.asarray(runner.r2t.table)
         for req in running:
             np.testing.assert_array_equal(table[req.row, : req.kv_len], req.slots)
     decodes = [m for m in engine.metrics if m.kind == "decode"]
-    assert max(m.r2t_tokens_written for m in decodes) <= 3
+    assert max(m.r2t_tokens_written for m in decodes) <= 3 * engine.scheduler.cfg.decode_steps
+    assert any(m.new_tokens > m.batch_size for m in decodes)  # rounds ran
     assert engine.scheduler.hit_tokens >= 40
 
 
