@@ -50,7 +50,9 @@ def run(decoder, prompts, new: int, overlap: bool):
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16,
                                dtype="fp32")  # fmt: skip
-    options = EngineOptions(max_running=len(prompts), max_context=2048, overlap=overlap)
+    # Plain steps (decode_steps=1): overlap plans a plain step while the one before runs.
+    options = EngineOptions(max_running=len(prompts), max_context=2048, overlap=overlap,
+                            decode_steps=1)  # fmt: skip
     engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
     clock = Clock(engine)
     for p in prompts:

@@ -45,8 +45,13 @@ def test_null_model_compiles_nothing(tiny_engine, running):
     assert compiled == 0 and engine.runner.compilations() == 0
 
 
-@pytest.mark.parametrize("running", [1, 64, pytest.param(256, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("decode_steps", [1, 8])  # plain steps (with overlap), rounds
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "running, decode_steps",
+    [(1, 1), (1, 8), (64, 8), pytest.param(64, 1, marks=SLOW), pytest.param(256, 8, marks=SLOW)],
+)  # plain steps (with overlap) and rounds (the default)
 def test_model_steady_decode_compiles_nothing(tiny_engine, running, decode_steps):
     """The demo model (W = 64): prompts already past the window, so every eviction round
     releases about as many pages as the next; four rounds in the warm-up."""
