@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 import numpy as np
 
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
+from swajax.serving import rounds
 from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
 from swajax.serving.planning import top_logprobs
 from swajax.serving.request import Request, Status
@@ -54,6 +55,8 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
     reqs = [r for r in prev.requests if r.status is Status.RUNNING and not _last(r)]
     if not reqs:
         return None
+    if rounds.rounds_allowed(sched, reqs) and any(_left(r) > 1 for r in reqs):
+        return None  # a multi-step round is due (a request that asked for logprobs ended)
     ps = sched.cfg.page_size
     need = _new_pages((r.kv_len for r in prev.requests), ps)  # step n's pages, not yet counted
     need += _new_pages((r.kv_len + 1 for r in reqs), ps)
@@ -69,7 +72,12 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
 
 def _last(req: Request) -> bool:
     """Whether the token step n samples is the request's last (its length limit)."""
-    return len(req.output) + 1 >= req.params.max_new_tokens
+    return _left(req) <= 0
+
+
+def _left(req: Request) -> int:
+    """Tokens the request has left after step n's."""
+    return req.params.max_new_tokens - len(req.output) - 1
 
 
 def build(reqs: list[Request], prev: StepPlan, releases, released) -> StepPlan:

@@ -22,9 +22,15 @@ def decode_lens(sched: SchedulerView, decoding: list[Request]) -> list[int]:
     k, one = sched.options.num_speculative_tokens, [1] * len(decoding)
     if k:
         return [1 + k] * len(decoding)
+    if len(decoding) != len(sched.running) or not rounds_allowed(sched, decoding):
+        return one
     cap = sched.cfg.decode_steps
-    if cap <= 1 or sched.waiting or len(decoding) != len(sched.running):
-        return one
-    if any(r.keep_logits or r.params.penalized or r.params.logprobs for r in decoding):
-        return one
     return [max(1, min(cap, r.params.max_new_tokens - len(r.output))) for r in decoding]
+
+
+def rounds_allowed(sched: SchedulerView, reqs) -> bool:
+    """Whether `reqs` (every running request, all decoding) may run a multi-step round: the
+    setting allows one, nothing waits, none asks for what a round does not return."""
+    if sched.cfg.decode_steps <= 1 or sched.options.num_speculative_tokens or sched.waiting:
+        return False
+    return not any(r.keep_logits or r.params.penalized or r.params.logprobs for r in reqs)

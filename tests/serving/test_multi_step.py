@@ -149,3 +149,23 @@ def test_a_round_that_does_not_fit_runs_as_one_step_not_a_retraction():
         runs.append(([engine.requests[r].output for r in rids], engine.scheduler.retractions))
     (plain, plain_retractions), (got, retractions) = runs
     assert got == plain and retractions == plain_retractions == 0
+
+
+def test_rounds_resume_after_overlapped_plain_steps():
+    """A request that asks for logprobs holds the batch to plain (overlapped) steps; once it
+    ends, the next step is a round again, not another step planned ahead."""
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 4000, ratio=0.5, page_size=16)
+    outputs = []
+    for steps in (1, 8):
+        options = EngineOptions(max_context=1000, decode_steps=steps)
+        engine = engine_for(cfg, NullModel(overlap=True), sizes, options)
+        rids = [engine.add_request(list(range(1, 30)), SamplingParams(10, logprobs=1)),
+                engine.add_request(list(range(1, 20)), SamplingParams(100))]  # fmt: skip
+        engine.run()
+        check_clean(engine)
+        outputs.append([engine.requests[r].output for r in rids])
+        assert engine.launched_ahead > 0  # the logprobs request's steps overlapped
+    assert outputs[0] == outputs[1]
+    late = [m.new_tokens for m in engine.metrics][-5:]  # the second request alone, at the end
+    assert all(n > 1 for n in late[:-1])
