@@ -222,7 +222,9 @@ class DeviceRunner:
                 step, extra = fused_step, dict(return_logits=plan.return_logits)
             if after is not None:
                 start, size = offset(commit["layout"], "tokens")
-                packed = fill_placeholders(packed, after.sampled[0], start=start, size=size)
+                accepted = after.sampled[2] if after.plan.lookahead else None  # a round's
+                packed = fill_placeholders(packed, after.sampled[0], accepted, start=start,
+                                           size=size)  # fmt: skip
             statics = dict(forward=fused, draft=draft, mode=_mode(plan), **extra, **commit)
             args = (*state, packed, self.model.params, d_state)
             *state, out, sampled = self.programs.call(step, args, statics)

@@ -21,10 +21,13 @@ _COMMIT = ("layout", "decode", "num_tokens", "meta_shape")  # commit_step's stat
 
 
 @functools.partial(jax.jit, static_argnames=("start", "size"))
-def fill_placeholders(packed, prev_tokens, *, start: int, size: int):
+def fill_placeholders(packed, prev_tokens, accepted=None, *, start: int, size: int):
     """A step planned while the previous one ran names each not-yet-sampled input token as
     -(1 + its row in the previous step's sampled tokens); fill them in on device, in a program
-    of its own, so the step's program (and its numerics) is the one a plain step runs."""
+    of its own, so the step's program (and its numerics) is the one a plain step runs. After a
+    multi-step round (`prev_tokens` [R, N], `accepted` [R]) a row's token is its last step's."""
+    if accepted is not None:
+        prev_tokens = jnp.take_along_axis(prev_tokens, accepted[:, None], axis=1)[:, 0]
     tokens = packed[start : start + size]
     row = jnp.clip(-tokens - 1, 0, prev_tokens.shape[0] - 1)
     return packed.at[start : start + size].set(jnp.where(tokens < 0, prev_tokens[row], tokens))

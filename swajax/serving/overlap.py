@@ -36,14 +36,15 @@ from swajax.serving.planning import top_logprobs
 from swajax.serving.request import Request, Status
 
 
-def _new_pages(lengths, ps: int) -> int:
-    """Tokens of the new pages that positions [pre, pre + 1) take, over requests."""
-    return sum(ps for pre in lengths if pre % ps == 0)
+def _new_pages(starts, counts, ps: int) -> int:
+    """Tokens of the new pages that positions [start, start + count) take, over requests."""
+    return sum(ps * (-(-(s + n) // ps) - -(-s // ps)) for s, n in zip(starts, counts))
 
 
 def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
-    """The decode step after `prev` (still running), or None to take the plain path."""
-    if prev.kind is not StepKind.DECODE or prev.lookahead or prev.return_logits:
+    """The decode step after `prev` (still running; a plain step or a multi-step round), or
+    None to take the plain path. It is a round when the scheduler would run one."""
+    if prev.kind is not StepKind.DECODE or prev.speculative or prev.return_logits:
         return None
     running = sched.running
     ahead = set(map(id, prev.requests))
@@ -51,58 +52,66 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
         id(r) not in ahead or r.suspect or not r.decoding or r.stale is not None for r in running
     ):
         return None
-    # After step n each request has one more position and one more token (not known yet).
-    reqs = [r for r in prev.requests if r.status is Status.RUNNING and not _last(r)]
-    if not reqs:
+    # After step n each request has n_r more positions and tokens (not known yet).
+    taken = (prev.seq_lens - prev.prefix_lens).tolist()
+    after = [(r, n) for r, n in zip(prev.requests, taken)
+             if r.status is Status.RUNNING and _left(r, n) > 0]  # fmt: skip
+    if not after:
         return None
-    if rounds.rounds_allowed(sched, reqs) and any(_left(r) > 1 for r in reqs):
-        return None  # a multi-step round is due (a request that asked for logprobs ended)
+    reqs, done = [r for r, _ in after], [n for _, n in after]
+    lens = [1] * len(reqs)
+    if rounds.rounds_allowed(sched, reqs):
+        lens = [min(sched.cfg.decode_steps, _left(r, n)) for r, n in after]
     ps = sched.cfg.page_size
-    need = _new_pages((r.kv_len for r in prev.requests), ps)  # step n's pages, not yet counted
-    need += _new_pages((r.kv_len + 1 for r in reqs), ps)
+    need = _new_pages(prev.prefix_lens, taken, ps)  # step n's pages, not yet counted
+    need += _new_pages((r.kv_len + n for r, n in after), lens, ps)
     if need > min(sched.ledger.available()):
         return None  # evicting or retracting to fit: the plain path decides that
-    batch = Batch(StepKind.DECODE, reqs, [1] * len(reqs))
+    batch = Batch(StepKind.DECODE, reqs, lens)
     sched.evict_windows(batch)  # from the confirmed lengths: one step behind, never too far
     releases = sched.ledger.take_releases()
-    plan = build(reqs, prev, releases, sched.ledger.taken)
+    steps = sched.cfg.decode_steps if max(lens) > 1 else 1
+    plan = build(reqs, done, lens, steps, prev, releases, sched.ledger.taken)
     # An early window release may have copied a window to a host tier.
     return dataclasses.replace(plan, transfers=sched.ledger.take_transfers())
 
 
-def _last(req: Request) -> bool:
-    """Whether the token step n samples is the request's last (its length limit)."""
-    return _left(req) <= 0
+def _left(req: Request, taken: int) -> int:
+    """Tokens the request has left after the `taken` step n samples for it."""
+    return req.params.max_new_tokens - len(req.output) - taken
 
 
-def _left(req: Request) -> int:
-    """Tokens the request has left after step n's."""
-    return req.params.max_new_tokens - len(req.output) - 1
-
-
-def build(reqs: list[Request], prev: StepPlan, releases, released) -> StepPlan:
-    """The plan of a decode step launched before `prev`'s result is read."""
-    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}  # decode: one sample each
-    pre = np.asarray([r.kv_len + 1 for r in reqs], np.int32)
+def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:
+    """The plan of a decode step (lens 1) or round (`steps` its N) launched before `prev`'s
+    result is read; `done`: the positions each request takes in `prev`."""
+    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}  # one pending token each
+    pre = np.asarray([r.kv_len + n for r, n in zip(reqs, done)], np.int32)
+    lens = np.asarray(lens, np.int32)
     n = len(reqs)
     params = [r.params for r in reqs]
+    pending = np.asarray([-1 - row_in_prev[id(r)] for r in reqs], np.int32)
+    fields = sampling_fields(params, pre + 1, [r.row for r in reqs])
+    if steps > 1:  # a round: each request's pending token, then the places the round fills
+        tokens = np.zeros(int(lens.sum()), np.int32)
+        tokens[np.cumsum(lens) - lens] = pending
+        empty = np.zeros(0, np.int32)
+        forward = ForwardBatch(tokens=tokens, logit_index=empty, sample_index=empty, **fields)
+    else:
+        index = np.arange(n, dtype=np.int32)
+        forward = ForwardBatch(tokens=pending, logit_index=index, sample_index=index, **fields)
     return StepPlan(
         kind=StepKind.DECODE,
         requests=tuple(reqs),
         rows=np.asarray([r.row for r in reqs], np.int32),
         prefix_lens=pre,
-        seq_lens=pre + 1,
+        seq_lens=pre + lens,
         last_loc=np.full(n, LAST_LOC_ON_DEVICE, np.int32),
         releases=releases,
         repoint=Repoint(),
-        forward=ForwardBatch(
-            tokens=np.asarray([-1 - row_in_prev[id(r)] for r in reqs], np.int32),
-            logit_index=np.arange(n, dtype=np.int32),
-            sample_index=np.arange(n, dtype=np.int32),
-            **sampling_fields(params, pre + 1, [r.row for r in reqs]),
-        ),
+        forward=forward,
+        lookahead=steps - 1,
         penalize=any(p.penalized for p in params),
-        top_logprobs=top_logprobs(reqs),
+        top_logprobs=top_logprobs(reqs) if steps == 1 else 0,
         released=released,
     )
 
@@ -111,11 +120,21 @@ def resolved(plan: StepPlan, prev: StepPlan, result) -> StepPlan:
     """`plan` (launched ahead of `prev`) with its placeholders filled from `prev`'s result, as
     the device fills them: for a model that runs outside the fused program (the null model),
     whose step has already run when the next one is launched."""
-    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}  # decode: one slot each
+    row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}
     rows = np.asarray([row_in_prev[id(r)] for r in plan.requests], np.int64)
     on_device = plan.last_loc == LAST_LOC_ON_DEVICE
-    last_loc = np.where(on_device, np.asarray(result.slots)[rows], plan.last_loc)
+    ends = np.cumsum(prev.seq_lens - prev.prefix_lens) - 1  # each request's last position
+    last_loc = np.where(on_device, np.asarray(result.slots)[ends][rows], plan.last_loc)
+    last = last_tokens(prev, result)
     tokens = plan.forward.tokens
-    sampled = np.asarray(result.tokens)[np.clip(-tokens - 1, 0, len(result.tokens) - 1)]
+    sampled = last[np.clip(-tokens - 1, 0, len(last) - 1)]
     forward = plan.forward._replace(tokens=np.where(tokens < 0, sampled, tokens).astype(np.int32))
     return dataclasses.replace(plan, last_loc=last_loc.astype(np.int32), forward=forward)
+
+
+def last_tokens(prev: StepPlan, result) -> np.ndarray:
+    """The token each of `prev`'s requests sampled last (a round's: at its last step)."""
+    tokens = np.asarray(result.tokens)
+    if not prev.lookahead:
+        return tokens
+    return tokens[np.arange(len(tokens)), np.asarray(result.accepted)]

@@ -89,33 +89,37 @@ def _top_logprobs(sampled: list[Request], result: StepResult) -> list:
 
 
 def _without_ended(sched: SchedulerView, plan: StepPlan, result: StepResult):
-    """A decode step launched ahead may carry requests that ended while it ran (a stop token
-    in the step before, an abort): their token is dropped, and the new page it took, if any,
-    is returned as `extra` (a slot inside a page the request held went back with the page)."""
+    """A decode step or round launched ahead may carry requests that ended while it ran (a stop
+    token in the step before, an abort): their tokens are dropped, and the new pages their
+    positions took, if any, are returned as `extra` (slots inside a page the request held went
+    back with the page)."""
     ended = np.asarray([r.status is not Status.RUNNING for r in plan.requests], bool)
     if not ended.any():
         return plan, result, result.slots[:0]
-    if plan.kind is not StepKind.DECODE or plan.lookahead:
-        raise StepFailed("only a plain decode step can outlive one of its requests")
+    if plan.kind is not StepKind.DECODE or plan.speculative:
+        raise StepFailed("only a decode step or round can outlive one of its requests")
     keep = ~ended
-    sched.dropped_tokens += int(ended.sum())
-    extra = result.slots[ended & (plan.prefix_lens % sched.cfg.page_size == 0)]
+    n = plan.seq_lens - plan.prefix_lens
+    starts = np.cumsum(n) - n
+    tail = -plan.prefix_lens % sched.cfg.page_size  # positions on a page the request held
+    sched.dropped_tokens += int(n[ended].sum())
+    segment = [result.slots[a : a + m] for a, m in zip(starts, n)]
+    extra = [seg[t:] for seg, t, e in zip(segment, tail, ended) if e]
+    slots = [seg for seg, k in zip(segment, keep) if k]
     plan = dataclasses.replace(
         plan,
         requests=tuple(r for r, k in zip(plan.requests, keep) if k),
         prefix_lens=plan.prefix_lens[keep],
         seq_lens=plan.seq_lens[keep],
     )
-    top = (
-        {}
-        if result.top_ids is None
-        else dict(top_ids=result.top_ids[keep], top_logprobs=result.top_logprobs[keep])
-    )
-    result = dataclasses.replace(
-        result, slots=result.slots[keep], tokens=result.tokens[keep],
-        logprobs=result.logprobs[keep], **top,
-    )  # fmt: skip
-    return plan, result, extra
+    rows = dict(tokens=result.tokens[keep], logprobs=result.logprobs[keep])
+    if result.top_ids is not None:
+        rows.update(top_ids=result.top_ids[keep], top_logprobs=result.top_logprobs[keep])
+    if result.accepted is not None:
+        rows.update(accepted=result.accepted[keep])
+    empty = result.slots[:0]
+    result = dataclasses.replace(result, slots=np.concatenate([empty, *slots]), **rows)
+    return plan, result, np.concatenate([empty, *extra])
 
 
 def _guarded(sched: SchedulerView, req: Request, fn, *args) -> None:

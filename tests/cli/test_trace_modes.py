@@ -50,23 +50,33 @@ def test_record_says_what_ran_and_replays(tmp_path, capsys, flags, overlap, k):
     assert replay(path)["ok"]
 
 
-def null_engine(overlap):
+def null_engine(overlap, steps=1, tokens=600):
     cfg = load_preset("tiny-hybrid")
-    sizes = sizing.solve_pool_sizes(cfg, 600, ratio=0.5, page_size=4)  # tight: evictions
-    options = EngineOptions(chunk_size=16, max_context=400, eviction_interval=1)
+    sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=0.5, page_size=4)  # tight: evictions
+    options = EngineOptions(chunk_size=16, max_context=400, eviction_interval=1,
+                            decode_steps=steps)  # fmt: skip
     return engine_for(cfg, NullModel(overlap=overlap), sizes, options)
 
 
 def test_the_null_models_overlap_changes_no_token():
+    """Plain steps and multi-step rounds (N = 8), each with and without overlap; a stop token
+    ends one request inside a round that another was launched after."""
     outputs = []
-    for overlap in (False, True):
-        engine = null_engine(overlap)
-        rids = [engine.add_request(p * 4, SamplingParams(max_new_tokens=30)) for p in PROMPTS]
+    stop = ()
+    for steps, overlap in ((1, False), (1, True), (8, False), (8, True)):
+        engine = null_engine(overlap, steps, tokens=600 if steps == 1 else 1600)
+        params = SamplingParams(max_new_tokens=30, stop_token_ids=stop)
+        rids = [engine.add_request(p * 4, params) for p in PROMPTS]
         engine.run()
         check_clean(engine)
         assert (engine.launched_ahead > 0) is overlap
         outputs.append([engine.requests[r].output for r in rids])
-    assert outputs[0] == outputs[1]
+        if not stop:  # from the first run on: a token one request samples mid-way
+            stop = (outputs[0][2][11],)
+            outputs[0] = [o[: o.index(stop[0]) + 1] if stop[0] in o else o for o in outputs[0]]
+        if overlap and steps > 1:
+            assert engine.scheduler.dropped_tokens > 0  # a round launched after the stop
+    assert all(out == outputs[0] for out in outputs[1:])
 
 
 @pytest.mark.parametrize(

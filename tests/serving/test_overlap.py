@@ -25,19 +25,19 @@ PROMPTS = [[(5 * i + 7 * j) % 120 + 1 for i in range(12 + 11 * j)] for j in rang
 PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
 
 
-def overlap_engine(decoder, overlap, *, gib=0.002):
+def overlap_engine(decoder, overlap, *, gib=0.002, steps=1):
+    """Plain steps unless `steps` (multi-step decode's N: rounds planned ahead of rounds)."""
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(gib), ratio=0.5, page_size=4,
                                dtype="fp32")  # fmt: skip
-    options = EngineOptions(
-        chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap, decode_steps=1
-    )  # overlap runs with plain steps
+    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap,
+                            decode_steps=steps)  # fmt: skip
     return engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
 
 
-def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None, trace=None):
+def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None, trace=None, steps=1):
     """`trace`: a path to record the run's allocator and cache calls to (then replayed)."""
-    engine = overlap_engine(decoder, overlap, gib=gib)
+    engine = overlap_engine(decoder, overlap, gib=gib, steps=steps)
     if check is not None:
         engine.instrument = check(engine)
     tracer = Tracer(engine) if trace is not None else None
@@ -86,6 +86,22 @@ def test_overlap_changes_no_token_and_no_logprob(decoder, stop, tmp_path):
     for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(plain, overlapped):
         assert tokens_a == tokens_b
         assert np.array_equal(logprobs_a, logprobs_b)  # bit for bit: the same programs
+
+
+def test_rounds_planned_ahead_change_no_token(decoder, stop, tmp_path):
+    """Multi-step rounds (N = 4) launched while the round before runs: the tokens of plain
+    steps, a stop inside a round drops the round already launched after it, the recorded
+    trace replays, and no launched round reads a slot released before it."""
+    plain, _ = run(decoder, False, stop)
+    rounds, engine = run(decoder, True, stop, steps=4, trace=tmp_path / "rounds.jsonl")
+    assert engine.launched_ahead > 0 and engine.scheduler.dropped_tokens > 0
+    assert any(m.new_tokens > m.batch_size for m in engine.metrics if m.kind == "decode")
+    for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(plain, rounds):
+        assert tokens_a == tokens_b
+        assert np.allclose(logprobs_a, logprobs_b, atol=1e-5)
+    _, checked = run(decoder, True, stop, steps=4, check=ReadAfterFree)
+    assert checked.launched_ahead > 0 and checked.instrument.violations == []
+    assert not checked.errors
 
 
 def test_overlap_with_retraction(decoder):
