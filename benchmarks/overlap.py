@@ -1,12 +1,14 @@
 """Overlap scheduling on vs off: the embedded demo model, same run, alternating repeats.
 
     python benchmarks/overlap.py [--requests 8] [--prompt-len 32] [--new 128] [--repeats 3]
+        [--decode-steps 1,8]
 
 Greedy generation of `--requests` prompts (decode-heavy, where overlap applies); compiled
-beforehand. For each mode: output tokens per second (best of the repeats), and per step the
-host time (scheduling, planning, packing, taking results) and the time the host waited for the
-device. Without overlap a step costs host + wait; with it the host plans step n + 1 while step
-n runs, so a step should cost about max(host, device).
+beforehand. For each multi-step setting (1: plain steps; 8: rounds of 8, the default) and
+mode: output tokens per second (best of the repeats), and per step the host time (scheduling,
+planning, packing, taking results) and the time the host waited for the device. Without overlap
+a step costs host + wait; with it the host plans step n + 1 while step n runs, so a step should
+cost about max(host, device).
 """
 
 from __future__ import annotations
@@ -46,13 +48,12 @@ class Clock:
         return call
 
 
-def run(decoder, prompts, new: int, overlap: bool):
+def run(decoder, prompts, new: int, overlap: bool, steps: int = 1):
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16,
                                dtype="fp32")  # fmt: skip
-    # Plain steps (decode_steps=1): overlap plans a plain step while the one before runs.
     options = EngineOptions(max_running=len(prompts), max_context=2048, overlap=overlap,
-                            decode_steps=1)  # fmt: skip
+                            decode_steps=steps)  # fmt: skip
     engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
     clock = Clock(engine)
     for p in prompts:
@@ -74,6 +75,7 @@ def main(argv=None) -> int | None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-steps", default="1,8", help="multi-step settings to run")
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -81,22 +83,27 @@ def main(argv=None) -> int | None:
     decoder = demo_decoder()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(32, 127, args.prompt_len).tolist() for _ in range(args.requests)]
-    for overlap in (False, True):  # compile both modes' programs first
-        run(decoder, prompts, 8, overlap)
+    modes = [(n, overlap) for n in map(int, args.decode_steps.split(",")) for overlap in (0, 1)]
+    for n, overlap in modes:  # compile every mode's programs first
+        run(decoder, prompts, args.new, bool(overlap), n)
     best = {}
     for _ in range(args.repeats):
-        for overlap in (False, True):
-            r = run(decoder, prompts, args.new, overlap)
-            if overlap not in best or r["tokens_per_s"] > best[overlap]["tokens_per_s"]:
-                best[overlap] = r
-    off, on = best[False], best[True]
+        for mode in modes:
+            r = run(decoder, prompts, args.new, bool(mode[1]), mode[0])
+            if mode not in best or r["tokens_per_s"] > best[mode]["tokens_per_s"]:
+                best[mode] = r
     print(f"{args.requests} requests x {args.new} new tokens, demo model, best of {args.repeats}")
-    print(f"{'':16}{'overlap off':>14}{'overlap on':>14}")
+    print(f"{'decode steps':16}" + "".join(f"{n:>14}" for n, _ in modes))
+    print(f"{'overlap':16}" + "".join(f"{'on' if o else 'off':>14}" for _, o in modes))
     for key in ("tokens_per_s", "step_ms", "host_ms", "wait_ms", "steps", "ahead"):
-        fmt = "{:>14.2f}" if isinstance(off[key], float) else "{:>14,}"
-        print(f"{key:16}" + fmt.format(off[key]) + fmt.format(on[key]))
-    print(f"tokens / s on / off: {on['tokens_per_s'] / off['tokens_per_s']:.2f}x; outputs "
-          f"identical: {on['outputs'] == off['outputs']}")  # fmt: skip
+        row = [best[m][key] for m in modes]
+        fmt = "{:>14.2f}" if isinstance(row[0], float) else "{:>14,}"
+        print(f"{key:16}" + "".join(fmt.format(v) for v in row))
+    same = all(best[m]["outputs"] == best[modes[0]]["outputs"] for m in modes)
+    for n in dict(modes):
+        ratio = best[n, 1]["tokens_per_s"] / best[n, 0]["tokens_per_s"]
+        print(f"decode steps {n}: tokens / s on / off {ratio:.2f}x")
+    print(f"outputs identical: {same}")
 
 
 if __name__ == "__main__":
