@@ -169,3 +169,20 @@ def test_rounds_resume_after_overlapped_plain_steps():
     assert outputs[0] == outputs[1]
     late = [m.new_tokens for m in engine.metrics][-5:]  # the second request alone, at the end
     assert all(n > 1 for n in late[:-1])
+
+
+def test_an_arrival_waits_at_most_the_round_in_flight():
+    """A request added while rounds run (one launched ahead, overlapped) is admitted by the
+    step after the round in flight: it waits at most N steps, as the README says."""
+    cfg = load_preset("tiny-hybrid")
+    sizes = sizing.solve_pool_sizes(cfg, 4000, ratio=0.5, page_size=16)
+    options = EngineOptions(max_context=1000, decode_steps=8)
+    engine = engine_for(cfg, NullModel(overlap=True), sizes, options)
+    engine.add_request(list(range(1, 30)), SamplingParams(200))
+    while engine.launched_ahead == 0:
+        engine.step()
+    assert engine._launched is not None and engine._launched.plan.lookahead == 7
+    late = engine.requests[engine.add_request(list(range(1, 20)), SamplingParams(5))]
+    engine.step()  # reads the round in flight; plans nothing ahead while a request waits
+    engine.step()
+    assert late.output  # admitted and prefilled
