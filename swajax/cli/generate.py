@@ -257,6 +257,13 @@ def add_model_args(p, prompts: bool = True) -> None:
         add_cluster_args(p)
 
 
+def add_decode_steps(p) -> None:
+    p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
+                   help="multi-step decode: up to this many decode steps in one program, "
+                   "read once (default 8 for a model; 1: off, for the lowest latency per "
+                   "streamed token)")  # fmt: skip
+
+
 def _add_sampling_args(p) -> None:
     """SamplingParams' fields (transformers' order: penalties, temperature, top-k, top-p, min-p)."""
     p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0,
@@ -292,10 +299,7 @@ def register(sub) -> None:
                    help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
-    p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
-                   help="multi-step decode: up to this many decode steps in one program, "
-                   "read once (default 8 for a model, 1 for the null model; 1: off, for the "
-                   "lowest latency per streamed token)")  # fmt: skip
+    add_decode_steps(p)
     _add_sampling_args(p)
     p.add_argument("--json", action="store_true",
                    help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip

@@ -30,7 +30,7 @@ def run_serve(args) -> int:
 
 
 def register(sub) -> None:
-    from swajax.cli.generate import add_model_args
+    from swajax.cli.generate import add_decode_steps, add_model_args
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     add_model_args(p, prompts=False)
@@ -42,4 +42,5 @@ def register(sub) -> None:
                    help="queued requests before new ones get 429")  # fmt: skip
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
+    add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made
     p.set_defaults(func=run_serve)

@@ -29,7 +29,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
         ["--no-overlap"],
-        ["--decode-steps", "8"],  # multi-step decode: eight tokens from one program
+        ["--decode-steps", "1"],  # plain steps (rounds of 8 are the default)
         ["--unroll-layers"],  # every layer traced on its own (the default scans S F x 2)
     ],
 )
@@ -177,3 +177,20 @@ def test_serve_without_its_extra_names_it(cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import fails as if not installed
     code, _, err = cli("serve", "--port", "0")
     assert code == 2 and "swajax[serve]" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("steps", [None, "1", "16"])
+def test_serve_takes_the_multi_step_setting(steps):
+    """`swajax serve --decode-steps N` reaches the engine's options (absent: the runner's
+    default, rounds of 8 for a model)."""
+    from swajax.cli.generate import engine_fields
+    from swajax.cli.main import build_parser
+
+    argv = ["serve", *(["--decode-steps", steps] if steps else [])]
+    fields = engine_fields(build_parser().parse_args(argv))
+    assert fields.get("decode_steps") == (int(steps) if steps else None)
+
+
+def test_serve_refuses_a_bad_multi_step_setting(cli):
+    code, _, err = cli("serve", "--decode-steps", "0")
+    assert code == 2 and "--decode-steps" in err
