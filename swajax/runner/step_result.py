@@ -51,9 +51,5 @@ def step_result(plan: StepPlan, out: np.ndarray, sampled) -> StepResult:
 def fresh_slots(plan: StepPlan, out: np.ndarray, page_size: int) -> np.ndarray:
     """The slots a successful step took on new pages (not the tail of a page a request already
     held): what rolling the step back frees."""
-    slots, ps, start, fresh = out[OUT_SLOTS:], page_size, 0, []
-    for pre, seq in zip(plan.prefix_lens, plan.seq_lens):
-        n, tail = int(seq - pre), int(-pre % ps)
-        fresh.append(slots[start + min(tail, n) : start + n])
-        start += n
-    return np.concatenate(fresh or [np.zeros(0, np.int32)]).astype(np.int32)
+    fresh = plan.fresh_slots(out[OUT_SLOTS:], page_size)
+    return np.concatenate([np.zeros(0, np.int32), *fresh]).astype(np.int32)

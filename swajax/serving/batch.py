@@ -34,8 +34,6 @@ class Batch:
     kind: StepKind
     reqs: list[Request]
     lens: list[int]  # new tokens per request
-    # A multi-step decode round's size N (its program's, whatever each request takes); 1 else.
-    round_steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +182,21 @@ class StepPlan:
     def r2t_tokens_written(self) -> int:
         """Slots this step writes into req_to_token: new tokens plus re-pointed ranges."""
         return self.num_new_tokens + self.repoint.num_tokens
+
+    def new_slots(self, slots: np.ndarray) -> list[np.ndarray]:
+        """`slots` (the step's new slots, request after request) split per request."""
+        n = self.seq_lens - self.prefix_lens
+        return [slots[a : a + m] for a, m in zip((np.cumsum(n) - n).tolist(), n.tolist())]
+
+    def fresh_slots(self, slots: np.ndarray, page_size: int) -> list[np.ndarray]:
+        """Per request, its new slots on pages it did not hold before the step (not the tail
+        of a page it held): what giving the step's positions back frees."""
+        tail = (-self.prefix_lens % page_size).tolist()
+        return [seg[t:] for seg, t in zip(self.new_slots(slots), tail)]
+
+    def last_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Each request's last new slot (a plain step's one, a round's last position's)."""
+        return np.asarray(slots)[np.cumsum(self.seq_lens - self.prefix_lens) - 1]
 
 
 @dataclasses.dataclass(frozen=True)

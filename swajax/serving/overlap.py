@@ -32,7 +32,7 @@ import numpy as np
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
 from swajax.serving import rounds
 from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
-from swajax.serving.planning import top_logprobs
+from swajax.serving.planning import round_batch, top_logprobs
 from swajax.serving.request import Request, Status
 
 
@@ -90,14 +90,11 @@ def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:
     n = len(reqs)
     params = [r.params for r in reqs]
     pending = np.asarray([-1 - row_in_prev[id(r)] for r in reqs], np.int32)
-    fields = sampling_fields(params, pre + 1, [r.row for r in reqs])
     if steps > 1:  # a round: each request's pending token, then the places the round fills
-        tokens = np.zeros(int(lens.sum()), np.int32)
-        tokens[np.cumsum(lens) - lens] = pending
-        empty = np.zeros(0, np.int32)
-        forward = ForwardBatch(tokens=tokens, logit_index=empty, sample_index=empty, **fields)
+        forward = round_batch(reqs, lens.tolist(), pending=pending, positions=pre + 1)
     else:
         index = np.arange(n, dtype=np.int32)
+        fields = sampling_fields(params, pre + 1, [r.row for r in reqs])
         forward = ForwardBatch(tokens=pending, logit_index=index, sample_index=index, **fields)
     return StepPlan(
         kind=StepKind.DECODE,
@@ -123,8 +120,7 @@ def resolved(plan: StepPlan, prev: StepPlan, result) -> StepPlan:
     row_in_prev = {id(r): i for i, r in enumerate(prev.requests)}
     rows = np.asarray([row_in_prev[id(r)] for r in plan.requests], np.int64)
     on_device = plan.last_loc == LAST_LOC_ON_DEVICE
-    ends = np.cumsum(prev.seq_lens - prev.prefix_lens) - 1  # each request's last position
-    last_loc = np.where(on_device, np.asarray(result.slots)[ends][rows], plan.last_loc)
+    last_loc = np.where(on_device, prev.last_slots(result.slots)[rows], plan.last_loc)
     last = last_tokens(prev, result)
     tokens = plan.forward.tokens
     sampled = last[np.clip(-tokens - 1, 0, len(last) - 1)]

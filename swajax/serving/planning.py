@@ -23,15 +23,16 @@ from swajax.serving.request import Request
 
 
 def build_plan(
-    batch, releases: tuple[Releases, ...], speculative: bool = False, transfers=()
-) -> StepPlan:
+    batch, releases: tuple[Releases, ...], speculative: bool = False, transfers=(),
+    round_steps: int = 1,
+) -> StepPlan:  # fmt: skip
     """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it; a
     decode batch of n > 1 positions per request is a round: a speculative verify round of
-    n - 1 draft tokens (`speculative`), else up to n decode steps in one program (each
-    request its own number)."""
+    n - 1 draft tokens (`speculative`), else multi-step decode, each request its own number
+    of steps in a program sized for `round_steps` (N)."""
     spec = max(batch.lens) - 1 if batch.kind is StepKind.DECODE and batch.reqs else 0
     if spec and not speculative:  # the round's program runs N steps' worth, each request its own
-        spec = max(spec, batch.round_steps - 1)
+        spec = max(spec, round_steps - 1)
     reqs, lens = batch.reqs, batch.lens
     pre = np.asarray([r.kv_len for r in reqs], np.int32)
     seq = pre + np.asarray(lens, np.int32)
@@ -88,15 +89,19 @@ def penalty_seeds(reqs: list[Request]) -> PenaltySeeds | None:
     return PenaltySeeds(reset, rows, tokens, out.astype(np.int32))
 
 
-def round_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
+def round_batch(reqs: list[Request], lens: list[int], *, pending=None,
+                positions=None) -> ForwardBatch:  # fmt: skip
     """A round's tokens: each request's pending token, then the places the round fills (a
-    verify round's draft tokens, a multi-step round's own samples): lens[i] per request."""
+    verify round's draft tokens, a multi-step round's own samples): lens[i] per request. A
+    round planned ahead (serving/overlap.py) passes its `pending` placeholders and the
+    `positions` its requests will have reached."""
     tokens = np.zeros(sum(lens), np.int32)
-    tokens[np.cumsum(lens) - lens] = [r.output[-1] for r in reqs]
+    tokens[np.cumsum(lens) - lens] = [r.output[-1] for r in reqs] if pending is None else pending
     empty = np.zeros(0, np.int32)
     # Per request: its sampling fields, keyed from the position of its pending token's successor.
-    fields = sampling_fields([r.params for r in reqs], [r.num_tokens for r in reqs],
-                             [r.row for r in reqs])  # fmt: skip
+    if positions is None:
+        positions = [r.num_tokens for r in reqs]
+    fields = sampling_fields([r.params for r in reqs], positions, [r.row for r in reqs])
     return ForwardBatch(tokens=tokens, logit_index=empty, sample_index=empty, **fields)
 
 

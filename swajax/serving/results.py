@@ -99,13 +99,10 @@ def _without_ended(sched: SchedulerView, plan: StepPlan, result: StepResult):
     if plan.kind is not StepKind.DECODE or plan.speculative:
         raise StepFailed("only a decode step or round can outlive one of its requests")
     keep = ~ended
-    n = plan.seq_lens - plan.prefix_lens
-    starts = np.cumsum(n) - n
-    tail = -plan.prefix_lens % sched.cfg.page_size  # positions on a page the request held
-    sched.dropped_tokens += int(n[ended].sum())
-    segment = [result.slots[a : a + m] for a, m in zip(starts, n)]
-    extra = [seg[t:] for seg, t, e in zip(segment, tail, ended) if e]
-    slots = [seg for seg, k in zip(segment, keep) if k]
+    sched.dropped_tokens += int((plan.seq_lens - plan.prefix_lens)[ended].sum())
+    fresh = plan.fresh_slots(result.slots, sched.cfg.page_size)
+    extra = [seg for seg, e in zip(fresh, ended) if e]
+    slots = [seg for seg, k in zip(plan.new_slots(result.slots), keep) if k]
     plan = dataclasses.replace(
         plan,
         requests=tuple(r for r, k in zip(plan.requests, keep) if k),

@@ -93,8 +93,7 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        lens = rounds.decode_lens(self, decoding)
-        return Batch(StepKind.DECODE, decoding, lens, round_steps=self.cfg.decode_steps)
+        return Batch(StepKind.DECODE, decoding, rounds.decode_lens(self, decoding))
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -115,7 +114,7 @@ class Scheduler:
                 batch = progress.force(self)
         plan = build_plan(
             batch, self.ledger.take_releases(), speculative=self.options.num_speculative_tokens > 0,
-            transfers=self.ledger.take_transfers(),
+            transfers=self.ledger.take_transfers(), round_steps=self.cfg.decode_steps,
         )  # fmt: skip
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row

@@ -152,9 +152,8 @@ class Tracer:
             for req, ahead, loc in zip(plan.requests, on_device, line["last_loc"])
         ]
         if plan.kind is StepKind.DECODE:  # a plain step or a round: each request's last slot
-            ends = np.cumsum(plan.seq_lens - plan.prefix_lens) - 1
-            slots = np.asarray(result.slots)
-            self.last_slot = {id(r): int(slots[e]) for r, e in zip(plan.requests, ends)}
+            last = plan.last_slots(result.slots).tolist()
+            self.last_slot = {id(r): s for r, s in zip(plan.requests, last)}
         self.taking = number
 
     def observe(self, name, result) -> dict:
