@@ -31,6 +31,7 @@ _LAZY = {
     "EngineOptions": "swajax.serving.options",
     "SamplingParams": "swajax.serving.sampling_params",
     "RequestError": "swajax.errors",
+    "RequestFailed": "swajax.errors",
 }
 
 __all__ = [

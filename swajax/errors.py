@@ -11,3 +11,9 @@ class InputError(ValueError):
 class RequestError(InputError):
     """A request (or an engine setting) that cannot be served; the message names the value and
     the limit."""
+
+
+class RequestFailed(RuntimeError):
+    """A request the engine ended without finishing it (a step that raised while it ran alone,
+    NaN logits, an abort): the message is the request's own reason, never a symptom of the
+    missing result."""

@@ -170,6 +170,19 @@ def configs():
             num_kv_shared_layers=2,
         ),
     )
+    # No KV-shared layers and no per-layer inputs (the 26B / 31B form): the layers repeat
+    # (S S F x 2), so they are scanned; a window wider than the chunks and pages of the tests.
+    yield (
+        "gemma4_unshared",
+        tf.Gemma4TextConfig(
+            **{**gemma4, "sliding_window": 10, "hidden_size_per_layer_input": 0},
+            num_hidden_layers=6,
+            layer_types=[TYPES[c] for c in "SSFSSF"],
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            num_kv_shared_layers=0,
+        ),
+    )
     # Step 3.x ships as a vision-language checkpoint: a tiny vision tower rides along (the text
     # model must ignore it). Sliding layers have 8 query heads, full ones 4; MoE layers 1-2
     # with a shared expert; per-layer SwiGLU clamps and RoPE bases / partial factors.
@@ -243,6 +256,19 @@ def deepseek_v4_configs():
         **V4, num_hidden_layers=4, sliding_window=10, index_topk=4,
         layer_types=[CSA, HCA, SWA, CSA], mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
         compress_rates={CSA: 3, HCA: 6},
+    )  # fmt: skip
+    # Windows two to four times the rates (W = 15 / 23): a query's window covers several
+    # compressed windows, so entries and window keys overlap in position. The first repeats
+    # C H after its first layer (scanned); top-k below the entries of the long prompt.
+    yield "deepseek_v4_wide", tf.DeepseekV4Config(
+        **V4, num_hidden_layers=5, sliding_window=16, index_topk=5,
+        layer_types=[SWA, CSA, HCA, CSA, HCA], mlp_layer_types=["hash_moe"] + ["moe"] * 4,
+        compress_rates={CSA: 4, HCA: 8},
+    )  # fmt: skip
+    yield "deepseek_v4_wide_odd", tf.DeepseekV4Config(
+        **V4, num_hidden_layers=4, sliding_window=24, index_topk=4,
+        layer_types=[CSA, HCA, HCA, CSA], mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={CSA: 3, HCA: 12},
     )  # fmt: skip
 
 
@@ -337,6 +363,24 @@ def check_indexer_ties(model, ids) -> None:
                 raise SystemExit(f"indexer tie at query row {row}: {top[: k + 1].tolist()}")
 
 
+def check_causal(model, ids, logits) -> None:
+    """The oracle must be causal: each position's logits from the whole prompt equal those of
+    the prompt cut after it and those of a token-by-token run through transformers' cache
+    (its cached generation). Fail if not, naming the first position that differs."""
+    with torch.no_grad():
+        cut = [model(input_ids=ids[:, : t + 1]).logits[0, -1] for t in range(ids.shape[1])]
+        out = model(input_ids=ids[:, :1], use_cache=True)
+        steps, cache = [out.logits[0, -1]], out.past_key_values
+        for t in range(1, ids.shape[1]):
+            out = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits[0, -1])
+            cache = out.past_key_values
+    for label, rows in (("prefix-by-prefix", cut), ("token-by-token", steps)):
+        err = (torch.stack(rows).numpy() - logits).__abs__().max(axis=1)
+        if err.max() > 1e-4:
+            raise SystemExit(f"{label} logits differ from the full forward at {err.argmax()}")
+
+
 def main() -> None:
     only = set(sys.argv[1:])  # optional: the fixtures to rebuild (default: all)
     for name, cfg, rewrite in fixtures():
@@ -371,6 +415,7 @@ def main() -> None:
             )
         if name.startswith("deepseek_v4"):
             check_indexer_ties(model, ids)
+            check_causal(model, ids, logits)
         np.save(folder / "logits.npy", logits.astype(np.float32))
         greedy = out[0, len(prompt) :].tolist()
         (folder / "greedy.json").write_text(json.dumps({"prompt": prompt, "greedy": greedy}))

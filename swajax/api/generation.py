@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from swajax.errors import RequestFailed
 from swajax.memory.compilations import cache_hits, compilation_count
 from swajax.serving.engine import Engine
 from swajax.serving.sampling_params import SamplingParams
@@ -52,4 +53,10 @@ def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
     rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True,
                              cache_hits=False)  # fmt: skip
     engine.run()
-    return np.stack(engine.requests[rid].logits[: len(prompt)])
+    req = engine.requests[rid]
+    if req.finish_reason not in ("stop", "length") or len(req.logits) < len(prompt):
+        raise RequestFailed(
+            f"teacher-forced logits of a {len(prompt)}-token prompt: the request ended with "
+            f"{req.finish_reason!r} after {len(req.logits)} positions"
+        )
+    return np.stack(req.logits[: len(prompt)])

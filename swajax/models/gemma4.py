@@ -65,8 +65,12 @@ class Gemma4Attention(nnx.Module):
             owner = self.layer_id if not self.shared else self.layer.kv_source
             self.k_norm.load(w, f"model.layers.{owner}.self_attn.k_norm.weight")
 
-    def __call__(self, x, positions, pools, meta, mode: AttentionMode):
+    def __call__(self, x, positions, pools, meta, mode: AttentionMode, slot=None):
+        """`slot`: where this layer's KV lives when a `LayerStack` scans it (the stacked
+        module carries the first copy's `layer_id`); by default the pools' slot of
+        `layer_id`, which for a KV-shared layer is its source's."""
         t, s, spec = x.shape[0], self.shape, self.spec
+        where = self.layer_id if slot is None else slot
         rope = spec.ropes[self.layer_id]
         q = self.q_norm(self.q_proj(x).reshape(t, s.num_heads, s.head_dim))
         q = apply_rope(q, positions, rope)
@@ -75,10 +79,10 @@ class Gemma4Attention(nnx.Module):
             v_in = raw if self.v_proj is None else self.v_proj(x).reshape(raw.shape)
             v = unit_rms(v_in, spec.eps)
             if s.k_is_v:
-                pools = pool_lib.write_kv(pools, self.layer_id, v, None, meta.write)
+                pools = pool_lib.write_kv(pools, where, v, None, meta.write)
             else:
                 k = apply_rope(self.k_norm(raw), positions, rope)
-                pools = pool_lib.write_kv(pools, self.layer_id, k, v, meta.write)
+                pools = pool_lib.write_kv(pools, where, k, v, meta.write)
         key_transform = None
         if s.k_is_v:
             weight = self.k_norm.weight[...]
@@ -92,7 +96,7 @@ class Gemma4Attention(nnx.Module):
         out = paged_attention(
             q,
             pools,
-            self.layer_id,
+            where,
             meta,
             self.layer,
             mode,
@@ -178,8 +182,8 @@ class Gemma4Layer(nnx.Module):
             self.per_layer_projection.load(w, f"{prefix}.per_layer_projection")
         w.fill(self.layer_scalar, f"{prefix}.layer_scalar")
 
-    def __call__(self, x, positions, pools, meta, mode, per_layer=None):
-        a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode)
+    def __call__(self, x, positions, pools, meta, mode, per_layer=None, slot=None):
+        a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode, slot)
         x = x + self.post_attention_layernorm(a)
         h = self.mlp(self.pre_feedforward_layernorm(x))
         if self.moe is not None:

@@ -28,8 +28,14 @@ SPEC = EngineSpec.of(
 
 
 # Per fixture: pages and chunks that make the second run's hit end between two window ends of
-# its HCA layers (deepseek_v4: 60; deepseek_v4_odd: 64, between those of its CSA layers too).
-BETWEEN = {"deepseek_v4": dict(page_size=2, chunk_size=10), "deepseek_v4_odd": {}}
+# its HCA layers (deepseek_v4: 60; deepseek_v4_odd: 64, between those of its CSA layers too;
+# the wide ones, windows 15 and 23 over rates 4 / 8 and 3 / 12: 76).
+BETWEEN = {
+    "deepseek_v4": dict(page_size=2, chunk_size=10),
+    "deepseek_v4_odd": {},
+    "deepseek_v4_wide": {},
+    "deepseek_v4_wide_odd": {},
+}
 
 
 @pytest.fixture(scope="module", params=sorted(BETWEEN))
@@ -66,7 +72,10 @@ def test_matches_transformers_with_a_prefix_hit_between_boundaries(fixture):
     assert hit > 0 and hit % max(rates), (hit, rates)
     tail = np.stack(second.logits[: len(case["prompt"]) - hit])
     assert rel_err(tail, expected[hit:]) <= 1e-4
-    assert engine.metrics[-1].swa_used < engine.metrics[-1].full_used  # the window was freed
+    # (The wide fixtures' windows, 15 and 23, outlast the 8 decoded tokens and the prompt is the
+    # prefix cache's: nothing leaves their windows in this run.)
+    if decoder.spec.hybrid.layers[0].window < 15:
+        assert engine.metrics[-1].swa_used < engine.metrics[-1].full_used  # the window was freed
     check_clean(engine)
 
 

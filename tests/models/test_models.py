@@ -17,12 +17,13 @@ from swajax import sizing
 from swajax.api import engine_for
 from swajax.config import ConfigError
 from swajax.models import HybridLM, LoadError, load_decoder, save_orbax
+from swajax.models.layer_stack import LayerStack
 from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
-FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7",
+FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "gemma4_unshared", "step3p7",
          "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]  # fmt: skip
 # The published multimodal wrappers (*ForConditionalGeneration, tiny vision / audio towers):
 # the hub's `language_model.model.*` layout (Gemma 3, Llama 4) and transformers 5's
@@ -34,10 +35,11 @@ LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
 
 
 def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32", kv="fp32",
-               attention="xla", dequantize_weights=False, mesh=None):  # fmt: skip
+               attention="xla", dequantize_weights=False, mesh=None, scan=True):  # fmt: skip
     pallas = attention == "pallas"
     decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights, mesh=mesh)
-    model = HybridLM(decoder, dtype=kv, implementation=attention, interpret=pallas, mesh=mesh)
+    model = HybridLM(decoder, dtype=kv, implementation=attention, interpret=pallas, mesh=mesh,
+                     scan_layers=scan)  # fmt: skip
     cfg = model.spec.hybrid
     if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)
@@ -159,6 +161,32 @@ def test_hybrid_memory_off_gives_the_same_logits(family):
     on, out_on, _, _ = default_run(family)
     off, out_off, _, _ = run_engine(FIXTURES / family, hybrid_memory=False, page_size=1, chunk=None)
     assert rel_err(off, on) <= 1e-5 and out_on == out_off
+
+
+# Every family with its layers scanned (the default run) and unrolled. Where a family's layers
+# repeat, the scan runs them with a traced pool slot: the same logits and tokens either way.
+SCANNED = ["gpt_oss", "llama4", "mimo_v2_flash", "gemma4_unshared", "gemma3", "qwen3", "mistral",
+           "qwen2", "olmo3", "exaone4", "cohere2"]  # fmt: skip
+SCAN_SLOW = {"gemma3", "qwen3", "mistral", "qwen2", "olmo3", "exaone4", "cohere2"}
+# Never scanned: KV-shared layers or per-layer inputs (Gemma 4 E), layers that never repeat
+# (Step 3.x's fixture), DeepSeek-V4 (its layers' stores differ).
+UNSCANNED = ["gemma4", "gemma4_e", "step3p7", "deepseek_v4", "deepseek_v4_wide"]
+
+
+@pytest.mark.parametrize("family", grouped(SCANNED, slow=SCAN_SLOW))
+def test_scanned_and_unrolled_give_the_same_logits(family):
+    scanned, out_scanned, _, engine = default_run(family)
+    assert any(isinstance(x, LayerStack) for x in engine.model.decoder.layers)
+    unrolled, out_unrolled, _, engine = run_engine(FIXTURES / family, scan=False)
+    assert not any(isinstance(x, LayerStack) for x in engine.model.decoder.layers)
+    np.testing.assert_allclose(unrolled, scanned, rtol=1e-5, atol=1e-5)
+    assert out_scanned == out_unrolled
+
+
+@pytest.mark.parametrize("family", UNSCANNED)
+def test_families_that_are_never_scanned(family):
+    model = HybridLM(load_decoder(FIXTURES / family))
+    assert not any(isinstance(x, LayerStack) for x in model.decoder.layers)
 
 
 def test_orbax_round_trip(tmp_path):

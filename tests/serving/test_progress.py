@@ -8,8 +8,8 @@ from helpers.engine_checks import check_clean
 from hypothesis import given, settings, strategies as st
 
 from swajax import sizing
-from swajax.api import engine_for
-from swajax.errors import RequestError
+from swajax.api import engine_for, teacher_forced_logits
+from swajax.errors import RequestError, RequestFailed
 from swajax.prefix_cache.policy import PROFILES
 from swajax.presets import load_preset
 from swajax.serving.null_model import NullModel
@@ -190,4 +190,14 @@ def test_nan_logits_fail_only_their_request_with_the_reason():
     assert engine.requests[ok].finish_reason == "length"
     assert engine.requests[bad].output == []
     assert "logits are NaN at position 3" in engine.requests[bad].finish_reason
+    check_clean(engine)
+
+
+def test_teacher_forced_logits_raise_the_requests_own_reason():
+    """A request that fails inside its step ends without logits; the caller gets its reason
+    (the step's error), not a symptom of the logits missing."""
+    engine = flaky_engine(Flaky(poison=999))
+    with pytest.raises(RequestFailed, match="poisoned batch") as info:
+        teacher_forced_logits(engine, [5, 999, 6] * 5)
+    assert "15-token prompt" in str(info.value) and "error: ValueError" in str(info.value)
     check_clean(engine)
