@@ -17,6 +17,8 @@ coordinator and for every process to arrive.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import logging
 import socket
 import time
@@ -72,16 +74,24 @@ class Cluster:
             )
 
 
-def join(cluster: Cluster) -> None:
+def join(cluster: Cluster, inputs: dict | None = None) -> None:
     """Connect this process to the others (before anything else touches JAX's devices). A
-    coordinator that cannot be reached within `timeout_s` is an error naming it."""
+    coordinator that cannot be reached within `timeout_s` is an error naming it; process 0
+    binds only the coordinator's address, and a port in use there is an error at once.
+    `inputs`: what must be the same in every process (the command line, digests of the files
+    it names); a process given other inputs is refused, every process naming the first
+    difference."""
     cluster.check()
     if not cluster.requested:
         return
     # CPU processes exchange their collectives over gloo (ignored by GPU and TPU backends).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = cluster.coordinator or "the cluster's coordinator"
-    if cluster.coordinator is not None and cluster.process_id != 0:
+    bind = None
+    if cluster.coordinator is not None and cluster.process_id == 0:
+        _check_free(cluster.coordinator)
+        bind = cluster.coordinator  # JAX's default listens on every interface
+    elif cluster.coordinator is not None:
         _reach(cluster)
     try:
         jax.distributed.initialize(
@@ -90,6 +100,7 @@ def join(cluster: Cluster) -> None:
             cluster.process_id,
             initialization_timeout=cluster.timeout_s,
             heartbeat_timeout_seconds=cluster.heartbeat_s,
+            coordinator_bind_address=bind,
         )
     except ValueError as e:  # JAX found no cluster in the environment (--distributed)
         raise InputError(f"--distributed: JAX detected no cluster here ({e})") from e
@@ -99,8 +110,72 @@ def join(cluster: Cluster) -> None:
         raise RuntimeError(
             f"{who}could not join {where} within {cluster.timeout_s} s ({first})"
         ) from e
-    LOG.info("process %d of %d: %d local device(s) of %d", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())  # fmt: skip
+    LOG.info(
+        "process %d of %d: %d local device(s) of %d",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
+    if inputs is not None:
+        _agree(inputs, cluster.timeout_s)
+
+
+def _check_free(coordinator: str) -> None:
+    """Process 0 is about to listen on the coordinator's address: a port already taken there
+    is named now (JAX's own service reports it only after its start-up times out)."""
+    host, _, port = coordinator.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, int(port)))
+        except OSError as e:
+            why = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+            raise InputError(
+                f"--coordinator {coordinator}: process 0 cannot listen there ({why}); choose "
+                "another port or address"
+            ) from None
+
+
+KEY = "swajax/inputs/"
+
+
+def _agree(inputs: dict, timeout_s: int) -> None:
+    """Every process publishes its inputs and reads everyone's; any difference is an error
+    in every process, naming the first difference (rather than a later mismatch deep in a
+    collective, or a hang)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    me, n = jax.process_index(), jax.process_count()
+    client.key_value_set(f"{KEY}{me}", json.dumps(inputs, sort_keys=True))
+    for other in range(n):
+        if other == me:
+            continue
+        theirs = json.loads(client.blocking_key_value_get(f"{KEY}{other}", timeout_s * 1000))
+        difference = first_difference(inputs, theirs)
+        if difference is not None:
+            raise InputError(
+                f"process {me} and process {other} were given different inputs: {difference}; "
+                "every process must run the same command (only --process-id differs)"
+            )
+
+
+def first_difference(mine: dict, theirs: dict) -> str | None:
+    """The first difference of two processes' inputs, in words (None: the same)."""
+    a, b = mine.get("argv", []), theirs.get("argv", [])
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"argument {i + 1} is {x!r} here and {y!r} there"
+    if len(a) != len(b):
+        extra = a[len(b) :] or b[len(a) :]
+        return f"one command line has {len(extra)} more argument(s): {' '.join(extra)!r}"
+    for name in sorted(set(mine.get("files", {})) | set(theirs.get("files", {}))):
+        x, y = mine.get("files", {}).get(name), theirs.get("files", {}).get(name)
+        if x != y:
+            return f"{name} holds other contents (sha256 {str(x)[:12]} here, {str(y)[:12]} there)"
+    return None
 
 
 def _reach(cluster: Cluster) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from swajax.errors import InputError
 
+# The stamp of a `swajax convert` output: `--force` replaces only a folder that carries it.
+CONVERT_MARKER = ".swajax-convert"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -77,18 +79,45 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def swap_in(out: str | Path, build: Callable[[Path], None], *, force: bool = False) -> None:
+def swap_in(
+    out: str | Path,
+    build: Callable[[Path], None],
+    *,
+    force: bool = False,
+    source: str | Path | None = None,
+    marker: str | None = None,
+) -> None:
     """Build a new `out` with `build(folder)` and put it in place; if `build` raises, `out` is
-    as it was. A non-empty `out` is refused unless `force`."""
+    as it was. A non-empty `out` is refused unless `force`.
+
+    `source`: the folder `build` reads; an `out` that is it, holds it or lies inside it is
+    refused (replacing `out` would delete what is being read). `marker`: a file name `build`'s
+    output is stamped with; `force` then replaces only an `out` that carries it (an earlier
+    output of the same writer) or is empty, never a folder someone else wrote."""
     out = Path(out).absolute()
+    if source is not None:
+        _check_apart(Path(source), out)
     if not out.parent.is_dir():
         raise FolderError(f"folder {out.parent} does not exist")
     recover(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if occupied and not force:
         raise FolderError(f"{out} exists and is not empty (use --force to replace it)")
+    if occupied and marker is not None and not (out / marker).is_file():
+        raise FolderError(
+            f"{out} is not empty and was not written by this command (no {marker} in it); "
+            "--force replaces only an earlier output or an empty folder: choose another OUT"
+        )
     tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(out), dir=out.parent))
     try:
-        build(tmp)
+        try:
+            build(tmp)
+            if marker is not None:
+                (tmp / marker).write_text(f"written by swajax for {out.name}\n")
+        except OSError as e:  # name the destination, not the temporary folder
+            where = Path(e.filename).name if e.filename else ""
+            detail = f"{e.strerror or e}" + (f" ({where})" if where else "")
+            raise FolderError(f"writing {out} failed: {detail}") from e
         if out.exists() and _exchange(tmp, out):
             _remove(tmp)  # now the old folder
             return
@@ -99,3 +128,17 @@ def swap_in(out: str | Path, build: Callable[[Path], None], *, force: bool = Fal
     finally:
         if tmp.exists():
             _remove(tmp)
+
+
+def _check_apart(source: Path, out: Path) -> None:
+    """Refuse an output that is the source, holds it, or lies inside it."""
+    src, dst = source.resolve(), out.resolve()
+    if dst == src:
+        raise FolderError(f"the output {out} is the source folder itself: choose another OUT")
+    if src.is_relative_to(dst):
+        raise FolderError(
+            f"the output {out} holds the source {source}: replacing it would delete the "
+            "source; choose another OUT"
+        )
+    if dst.is_relative_to(src):
+        raise FolderError(f"the output {out} lies inside the source {source}: choose another OUT")

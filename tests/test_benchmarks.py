@@ -9,8 +9,18 @@ import pathlib
 import pytest
 
 BENCHMARKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
-SLOW = {"cache_policy", "floor", "kv_dtype", "loading", "multihost", "scan_layers", "server",
-        "speculative", "startup"}  # fmt: skip
+SLOW = {
+    "cache_policy",
+    "floor",
+    "kv_dtype",
+    "loading",
+    "multihost",
+    "scan_layers",
+    "server",
+    "server_health",
+    "speculative",
+    "startup",
+}
 
 
 def load(path):

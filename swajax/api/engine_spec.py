@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import jax
@@ -150,6 +151,34 @@ def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOpti
     return dataclasses.replace(options, max_context=min(own, hold))
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's memory as this process may use it: physical memory, or the cgroup's
+    limit where one is lower (None where neither can be read)."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError):
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found.append(int(text))
+    return min(found) if found else None
+
+
+def _check_host_memory(gib: float) -> None:
+    """A host tier is allocated up front: one larger than the machine is refused by name."""
+    total = host_memory_bytes()
+    if isinstance(gib, int | float) and total is not None and gib * 2**30 > total:
+        raise InputError(
+            f"host_cache_gib {gib:g} (--host-cache-gib) is more than this machine's memory "
+            f"({total / 2**30:.1f} GiB)"
+        )
+
+
 def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None) -> Engine:
     """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
     (the sizing counts its layers). With `spec.scan_layers` the engine's model holds the layer
@@ -169,8 +198,11 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     else:
         sizes = sizing.size_single_pool(cfg, budget, page_size=page_size, dtype=kv, draft=draft_cfg)
     if spec.host_cache_gib and jax.process_count() > 1:
-        raise InputError("a host cache (host_cache_gib) runs in one process; it is not split "
-                         "across joined processes")  # fmt: skip
+        raise InputError(
+            "a host cache (host_cache_gib) runs in one process; it is not split across joined "
+            "processes"
+        )
+    _check_host_memory(spec.host_cache_gib)
     sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
     pallas = spec.attention == "pallas"
     lm = dict(dtype=kv, implementation=spec.attention, interpret=pallas,

@@ -5,8 +5,12 @@ those who drive it step by step."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
+
+import numpy as np
 
 from swajax.api.engine_spec import (
     EngineSpec,
@@ -85,29 +89,59 @@ class LLM:
             draft = load_model(draft_model, dtype, flag="--draft-model", mesh=mesh)[0]
         self.engine: Engine = make_engine(decoder, spec, draft)
         self.stop_token_ids = () if ignore_eos else stop_token_ids(model_folder(model))
+        self._lock = threading.Lock()  # one call at a time drives the engine
+        self._holder: int | None = None  # the thread whose call holds it
 
     def generate(
         self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> list[CompletionOutput]:
         """Run every prompt (text or token ids) together; outputs in the prompts' order, the
-        n samples of a prompt (`sampling.n`) one after another."""
-        samples = self._add(prompts, sampling)
-        self._stop_strings(samples)
-        while self._step(samples):
+        n samples of a prompt (`sampling.n`) one after another. Calls from several threads
+        run one after another, each as if alone."""
+        with self._call() as samples:
+            self._add(prompts, sampling, samples)
             self._stop_strings(samples)
-        return [self._output(x) for x in samples]
+            while self._step(samples):
+                self._stop_strings(samples)
+            return [self._output(x) for x in samples]
 
     def stream(
         self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> Iterator[StreamEvent]:
-        """Every generated token of every sample, as the step that made it finishes."""
-        samples = self._add(prompts, sampling)
-        while True:
-            self._stop_strings(samples)
-            for x in samples:
-                yield from self._new_events(x)
-            if not self._step(samples):
-                return
+        """Every generated token of every sample, as the step that made it finishes. The
+        stream holds the LLM until it ends: a stream closed, dropped or left by an exception
+        aborts its unfinished samples and returns their KV."""
+        with self._call() as samples:
+            self._add(prompts, sampling, samples)
+            while True:
+                self._stop_strings(samples)
+                for x in samples:
+                    yield from self._new_events(x)
+                if not self._step(samples):
+                    return
+
+    @contextlib.contextmanager
+    def _call(self):
+        """One call's hold on the engine and its samples: whatever way the call ends (an
+        error, an abandoned stream), its unfinished samples are aborted and the engine is
+        left with nothing of it, ready for the next call."""
+        me = threading.get_ident()
+        if self._holder == me:
+            raise InputError(
+                "this LLM is already running a call in this thread (a stream not yet "
+                "exhausted or closed?): finish or close() it first"
+            )
+        with self._lock:
+            self._holder = me
+            samples: list[SampleStream] = []
+            try:
+                yield samples
+            finally:
+                for x in samples:
+                    if not self.engine.requests[x.rid].done:
+                        self.engine.abort(x.rid, "abort: the caller stopped reading")
+                self.engine.flush()
+                self._holder = None
 
     def summary(self) -> dict:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
@@ -137,7 +171,14 @@ class LLM:
             x.seen = -1  # an aborted request with no token: one event saying why
             yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
 
-    def _add(self, prompts, sampling: SamplingParams | None) -> list[SampleStream]:
+    def _add(self, prompts, sampling: SamplingParams | None, samples: list) -> None:
+        """Queue every prompt's samples into `samples` (the ones queued before an error stay
+        there, for the call to abort)."""
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InputError(
+                f"sampling must be a SamplingParams, got {type(sampling).__name__} (build one: "
+                "SamplingParams(max_new_tokens=..., temperature=...))"
+            )
         batch = [prompts] if _single(prompts) else list(prompts)
         if not batch:
             raise InputError("prompts is empty: give a prompt or a list of prompts")
@@ -147,12 +188,15 @@ class LLM:
             params = dataclasses.replace(params, stop_token_ids=stops)
         if params.stop and self.tokenizer.missing is not None:
             raise InputError(f"stop strings {params.stop!r} need the checkpoint's tokenizer.json")
+        for i, p in enumerate(batch):
+            if not isinstance(p, str) and (isinstance(p, bytes | bytearray) or not _ids(p)):
+                raise InputError(
+                    f"prompt {i} must be text (str) or token ids (ints), got "
+                    f"{type(p).__name__}: {p!r:.60}"
+                )
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        return [
-            x
-            for index, prompt in enumerate(ids)
-            for x in add_samples(self.engine, prompt, params, index, self.tokenizer.decode)
-        ]
+        for index, prompt in enumerate(ids):
+            samples += add_samples(self.engine, prompt, params, index, self.tokenizer.decode)
 
     def _output(self, x: SampleStream) -> CompletionOutput:
         req = self.engine.requests[x.rid]
@@ -170,10 +214,21 @@ class LLM:
         )
 
 
+def _ids(prompt) -> bool:
+    """A sequence of token ids (ints; numpy's too; never bools)."""
+    return hasattr(prompt, "__len__") and all(
+        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt
+    )
+
+
 def _single(prompts) -> bool:
     """One prompt (text, or a flat sequence of ids) rather than a list of prompts."""
     if isinstance(prompts, str):
         return True
+    if isinstance(prompts, bytes | bytearray):
+        raise InputError(
+            "prompts is bytes: give text (str), token ids (a list of ints) or a list of them"
+        )
     if not isinstance(prompts, Sequence) and not hasattr(prompts, "__array__"):
         raise InputError(f"prompts must be text, token ids or a list of them, got {prompts!r}")
     return len(prompts) > 0 and not hasattr(prompts[0], "__len__")

@@ -4,6 +4,9 @@ same command with the same inputs, each with its own `--process-id`."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+from pathlib import Path
 
 from swajax.cli import args as args_lib
 from swajax.cluster import Cluster
@@ -42,3 +45,44 @@ def cluster_of(args: argparse.Namespace) -> Cluster:
         timeout_s=args.join_timeout,
         heartbeat_s=args.heartbeat_timeout,
     )
+
+
+# The flags that name what a command reads (outputs, which may differ between hosts before a
+# run, are left out).
+INPUT_FLAGS = ("--model", "--draft-model", "--prompts-file")
+
+
+def join_inputs(argv: list[str]) -> dict:
+    """What must be equal in every joined process: the command line without `--process-id`,
+    and a digest of each file it names (for a folder: its config.json and its files' names and
+    sizes), so that two processes given different prompts or checkpoints are told apart."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--process-id":
+            skip = True
+        elif not token.startswith("--process-id="):
+            kept.append(token)
+    files = {}
+    named = [b for a, b in zip(kept, kept[1:]) if a in INPUT_FLAGS]
+    named += [t.split("=", 1)[1] for t in kept if t.split("=", 1)[0] in INPUT_FLAGS and "=" in t]
+    for token in named:
+        path = Path(token)
+        if path.is_file():
+            files[token] = _sha256(path)
+        elif path.is_dir():
+            listing = sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
+            digest = hashlib.sha256(json.dumps(listing).encode())
+            if (path / "config.json").is_file():
+                digest.update(_sha256(path / "config.json").encode())
+            files[token] = digest.hexdigest()
+    return {"argv": kept, "files": files}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from swajax import cluster, compile_cache, sizing
 from swajax.cli import args as args_lib, conformance, generate, launch_local, plan, serve, simulate
 from swajax.cli.args import UsageError
-from swajax.cli.cluster_args import cluster_of
+from swajax.cli.cluster_args import cluster_of, join_inputs
 from swajax.version import __version__
 
 
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             joined.check()  # before stdout is rearranged: a bad flag is a plain error line
             if joined.requested:
                 _native_output_to_stderr()
-                cluster.join(joined)
+                cluster.join(joined, join_inputs(argv))
             else:
                 joined = None
         if not getattr(args, "no_compile_cache", True):

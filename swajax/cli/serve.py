@@ -1,7 +1,12 @@
-"""`swajax serve`: the OpenAI-compatible server (FastAPI + uvicorn, the `serve` extra)."""
+"""`swajax serve`: the OpenAI-compatible server (FastAPI + uvicorn, the `serve` extra).
+
+On SIGTERM / SIGINT the requests in flight are aborted first (each client gets its answer, with
+the reason), then the HTTP server closes: a stop never waits for generations to run out."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from swajax.cli import args as args_lib
@@ -24,9 +29,56 @@ def run_serve(args) -> int:
     llm = LLM(args.model, dtype=args.dtype, dequantize_weights=args.dequantize_weights, **fields)
     folder = None if args.model == "tiny" else Path(args.model)
     name = args.served_model_name or ("tiny" if folder is None else folder.name)
-    app = make_app(llm, model_name=name, folder=folder, max_waiting=args.max_waiting)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    api_key = args.api_key or os.environ.get("SWAJAX_API_KEY") or None
+    app = make_app(
+        llm,
+        model_name=name,
+        folder=folder,
+        max_waiting=args.max_waiting,
+        api_key=api_key,
+        max_body_mib=args.max_body_mib,
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACE_SECONDS,
+    )
+    server = _server_class(uvicorn)(config, app.state.loop.abort_all, name, api_key is not None)
+    server.run()
     return 0
+
+
+GRACE_SECONDS = 10  # after the aborts, how long a connection may take to read its answer
+
+
+def _server_class(uvicorn):
+    class Server(uvicorn.Server):
+        """uvicorn's server, which aborts the engine's work on a stop signal and says when it
+        is ready (address, model, whether a key is required)."""
+
+        def __init__(self, config, abort_all, model: str, keyed: bool):
+            super().__init__(config)
+            self.abort_all, self.model, self.keyed = abort_all, model, keyed
+
+        def handle_exit(self, sig, frame) -> None:
+            self.abort_all()
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.should_exit or not self.servers:
+                return
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            key = "an API key required" if self.keyed else "no API key"
+            print(
+                f"swajax serve: ready on http://{host}:{port} (model {self.model}; {key})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return Server
 
 
 def register(sub) -> None:
@@ -38,8 +90,22 @@ def register(sub) -> None:
     p.add_argument("--port", type=args_lib.int_at_least(0, 65535), default=8000,
                    help="port to listen on (0: any free one)")  # fmt: skip
     p.add_argument("--served-model-name", help="the model's name in the API (default: folder)")
-    p.add_argument("--max-waiting", type=args_lib.int_at_least(1), default=256,
-                   help="queued requests before new ones get 429")  # fmt: skip
+    p.add_argument(
+        "--max-waiting",
+        type=args_lib.int_at_least(1),
+        default=256,
+        help="queued sequences (a request counts prompts x n) before new ones get 429",
+    )
+    p.add_argument(
+        "--api-key",
+        help="require a bearer key on /v1/* (default: $SWAJAX_API_KEY; none: open)",
+    )
+    p.add_argument(
+        "--max-body-mib",
+        type=args_lib.float_in(0.001, 1024),
+        default=8.0,
+        help="largest request body read, in MiB (larger: 413 before it is parsed)",
+    )
     p.add_argument("--no-overlap", action="store_true",
                    help="read each step's result before planning the next")  # fmt: skip
     add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made

@@ -89,7 +89,41 @@ def read_header(file: Path) -> tuple[int, dict]:
         ok = ok and _ints(entry.get("shape")) and _ints(entry.get("data_offsets"))
         if not ok or len(entry["data_offsets"]) != 2:
             raise LoadError(f"cannot read {file}: bad header entry for tensor {name!r}")
+    _check_layout(file, header, file.stat().st_size - 8 - size)
     return 8 + size, header
+
+
+def _check_layout(file: Path, header: dict, data_bytes: int) -> None:
+    """The format's rule: the tensors tile the data section exactly, in some order, with no
+    overlap and no gap (as the reference reader checks); a header that breaks it would let
+    two tensors alias the same bytes, or hide bytes no tensor owns."""
+    spans = sorted((entry["data_offsets"], name) for name, entry in header.items())
+    end, last = 0, None
+    for (begin, stop), name in spans:
+        if stop < begin:
+            raise LoadError(f"cannot read {file}: tensor {name!r} ends ({stop}) before it begins")
+        if begin < end:
+            raise LoadError(
+                f"cannot read {file}: tensor {name!r} (bytes {begin}-{stop}) overlaps tensor "
+                f"{last!r}, which ends at {end}"
+            )
+        if begin > end:
+            after = f"after tensor {last!r}" if last is not None else "at the start"
+            raise LoadError(
+                f"cannot read {file}: {begin - end} bytes {after} belong to no tensor (tensor "
+                f"{name!r} begins at {begin})"
+            )
+        end, last = stop, name
+    if end > data_bytes:
+        raise LoadError(
+            f"cannot read {file}: tensor {last!r} runs past its end ({end} bytes of data "
+            f"declared, {data_bytes} present; truncated?)"
+        )
+    if end < data_bytes:
+        raise LoadError(
+            f"cannot read {file}: {data_bytes - end} bytes after the last tensor belong to "
+            "no tensor"
+        )
 
 
 def _ints(x) -> bool:

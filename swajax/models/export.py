@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from swajax.folder_swap import FolderError, swap_in
+from swajax.folder_swap import CONVERT_MARKER, FolderError, swap_in
 from swajax.models.checkpoint import DTYPES, LoadError
 from swajax.models.decoder import Decoder
 from swajax.models.weights import Layout
@@ -159,6 +159,6 @@ def save_hf(decoder: Decoder, source: str | Path, out: str | Path, *, dtype: str
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
     try:
-        swap_in(out, build, force=force)
+        swap_in(out, build, force=force, source=source, marker=CONVERT_MARKER)
     except FolderError as e:
         raise LoadError(str(e)) from None

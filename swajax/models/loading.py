@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from swajax.config import ConfigError, text_config
-from swajax.folder_swap import FolderError, swap_in
+from swajax.folder_swap import CONVERT_MARKER, FolderError, swap_in
 from swajax.models.checkpoint import Checkpoint, LoadError
 from swajax.models.decoder import Decoder, decoder_for
 from swajax.models.family_specs import model_spec
@@ -244,7 +244,7 @@ def save_orbax(decoder: Decoder, source: str | Path, out: str | Path, *, force=F
         checkpointer.wait_until_finished()
 
     try:
-        swap_in(out, build, force=force)
+        swap_in(out, build, force=force, source=source, marker=CONVERT_MARKER)
     except FolderError as e:
         raise LoadError(str(e)) from None
 

@@ -18,13 +18,18 @@ import sys
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from swajax.errors import InputError
 from swajax.server import responses as out
-from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
+from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
+from swajax.server.gate import Gate
 from swajax.server.metrics import Metrics
 from swajax.server.protocol import ChatCompletionRequest, CompletionRequest, prompt_list
-from swajax.tokenizer import ChatTemplate
+from swajax.server.template_worker import TemplateWorker
+
+MAX_BODY_MIB = 8.0  # a million-token prompt as ids is about 7 MiB of JSON
+TOKENIZE_SECONDS = 30.0  # a body at the limit tokenizes in well under a second
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param=None):
@@ -32,30 +37,74 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param=
     return JSONResponse(body, status_code=status)
 
 
-def make_app(llm, *, model_name: str, folder=None, max_waiting: int = 256) -> FastAPI:
+def make_app(
+    llm,
+    *,
+    model_name: str,
+    folder=None,
+    max_waiting: int = 256,
+    api_key: str | None = None,
+    max_body_mib: float = MAX_BODY_MIB,
+) -> FastAPI:
     """The application over `llm` (a `swajax.LLM`); `folder`: its checkpoint folder (for the
-    chat template), None for the embedded model."""
+    chat template), None for the embedded model; `api_key`: required on `/v1/*` as a bearer
+    token (None: open); `max_body_mib`: the largest request body read."""
     loop = EngineLoop(llm, max_waiting=max_waiting)
     metrics = Metrics(llm.engine, loop)
-    chat_template = {}
+    templates = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         loop.start()
         yield
         aborted = loop.shutdown()  # in-flight requests end as aborted; nothing stays held
+        for worker in templates.values():
+            if worker is not None:
+                worker.close()
         running = len(llm.engine.scheduler.running)
-        print(f"swajax serve: stopped; {aborted} request(s) in flight aborted, {running} "
-              "running", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"swajax serve: stopped; {aborted} request(s) in flight aborted, {running} running",
+            file=sys.stderr,
+            flush=True,
+        )
 
     app = FastAPI(title="swajax", lifespan=lifespan)
     app.state.loop = loop
+    app.add_middleware(Gate, api_key=api_key, max_body=int(max_body_mib * 2**20))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, exc: RequestValidationError):
         first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error')}")
         field = ".".join(str(x) for x in first["loc"] if x != "body")
         return error(400, f"{field}: {first['msg']}", param=field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):  # 404, 405, ...: OpenAI's shape too
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(Exception)
+    async def server_error(_request, exc: Exception):
+        return error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+    async def tokenize(texts: list) -> list[list[int]]:
+        def encode():
+            return [llm.tokenizer.encode(p) if isinstance(p, str) else p for p in texts]
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(encode), TOKENIZE_SECONDS)
+        except TimeoutError:
+            message = f"tokenizing the prompt took more than {TOKENIZE_SECONDS:g} s"
+            raise InputError(message) from None
+
+    async def render(messages: list[dict]) -> str:
+        if "t" not in templates:
+            templates["t"] = TemplateWorker(folder) if folder is not None else None
+        worker = templates["t"]
+        if worker is None:
+            raise InputError("the embedded model has no chat template: use /v1/completions")
+        return await worker.render_async(messages)
 
     @app.get("/health")
     async def health():
@@ -73,8 +122,9 @@ def make_app(llm, *, model_name: str, folder=None, max_waiting: int = 256) -> Fa
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         try:
-            prompts = [llm.tokenizer.encode(p) if isinstance(p, str) else p
-                       for p in prompt_list(body.prompt)]  # fmt: skip
+            if body.max_tokens == 0 and not body.echo:
+                raise InputError("max_tokens: 0 generates nothing; it is allowed only with echo")
+            prompts = await tokenize(prompt_list(body.prompt))
             echo_only = body.echo and body.max_tokens == 0
             params = body.sampling(max(body.max_tokens or 16, 1), body.logprobs or 0)
             params = _with_eos(llm, params, body.ignore_eos)
@@ -87,17 +137,11 @@ def make_app(llm, *, model_name: str, folder=None, max_waiting: int = 256) -> Fa
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         try:
-            if "t" not in chat_template:
-                chat_template["t"] = ChatTemplate(folder) if folder is not None else None
-            template = chat_template["t"]
-            if template is None:
-                raise InputError("the embedded model has no chat template: use /v1/completions")
-            text = template.render_messages([m.model_dump(exclude_none=True)
-                                             for m in body.messages])  # fmt: skip
+            text = await render([m.model_dump(exclude_none=True) for m in body.messages])
             max_tokens = body.max_completion_tokens or body.max_tokens or 256
             params = body.sampling(max_tokens, (body.top_logprobs or 1) if body.logprobs else 0)
             params = _with_eos(llm, params, body.ignore_eos)
-            prompt = llm.tokenizer.encode_rendered(text)
+            prompt = await asyncio.to_thread(llm.tokenizer.encode_rendered, text)
         except (InputError, ValueError) as e:
             return error(400, str(e))
         job = Job([prompt], params, keep_logits=False, loop=asyncio.get_running_loop())
@@ -118,6 +162,8 @@ def _with_eos(llm, params, ignore_eos: bool):
 async def _serve(loop: EngineLoop, job: Job, request: Request, shape, stream: bool):
     try:
         loop.submit(job)
+    except TooLarge as e:
+        return error(400, str(e))
     except QueueFull as e:
         return error(429, str(e), "rate_limit_error")
     except ShuttingDown as e:

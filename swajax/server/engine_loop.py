@@ -33,6 +33,10 @@ class ShuttingDown(RuntimeError):
     """The server stops: no new work (HTTP 503)."""
 
 
+class TooLarge(ValueError):
+    """One request's sequences (prompts x n) exceed what the queue takes at all (HTTP 400)."""
+
+
 @dataclasses.dataclass(eq=False)
 class Job:
     """One HTTP request's work: its prompts (token ids), their sampling, and where its events go.
@@ -48,6 +52,11 @@ class Job:
     queue: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     samples: list[SampleStream] = dataclasses.field(default_factory=list)
     ended: bool = False
+
+    @property
+    def size(self) -> int:
+        """The engine requests it queues: n samples of each prompt."""
+        return len(self.prompts) * self.params.n
 
     def put(self, *message) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
@@ -72,13 +81,21 @@ class EngineLoop:
 
     def submit(self, job: Job) -> Job:
         """Queue a job (called on the event loop); raises QueueFull or ShuttingDown."""
+        size = job.size
+        if size > self.max_waiting:
+            raise TooLarge(
+                f"{len(job.prompts)} prompt(s) x n = {job.params.n} is {size} sequences; one "
+                f"request may queue at most {self.max_waiting} (--max-waiting)"
+            )
         with self._lock:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            waiting = len(self.engine.scheduler.waiting) + len(self._new)
-            if waiting >= self.max_waiting:
-                raise QueueFull(f"{waiting} requests wait, the limit is {self.max_waiting} "
-                                "(--max-waiting); retry later")  # fmt: skip
+            waiting = len(self.engine.scheduler.waiting) + sum(j.size for j in self._new)
+            if waiting + size > self.max_waiting:
+                raise QueueFull(
+                    f"{waiting} sequences wait and this request adds {size}; the limit is "
+                    f"{self.max_waiting} (--max-waiting); retry later"
+                )
             self._new.append(job)
         self._wake.set()
         return job
@@ -87,6 +104,14 @@ class EngineLoop:
         """Abort a job's requests (its client went away); their KV goes back."""
         with self._lock:
             self._cancelled.append(job)
+        self._wake.set()
+
+    def abort_all(self) -> None:
+        """Stop now (thread-safe; a signal handler calls it): new work is refused and every
+        request in flight ends as aborted, so its client gets its answer and disconnects
+        instead of the server waiting for it to finish."""
+        with self._lock:
+            self._stopping = True
         self._wake.set()
 
     def shutdown(self, timeout: float = 30.0) -> int:

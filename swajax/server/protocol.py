@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from swajax.errors import InputError
 from swajax.serving.sampling_params import SamplingParams
 
 Stop = str | list[str] | None
@@ -31,7 +32,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=0, lt=2**32)
     stop: Stop = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None  # strict: true is not a token id
     ignore_eos: bool = False
     user: str | None = None  # accepted and ignored, as OpenAI's servers log it
 
@@ -48,7 +49,7 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -72,9 +73,12 @@ class ChatCompletionRequest(SamplingFields):
 
 
 def prompt_list(prompt) -> list[str | list[int]]:
-    """A completion request's prompts: one text, texts, one id list, or id lists."""
+    """A completion request's prompts: one text, texts, one id list, or id lists; an empty
+    list (of prompts, or of one prompt's ids) is refused."""
     if isinstance(prompt, str):
         return [prompt]
-    if prompt and all(isinstance(t, int) for t in prompt):
+    if not prompt:
+        raise InputError("prompt: an empty list; give a text, token ids or a list of them")
+    if all(isinstance(t, int) for t in prompt):
         return [list(prompt)]
     return list(prompt)

@@ -153,6 +153,11 @@ class Engine:
         return rid
 
     def _check_sampling(self, params: SamplingParams, keep_logits: bool) -> None:
+        vocab = self.model.vocab_size
+        if vocab is not None and params.top_k > vocab:
+            raise RequestError(
+                f"top_k {params.top_k} exceeds the vocabulary size {vocab} (0 keeps every token)"
+            )
         if params.n != 1:
             raise RequestError(
                 f"n must be 1 for one engine request, got {params.n} (swajax.LLM samples n "

@@ -15,6 +15,11 @@ import numpy as np
 
 from swajax.errors import RequestError
 
+# What the step program can represent: counts and ids are packed as int32 and every float
+# field as float32 (`serving/batch.py`), so a value beyond these is refused here, naming it.
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
@@ -56,13 +61,16 @@ class SamplingParams:
     def __post_init__(self):
         for name, lo in (("max_new_tokens", 1), ("top_k", 0), ("n", 1), ("logprobs", 0)):
             value = getattr(self, name)
-            if not _is_int(value) or value < lo:
-                raise RequestError(f"{name} must be an integer >= {lo}, got {value!r}")
+            if not _is_int(value) or not lo <= value <= INT32_MAX:
+                raise RequestError(f"{name} must be an integer in [{lo}, 2**31), got {value!r}")
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty"):  # fmt: skip
             value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value):
-                raise RequestError(f"{name} must be a finite number, got {value!r}")
+            if not _is_number(value) or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+                raise RequestError(
+                    f"{name} must be a finite number (float32: |x| <= {FLOAT32_MAX:.4g}), "
+                    f"got {value!r}"
+                )
         if self.temperature < 0:
             raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
         if not (0 < self.top_p <= 1):
@@ -101,9 +109,9 @@ def _stop_ids(stops) -> tuple[int, ...]:
         raise RequestError(f"stop_token_ids must be token ids, got {stops!r}")
     stops = tuple(stops)
     bad = [t for t in stops if not _is_int(t)]
-    bad += [t for t in stops if not bad and t < 0]
+    bad += [t for t in stops if not bad and not 0 <= t <= INT32_MAX]
     if bad:
-        raise RequestError(f"stop_token_ids must be integers >= 0, got {bad[0]!r}")
+        raise RequestError(f"stop_token_ids must be integers in [0, 2**31), got {bad[0]!r}")
     return tuple(int(t) for t in stops)
 
 

@@ -135,13 +135,13 @@ def _apply(line, alloc, cache, handles):
         node = cache.walk(tuple(line["node"]))[-1] if line["node"] else cache.root
         return cache.lock(node)
     if op in ("unlock", "release_swa"):
-        return getattr(cache, op)(handles.get(line["handle"]))
+        return getattr(cache, op)(_handle(line, handles))
     if op == "evict":
         return cache.evict(line["full"], line["swa"])
     kwargs = dict(
         cache_protected_len=line["cache_protected_len"],
         swa_evicted_seqlen=line["swa_evicted_seqlen"],
-        handle=handles.get(line["handle"]),
+        handle=_handle(line, handles),
     )
     slots = np.asarray(line["slots"], np.int32)
     if op == "cache_finished":
@@ -149,3 +149,17 @@ def _apply(line, alloc, cache, handles):
             line["tokens"], slots, insert=line.get("insert", True), **kwargs
         )
     return cache.cache_unfinished(line["tokens"], slots, **kwargs)
+
+
+def _handle(line, handles):
+    """The lock a line names (None where it names none); a handle no earlier `lock` made is
+    the trace's error, named."""
+    handle = line.get("handle")
+    if handle is None:
+        return None
+    if handle not in handles:
+        raise TraceError(
+            f"{line['op']} names lock handle {handle!r}, which no earlier lock in the trace "
+            f"made (known: {sorted(handles)[:8]}{'...' if len(handles) > 8 else ''})"
+        )
+    return handles[handle]

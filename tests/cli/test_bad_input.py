@@ -32,6 +32,23 @@ def checkpoint(tmp, name, weights: bytes | None = None, index=None):
     return folder
 
 
+def retiled(real: bytes, second: str) -> bytes:
+    """The safetensors bytes `real` with its second tensor's offsets moved back four bytes into
+    the first ("overlap") or its first tensor's start moved on four ("gap")."""
+    size = int.from_bytes(real[:8], "little")
+    header = json.loads(real[8 : 8 + size])
+    names = sorted((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__")
+    if second == "overlap":
+        begin, end = header[names[1][1]]["data_offsets"]
+        header[names[1][1]]["data_offsets"] = [begin - 4, end - 4]
+    else:
+        begin, end = header[names[0][1]]["data_offsets"]
+        header[names[0][1]]["data_offsets"] = [begin + 4, end + 4]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + real[8 + size :]
+
+
 def trace(tmp, name, lines):
     path = tmp / f"{name}.jsonl"
     path.write_text("".join(x if isinstance(x, str) else json.dumps(x) + "\n" for x in lines))
@@ -85,6 +102,8 @@ def make(tmp):
         ck_truncated=checkpoint(tmp, "ck_truncated", real[: len(real) // 2]),
         ck_empty=checkpoint(tmp, "ck_empty", b""),
         ck_no_map=checkpoint(tmp, "ck_no_map", index={"metadata": {}}),
+        ck_overlap=checkpoint(tmp, "ck_overlap", retiled(real, "overlap")),
+        ck_gap=checkpoint(tmp, "ck_gap", retiled(real, "gap")),
         ck_escape=checkpoint(tmp, "ck_escape", index={"weight_map": {"a": "../x.safetensors"}}),
         ck_absolute=checkpoint(tmp, "ck_absolute", index={"weight_map": {"a": "/etc/passwd"}}),
         no_config=tmp / "no_config",
@@ -106,6 +125,7 @@ def make(tmp):
         t_no_expect=trace(tmp, "t_no_expect", [HEADER, dict(op="free", slots=[4])]),
         t_sizes=trace(tmp, "t_sizes", [dict(HEADER, full_size=63), FREE]),
         t_bool=trace(tmp, "t_bool", [HEADER, dict(FREE, slots=[True])]),
+        t_handle=trace(tmp, "t_handle", [HEADER, dict(op="unlock", handle=7, expect={})]),
     )
     files["no_config"].mkdir()
     files["out_full"].mkdir()
@@ -186,6 +206,9 @@ CASES = [
     (GEN + ["--model", "{ck_no_map}", "--prompt-ids", "1"], "'weight_map'"),
     (GEN + ["--model", "{ck_escape}", "--prompt-ids", "1"], "leaves the checkpoint folder"),
     (GEN + ["--model", "{ck_absolute}", "--prompt-ids", "1"], "leaves the checkpoint folder"),
+    (GEN + ["--model", "{ck_overlap}", "--prompt-ids", "1"], "overlaps tensor"),
+    (GEN + ["--model", "{ck_gap}", "--prompt-ids", "1"], "4 bytes at the start belong to no"),
+    (GEN + ["--host-cache-gib", "1000000"], "more than this machine's memory"),
     # logits
     (["logits", "--prompt-ids", "1", "--out", "{a_dir}/x"], "must end in .npy"),
     (["logits", "--prompt-ids", "1", "--out", "{npy_dir}"], "is a folder"),
@@ -220,6 +243,7 @@ CASES = [
     (["replay", "{t_no_expect}"], "needs its 'expect' object"),
     (["replay", "{t_sizes}"], "full_size must be a multiple of page_size 4"),
     (["replay", "{t_bool}"], "slots: every entry must be an integer"),
+    (["replay", "{t_handle}"], "names lock handle 7, which no earlier lock"),
 ]
 
 

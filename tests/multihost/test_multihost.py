@@ -205,3 +205,54 @@ def test_an_orbax_folder_restores_into_each_processes_shards(tmp_path):
     tokens = json.loads(done.stdout.splitlines()[0])["tokens"]
     one = LLM(str(source), ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
     assert tokens == one[0].token_ids
+
+
+def _joining(port: int, i: int, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "swajax", "generate", "--coordinator", f"127.0.0.1:{port}"]
+    argv += ["--num-processes", "2", "--process-id", str(i), "--join-timeout", "60", *extra]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, env=_env(), stdout=pipe, stderr=pipe, text=True)
+
+
+def test_processes_given_different_arguments_are_refused_naming_the_difference(procs):
+    port = _port()
+    procs += [
+        _joining(port, 0, "--max-new-tokens", "4"),
+        _joining(port, 1, "--max-new-tokens", "5"),
+    ]
+    start = time.monotonic()
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2, err[-2000:]
+        line = err.strip().splitlines()[-1]
+        assert "were given different inputs" in line and "'4'" in line and "'5'" in line, line
+    assert time.monotonic() - start < 60
+
+
+def _listeners(port: int) -> list[str]:
+    """Local addresses of the TCP sockets listening on `port` (/proc/net/tcp, tcp6)."""
+    found = []
+    for name in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            addr, hexport = local.split(":")
+            if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                found.append(addr)
+    return found
+
+
+def test_the_coordinator_listens_only_on_its_address_and_a_taken_port_is_named(procs):
+    port = _port()
+    procs.append(_joining(port, 0))  # waits for a process 1 that never comes
+    deadline = time.monotonic() + 60
+    while not _listeners(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # 127.0.0.1 only (as IPv4, or IPv4-mapped IPv6), never 0.0.0.0 or [::]
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F"}
+    assert _listeners(port) and set(_listeners(port)) <= loopback, _listeners(port)
+    start = time.monotonic()
+    second = _joining(port, 0)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 2 and time.monotonic() - start < 30
+    line = err.strip().splitlines()[-1]
+    assert f"--coordinator 127.0.0.1:{port}" in line and "the port is in use" in line, line

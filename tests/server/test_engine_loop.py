@@ -29,7 +29,7 @@ def test_queue_bound_cancel_and_shutdown():
         first, second = job(b"def f():", 4, loop), job(b"class A:", 4, loop)
         engine_loop.submit(first)
         engine_loop.submit(second)
-        with pytest.raises(QueueFull, match="2 requests wait, the limit is 2"):
+        with pytest.raises(QueueFull, match="2 sequences wait and this request adds 1; the limit"):
             engine_loop.submit(job(b"x", 4, loop))
         engine_loop.start()
         done = await asyncio.gather(finish(first), finish(second))

@@ -1,0 +1,74 @@
+"""What a request must pass before any handler sees it (a pure ASGI middleware): the API key on
+the `/v1/` routes, and a bound on the body's bytes, counted as they arrive so that an oversized
+body is refused (413) without being read whole or parsed on the event loop.
+
+The key is compared in constant time; `/health` and `/metrics` stay open, as in vLLM, so load
+balancers and scrapers need no secret. Refusals are in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+V1 = "/v1/"
+
+
+def error_body(status: int, message: str, kind: str, code=None) -> bytes:
+    """OpenAI's error object: {"error": {message, type, param, code}}."""
+    error = {"message": message, "type": kind, "param": None, "code": code or status}
+    return json.dumps({"error": error}).encode()
+
+
+class Gate:
+    """ASGI middleware: `api_key` (None: no key) on `/v1/*`, `max_body` bytes on every body."""
+
+    def __init__(self, app, *, api_key: str | None, max_body: int):
+        self.app, self.api_key, self.max_body = app, api_key, max_body
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.api_key is not None and scope["path"].startswith(V1):
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            expected = f"Bearer {self.api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                message = "a valid API key is required: header 'Authorization: Bearer <key>'"
+                return await _reply(send, 401, message, "invalid_request_error",
+                                    "invalid_api_key")  # fmt: skip
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return await self._too_large(send, int(declared))
+        body, more = bytearray(), True
+        while more:  # the body, chunk by chunk, never past the limit
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body:
+                return await self._too_large(send, None)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send, size: int | None):
+        got = f"{size:,} bytes" if size is not None else "more bytes than that"
+        message = (f"the request body holds {got}; the limit is {self.max_body:,} bytes "
+                   "(--max-body-mib)")  # fmt: skip
+        await _reply(send, 413, message, "invalid_request_error")
+
+
+async def _reply(send, status: int, message: str, kind: str, code=None) -> None:
+    body = error_body(status, message, kind, code)
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
