@@ -327,12 +327,35 @@ def reload(folder: Path):
 KV4 = {"gpt_oss_kv4": "gpt_oss", "qwen3_kv4": "qwen3"}
 
 
+# Every family's window also wider than the tests' chunks (8) and pages (4) and two thirds of
+# the prompt (the base fixtures' windows, 5 to 6 tokens, are narrower than all of those).
+WIDE = ("qwen3", "qwen2", "mistral", "gpt_oss", "gemma3", "olmo3", "exaone4", "cohere2",
+        "mimo_v2_flash", "step3p7", "gemma4_e", "llama4")  # fmt: skip
+WIDE_WINDOW = 16
+
+
+def widened(cfg):
+    """A copy of `cfg` whose sliding window (or attention chunk) is WIDE_WINDOW tokens."""
+    cfg = copy.deepcopy(cfg)
+    target = getattr(cfg, "text_config", None) or cfg
+    found = False
+    for attr in ("sliding_window", "sliding_window_size", "attention_chunk_size"):
+        if getattr(target, attr, None) is not None:
+            setattr(target, attr, WIDE_WINDOW)
+            found = True
+    if not found:
+        raise SystemExit(f"{cfg.model_type}: no window field to widen")
+    return cfg
+
+
 def fixtures():
     """(folder name, model built from config, rewrite of the saved folder or None)."""
     built = dict(configs())
     for name, base in KV4.items():
         built[name] = copy.deepcopy(built[base])
         built[name].num_attention_heads, built[name].num_key_value_heads = 8, 4
+    for name in WIDE:
+        built[f"{name}_wide"] = widened(built[name])
     built.update(wrapped(built))
     for name, cfg in built.items():
         yield name, cfg, None
