@@ -75,30 +75,43 @@ def main(argv=None) -> int | None:
         meta, pages, q = setup(8, t - 1, 1)
         full = time_layer(meta, pages, q, FULL, iters)
         swa = time_layer(meta, pages, q, SLIDING, iters)
-        decode.append(dict(T=t, full_ms=full * 1e3, swa_ms=swa * 1e3, swa_over_full=swa / full,
-                           ideal=2 * W / t))  # fmt: skip
+        decode.append(
+            dict(
+                T=t, full_ms=full * 1e3, swa_ms=swa * 1e3, swa_over_full=swa / full, ideal=2 * W / t
+            )
+        )
         del meta, pages, q
     prefill = {}
     for t in (256, 1024) if args.smoke else (1024, 4096) if args.quick else (4096, 16384):
         meta, pages, q = setup(1, 0, t)
-        prefill[t] = {name: time_layer(meta, pages, q, layer, min(iters, 2)) for name, layer in
-                      (("full", FULL), ("swa", SLIDING))}  # fmt: skip
+        prefill[t] = {
+            name: time_layer(meta, pages, q, layer, min(iters, 2))
+            for name, layer in (("full", FULL), ("swa", SLIDING))
+        }
     small, large = sorted(prefill)
     growth = {kind: prefill[large][kind] / prefill[small][kind] for kind in ("full", "swa")}
-    result = dict(jax=jax.__version__, decode=decode, prefill_s=prefill,
-                  prefill_growth=dict(growth, length_ratio=large / small))  # fmt: skip
+    result = dict(
+        jax=jax.__version__,
+        decode=decode,
+        prefill_s=prefill,
+        prefill_growth=dict(growth, length_ratio=large / small),
+    )
     if args.json:
         print(json.dumps(result))
         return
     print(f"decode, batch 8, {HKV} KV heads, head dim {D}, W = {W}, page size {PS}:")
     print(f"{'T':>7} {'full ms':>9} {'SWA ms':>9} {'SWA/full':>9} {'2W/T':>7}")
     for r in decode:
-        print(f"{r['T']:>7} {r['full_ms']:>9.2f} {r['swa_ms']:>9.3f} {r['swa_over_full']:>9.4f} "
-              f"{r['ideal']:>7.4f}")  # fmt: skip
+        print(
+            f"{r['T']:>7} {r['full_ms']:>9.2f} {r['swa_ms']:>9.3f} {r['swa_over_full']:>9.4f} "
+            f"{r['ideal']:>7.4f}"
+        )
     print(f"prefill of one request, T {small} -> {large} ({large // small}x tokens):")
     for kind in ("full", "swa"):
-        print(f"  {kind:4}: {prefill[small][kind]:.3f} s -> {prefill[large][kind]:.3f} s "
-              f"({growth[kind]:.1f}x)")  # fmt: skip
+        print(
+            f"  {kind:4}: {prefill[small][kind]:.3f} s -> {prefill[large][kind]:.3f} s "
+            f"({growth[kind]:.1f}x)"
+        )
 
 
 if __name__ == "__main__":

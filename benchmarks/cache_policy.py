@@ -41,24 +41,35 @@ def main(argv=None) -> int | None:
     if args.smoke:
         args.requests, args.workloads = 2, "multi-turn"
     cfg = load_preset(args.preset)
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(args.gib), ratio=args.ratio,
-                               page_size=16, dtype="bf16")  # fmt: skip
-    print(f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / "
-          f"SWA {sizes.swa_tokens:,} tokens, page 16, chunk {args.chunk}")  # fmt: skip
+    sizes = sizing.size_hybrid(
+        cfg, sizing.gib_to_bytes(args.gib), ratio=args.ratio, page_size=16, dtype="bf16"
+    )
+    print(
+        f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / "
+        f"SWA {sizes.swa_tokens:,} tokens, page 16, chunk {args.chunk}"
+    )
     for workload in args.workloads.split(","):
         print(f"\n{workload}, {args.requests} requests")
         print(
             f"{'policy':32}{'hit rate':>9}{'tail miss':>11}{'SWA occ':>9}{'steps':>7}{'retract':>9}"
         )
         for policy in policies():
-            options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk,
-                                    cache_policy=policy)  # fmt: skip
-            run = run_workload(cfg, sizes, make_workload(workload, args.requests, 0),
-                               options=options, progress=False)  # fmt: skip
+            options = EngineOptions(
+                max_running=64, max_context=33_792, chunk_size=args.chunk, cache_policy=policy
+            )
+            run = run_workload(
+                cfg,
+                sizes,
+                make_workload(workload, args.requests, 0),
+                options=options,
+                progress=False,
+            )
             occ = sum(run.swa_occupancy) / max(len(run.swa_occupancy), 1)
             assert run.lost == 0
-            print(f"{policy.name:32}{run.prefix_hit_rate:>9.3f}{run.swa_tail_miss_tokens:>11,}"
-                  f"{occ:>9.3f}{run.steps:>7}{run.retractions:>9}")  # fmt: skip
+            print(
+                f"{policy.name:32}{run.prefix_hit_rate:>9.3f}{run.swa_tail_miss_tokens:>11,}"
+                f"{occ:>9.3f}{run.steps:>7}{run.retractions:>9}"
+            )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,15 @@ from swajax.models.footprint import config_footprint
 from swajax.presets import hf_preset, load_preset
 from swajax.simulator.step_time import ACCELERATORS
 
-MODELS = ("gpt-oss-20b", "gpt-oss-120b", "mimo-v2-flash", "llama-4-scout", "gemma-3-27b",
-          "gemma-4-31b", "step-3.5-flash")  # fmt: skip
+MODELS = (
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    "mimo-v2-flash",
+    "llama-4-scout",
+    "gemma-3-27b",
+    "gemma-4-31b",
+    "step-3.5-flash",
+)
 USABLE = 0.9
 KV_SHARE = 0.1  # the fewest chips that leave at least this share of their usable memory to KV
 
@@ -48,15 +55,29 @@ def main(argv=None) -> int | None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--smoke", action="store_true", help="the same run (it is quick)")
     a = p.parse_args(argv)
-    head = ("model", "weights as loaded GB", "dequantized GB", "device", "KV GB",
-            "bf16 hybrid", "bf16 one pool", "FP8 hybrid", "FP8 one pool")  # fmt: skip
+    head = (
+        "model",
+        "weights as loaded GB",
+        "dequantized GB",
+        "device",
+        "KV GB",
+        "bf16 hybrid",
+        "bf16 one pool",
+        "FP8 hybrid",
+        "FP8 one pool",
+    )
     if a.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
     for name, kept, deq, device, chips, budget, tokens in rows():
-        cells = (name, f"{kept / 1e9:.1f}", f"{deq / 1e9:.1f}", f"{chips} x {device}",
-                 f"{budget / 1e9:.1f}", *(f"{n:,}" for kv in ("bf16", "fp8_e4m3")
-                                           for n in tokens[kv]))  # fmt: skip
+        cells = (
+            name,
+            f"{kept / 1e9:.1f}",
+            f"{deq / 1e9:.1f}",
+            f"{chips} x {device}",
+            f"{budget / 1e9:.1f}",
+            *(f"{n:,}" for kv in ("bf16", "fp8_e4m3") for n in tokens[kv]),
+        )
         print("| " + " | ".join(cells) + " |" if a.markdown else "  ".join(cells))
 
 

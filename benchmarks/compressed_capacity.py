@@ -34,9 +34,15 @@ def _as_full(cfg, layer_ids):
     """`cfg` with the given layers as full-attention layers without compression."""
     layers = list(cfg.layers)
     for i in layer_ids:
-        layers[i] = dataclasses.replace(layers[i], kind=LayerKind.FULL, window=None,
-                                        compress_rate=None, compress_dims=0, pending_dims=0,
-                                        compress_topk=0)  # fmt: skip
+        layers[i] = dataclasses.replace(
+            layers[i],
+            kind=LayerKind.FULL,
+            window=None,
+            compress_rate=None,
+            compress_dims=0,
+            pending_dims=0,
+            compress_topk=0,
+        )
     full = dataclasses.replace(cfg.full_attention, **_shape_fields(cfg.swa_attention))
     return dataclasses.replace(cfg, layers=tuple(layers), full_attention=full)
 
@@ -71,8 +77,9 @@ def throughput(gib: float, requests: int, workloads) -> list[tuple[str, float, f
         result = ratio_planner.plan(
             cfg, budget, lambda w=workload: workload_of(w, requests, 0), timer, page_size=PAGE
         )
-        rows.append((workload, result.best.ratio, result.best.tokens_per_s,
-                     result.single.tokens_per_s))  # fmt: skip
+        rows.append(
+            (workload, result.best.ratio, result.best.tokens_per_s, result.single.tokens_per_s)
+        )
     return rows
 
 
@@ -92,8 +99,13 @@ def main(argv=None) -> int | None:
     workloads = ("multi-turn",) if a.smoke else ("long-context", "multi-turn", "reasoning")
     requests = 4 if a.smoke else a.requests
     for workload, ratio, hybrid, one in throughput(a.gib, requests, workloads):
-        line = (workload, f"ratio {ratio:g}", f"{hybrid:,.0f} tok/s", f"one pool {one:,.0f}",
-                f"{hybrid / one:.2f}x")  # fmt: skip
+        line = (
+            workload,
+            f"ratio {ratio:g}",
+            f"{hybrid:,.0f} tok/s",
+            f"one pool {one:,.0f}",
+            f"{hybrid / one:.2f}x",
+        )
         print("| " + " | ".join(line) + " |" if a.markdown else "  ".join(line))
 
 

@@ -67,9 +67,12 @@ def main(argv=None) -> int | None:
         ref = paged_decode_reference(*check, **kw).astype(jnp.float32)
         got = paged_decode(*check, backend=backend, interpret=args.interpret, **kw)
         err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
-        seconds = _time(lambda kw=kw: paged_decode(q, k, v, table, first, seq_lens,
-                                                   backend=backend, interpret=args.interpret, **kw),
-                        2 if args.small else 20)  # fmt: skip
+        seconds = _time(
+            lambda kw=kw: paged_decode(
+                q, k, v, table, first, seq_lens, backend=backend, interpret=args.interpret, **kw
+            ),
+            2 if args.small else 20,
+        )
         keys = seq if kind == "full" else min(seq, w + 1)
         read = batch * keys * hkv * d * 2 * k.dtype.itemsize  # K and V
         results[kind] = dict(ms=seconds * 1e3, rel_err=err, gb_per_s=read / seconds / 1e9)

@@ -54,8 +54,10 @@ def folder(family: str) -> Path:
     if family != "mimo-dense":
         return FIXTURES / family
     config = json.loads((ROOT / "swajax" / "demo" / "config.json").read_text())
-    config.update(swa_num_key_value_heads=2 * config["num_key_value_heads"],
-                  sliding_window=config["sliding_window_size"] + 1)  # fmt: skip
+    config.update(
+        swa_num_key_value_heads=2 * config["num_key_value_heads"],
+        sliding_window=config["sliding_window_size"] + 1,
+    )
     path = Path(tempfile.mkdtemp(prefix="swajax_e2e_"))
     _floor_module().random_checkpoint(config, path)
     return path
@@ -70,11 +72,11 @@ model = tf.AutoModelForCausalLM.from_pretrained(
     path, dtype=torch.float32, attn_implementation="eager").eval()
 ids = torch.tensor(prompts)
 with torch.no_grad():
-    model.generate(ids[:2, :16], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+    model.generate(ids[:2, :16], max_tokens=2, do_sample=False, pad_token_id=0)  # warm up
     seconds = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+        out = model.generate(ids, max_tokens=new, min_new_tokens=new, do_sample=False,
                              pad_token_id=0, eos_token_id=None)
         seconds = min(seconds, time.perf_counter() - t0)
 print(json.dumps({"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist()}))
@@ -100,7 +102,7 @@ def run_swajax(batch, a):
         decode_steps=a.decode_steps,
     )
     decoder = load_decoder(folder(a.family), dtype="float32")
-    params = SamplingParams(max_new_tokens=a.new)
+    params = SamplingParams(temperature=0.0, max_tokens=a.new)
     generate(make_engine(decoder, setup), batch, params)  # compile every program the run needs
     best = float("inf")
     for _ in range(a.repeats):
@@ -134,10 +136,13 @@ def run_floor(batch, a):
     from swajax.models import load_decoder
 
     config = json.loads((folder(a.family) / "config.json").read_text())
-    if config.get("model_type") != "mimo_v2_flash" or set(config.get("mlp_layer_types") or
-                                                           ["dense"]) != {"dense"}:  # fmt: skip
-        raise SystemExit(f"--floor: the floor is written for MiMo-V2-Flash with dense MLPs, "
-                         f"not {folder(a.family)}")  # fmt: skip
+    if config.get("model_type") != "mimo_v2_flash" or set(
+        config.get("mlp_layer_types") or ["dense"]
+    ) != {"dense"}:
+        raise SystemExit(
+            f"--floor: the floor is written for MiMo-V2-Flash with dense MLPs, "
+            f"not {folder(a.family)}"
+        )
     w = floor.weights_of(load_decoder(folder(a.family), dtype="float32"))
     ids = np.asarray(batch)
     model = floor.Floor(config, len(batch), ids.shape[1] + a.new)
@@ -192,10 +197,17 @@ def main(argv=None) -> int | None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--batches", default="8,1")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--decode-steps", type=int, default=1,
-                        help="swajax's multi-step decode: up to N steps per program")  # fmt: skip
-    parser.add_argument("--floor", action="store_true",
-                        help="also time floor.py's bare jitted loop of the same model")  # fmt: skip
+    parser.add_argument(
+        "--decode-steps",
+        type=int,
+        default=1,
+        help="swajax's multi-step decode: up to N steps per program",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time floor.py's bare jitted loop of the same model",
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = parser.parse_args(argv)
     if args.smoke:

@@ -40,14 +40,26 @@ def weights_of(decoder) -> dict:
     layers = []
     for layer in decoder.layers:
         a, m = layer.self_attn, layer.mlp
-        layers.append(dict(
-            ln1=layer.input_layernorm.weight[...], ln2=layer.post_attention_layernorm.weight[...],
-            q=a.q_proj.kernel[...], k=a.k_proj.kernel[...], v=a.v_proj.kernel[...],
-            o=a.o_proj.kernel[...], sinks=None if a.sinks is None else a.sinks[...],
-            gate=m.gate_proj.kernel[...], up=m.up_proj.kernel[...], down=m.down_proj.kernel[...],
-        ))  # fmt: skip
-    return dict(embed=decoder.embed[...], norm=decoder.norm.weight[...], layers=layers,
-                head=decoder.lm_head.kernel[...])  # fmt: skip
+        layers.append(
+            dict(
+                ln1=layer.input_layernorm.weight[...],
+                ln2=layer.post_attention_layernorm.weight[...],
+                q=a.q_proj.kernel[...],
+                k=a.k_proj.kernel[...],
+                v=a.v_proj.kernel[...],
+                o=a.o_proj.kernel[...],
+                sinks=None if a.sinks is None else a.sinks[...],
+                gate=m.gate_proj.kernel[...],
+                up=m.up_proj.kernel[...],
+                down=m.down_proj.kernel[...],
+            )
+        )
+    return dict(
+        embed=decoder.embed[...],
+        norm=decoder.norm.weight[...],
+        layers=layers,
+        head=decoder.lm_head.kernel[...],
+    )
 
 
 class Floor:
@@ -60,14 +72,24 @@ class Floor:
         self.window = c["sliding_window_size"]
         self.local = [kind == "sliding_attention" for kind in c["layer_types"]]
         self.shape = {
-            True: (c["swa_num_attention_heads"], c["swa_num_key_value_heads"], c["swa_head_dim"],
-                   c["swa_v_head_dim"]),
-            False: (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
-                    c["v_head_dim"]),
-        }  # fmt: skip
+            True: (
+                c["swa_num_attention_heads"],
+                c["swa_num_key_value_heads"],
+                c["swa_head_dim"],
+                c["swa_v_head_dim"],
+            ),
+            False: (
+                c["num_attention_heads"],
+                c["num_key_value_heads"],
+                c["head_dim"],
+                c["v_head_dim"],
+            ),
+        }
         rope = c["rope_parameters"]
-        self.theta = {True: rope["sliding_attention"]["rope_theta"],
-                      False: rope["full_attention"]["rope_theta"]}  # fmt: skip
+        self.theta = {
+            True: rope["sliding_attention"]["rope_theta"],
+            False: rope["full_attention"]["rope_theta"],
+        }
 
     def cache(self):
         return [
@@ -181,12 +203,18 @@ def run_engine(decoder, prompts, new, steps=1, scan=True):
     from swajax.serving.sampling_params import SamplingParams
 
     context = prompts.shape[1] + new + 16
-    setup = EngineSpec.of(kv_budget_gib=0.05, page_size=16, chunk_size=None,
-                          max_running=len(prompts), max_context=context,
-                          decode_steps=steps, scan_layers=scan)  # fmt: skip
+    setup = EngineSpec.of(
+        kv_budget_gib=0.05,
+        page_size=16,
+        chunk_size=None,
+        max_running=len(prompts),
+        max_context=context,
+        decode_steps=steps,
+        scan_layers=scan,
+    )
     engine = make_engine(decoder, setup)  # pools allocated outside the timed part
     t0 = time.perf_counter()
-    reqs, _ = generate(engine, prompts.tolist(), SamplingParams(max_new_tokens=new))
+    reqs, _ = generate(engine, prompts.tolist(), SamplingParams(temperature=0.0, max_tokens=new))
     return time.perf_counter() - t0, np.asarray([r.output for r in reqs])
 
 
@@ -241,12 +269,25 @@ def model(wide: bool, folder: Path):
     if not wide:
         return load_decoder(DEMO, dtype="float32"), config
     n, h, f, heads, kv, d = 8, 512, 1536, 8, 4, 64
-    config = dict(config, hidden_size=h, intermediate_size=f, num_hidden_layers=n,
-                  num_attention_heads=heads, swa_num_attention_heads=heads,
-                  num_key_value_heads=kv, swa_num_key_value_heads=kv, head_dim=d, swa_head_dim=d,
-                  v_head_dim=d, swa_v_head_dim=d, mlp_layer_types=["dense"] * n,
-                  layer_types=["sliding_attention"] * 3 + ["full_attention"]
-                  + ["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
+    config = dict(
+        config,
+        hidden_size=h,
+        intermediate_size=f,
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        swa_num_attention_heads=heads,
+        num_key_value_heads=kv,
+        swa_num_key_value_heads=kv,
+        head_dim=d,
+        swa_head_dim=d,
+        v_head_dim=d,
+        swa_v_head_dim=d,
+        mlp_layer_types=["dense"] * n,
+        layer_types=["sliding_attention"] * 3
+        + ["full_attention"]
+        + ["sliding_attention"] * 3
+        + ["full_attention"],
+    )
     return random_checkpoint(config, folder), config
 
 
@@ -257,8 +298,11 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--wide", action="store_true")
-    p.add_argument("--decode-steps", default="1,8",
-                   help="the engine's multi-step decode settings to run, side by side")  # fmt: skip
+    p.add_argument(
+        "--decode-steps",
+        default="1,8",
+        help="the engine's multi-step decode settings to run, side by side",
+    )
     p.add_argument("--unroll-layers", action="store_true", help="the engine's layers unrolled")
     p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     p.add_argument("--json", action="store_true")
@@ -290,27 +334,40 @@ def main(argv=None) -> int:
         for (kind, n), run in runs.items():
             same = (run()[1] == floor_tokens).all(axis=1)
             if not same.all():  # compiled now, and checked: greedy tokens are the floor's
-                raise SystemExit(f"batch {b}, {kind} at {n} steps: {int((~same).sum())} of "
-                                 f"{b} outputs differ from the floor's")  # fmt: skip
+                raise SystemExit(
+                    f"batch {b}, {kind} at {n} steps: {int((~same).sum())} of "
+                    f"{b} outputs differ from the floor's"
+                )
         for _ in range(a.repeats):  # interleaved: every setting sees the same machine
             for key, run in runs.items():
                 best[key] = min(best[key], run()[0])
         one = best["floor", 1]
         for n in settings:
-            rows.append(dict(batch=b, decode_steps=n, engine_tok_s=b * a.new / best["engine", n],
-                             floor_tok_s=b * a.new / one, ratio=one / best["engine", n],
-                             floor_same_steps_tok_s=b * a.new / best["floor", n],
-                             ratio_same_steps=best["floor", n] / best["engine", n]))  # fmt: skip
+            rows.append(
+                dict(
+                    batch=b,
+                    decode_steps=n,
+                    engine_tok_s=b * a.new / best["engine", n],
+                    floor_tok_s=b * a.new / one,
+                    ratio=one / best["engine", n],
+                    floor_same_steps_tok_s=b * a.new / best["floor", n],
+                    ratio_same_steps=best["floor", n] / best["engine", n],
+                )
+            )
     if a.json:
         print(json.dumps(rows))
     else:
-        print(f"{'batch':>5} {'steps':>5} {'engine tok/s':>13} {'floor tok/s':>12} "
-              f"{'engine/floor':>13} {'floor, same steps':>18} {'engine/that':>12}"
-              "  (greedy tokens identical)")  # fmt: skip
+        print(
+            f"{'batch':>5} {'steps':>5} {'engine tok/s':>13} {'floor tok/s':>12} "
+            f"{'engine/floor':>13} {'floor, same steps':>18} {'engine/that':>12}"
+            "  (greedy tokens identical)"
+        )
         for r in rows:
             same = f"{r['floor_same_steps_tok_s']:>18.1f} {r['ratio_same_steps']:>12.2f}"
-            print(f"{r['batch']:>5} {r['decode_steps']:>5} {r['engine_tok_s']:>13.1f} "
-                  f"{r['floor_tok_s']:>12.1f} {r['ratio']:>13.2f} {same}")  # fmt: skip
+            print(
+                f"{r['batch']:>5} {r['decode_steps']:>5} {r['engine_tok_s']:>13.1f} "
+                f"{r['floor_tok_s']:>12.1f} {r['ratio']:>13.2f} {same}"
+            )
     return 0
 
 

@@ -49,8 +49,12 @@ def run(preset: str, gib: float, ratio: float, multiples, workload, args) -> lis
     cases += [(f"host {m:g}x", True, m * gib) for m in multiples]
     rows = []
     for name, rebuild, host in cases:
-        options = EngineOptions(max_running=args.max_running, max_context=65_536,
-                                chunk_size=args.chunk, tail_rebuild=rebuild)  # fmt: skip
+        options = EngineOptions(
+            max_running=args.max_running,
+            max_context=65_536,
+            chunk_size=args.chunk,
+            tail_rebuild=rebuild,
+        )
         tiered = sizing.with_host_tier(sizes, cfg, host, "bf16")
         s = run_workload(cfg, tiered, workload(), options=options, progress=False, timer=timer)
         assert s.lost == 0, f"{name}: {s.lost} requests lost"
@@ -76,13 +80,17 @@ def main(argv=None) -> int | None:
             rows = run(preset, args.gib, args.ratio, args.multiples, workload, args)
             base = rows[1][1].prefill_tokens
             print(f"\n{preset}, {wname}, device KV {args.gib:g} GiB, ratio {args.ratio}")
-            print(f"{'':18}{'hit rate':>9}{'prefill':>12}{'saved':>8}{'loaded full/SWA':>20}"
-                  f"{'steps':>7}{'modeled s':>11}")  # fmt: skip
+            print(
+                f"{'':18}{'hit rate':>9}{'prefill':>12}{'saved':>8}{'loaded full/SWA':>20}"
+                f"{'steps':>7}{'modeled s':>11}"
+            )
             for name, s in rows:
                 loaded = "{:,}/{:,}".format(*s.host_loaded_tokens)
                 saved = 1 - s.prefill_tokens / max(base, 1)
-                print(f"{name:18}{s.prefix_hit_rate:>9.3f}{s.prefill_tokens:>12,}{saved:>8.1%}"
-                      f"{loaded:>20}{s.steps:>7,}{s.modeled_seconds:>11.2f}")  # fmt: skip
+                print(
+                    f"{name:18}{s.prefix_hit_rate:>9.3f}{s.prefill_tokens:>12,}{saved:>8.1%}"
+                    f"{loaded:>20}{s.steps:>7,}{s.modeled_seconds:>11.2f}"
+                )
 
 
 if __name__ == "__main__":

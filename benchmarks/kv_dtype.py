@@ -26,8 +26,21 @@ from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-FAMILIES = ("gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral", "qwen2", "olmo3",
-            "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7")  # fmt: skip
+FAMILIES = (
+    "gpt_oss",
+    "mimo_v2_flash",
+    "llama4",
+    "gemma3",
+    "qwen3",
+    "mistral",
+    "qwen2",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+    "gemma4",
+    "gemma4_e",
+    "step3p7",
+)
 KV = ("fp32", "bf16", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -37,7 +50,9 @@ def run(path: Path, kv: str) -> tuple[np.ndarray, list[int]]:
     options = EngineOptions(max_running=4, max_context=64, chunk_size=8, eviction_interval=1)
     engine = engine_for(model.spec.hybrid, model, sizes, options)
     prompt = json.loads((path / "greedy.json").read_text())["prompt"]
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=8), keep_logits=True)
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=8), keep_logits=True
+    )
     engine.run()
     req = engine.requests[rid]
     # Each run compiles its own programs: dropping them keeps a long sweep under the

@@ -63,24 +63,40 @@ def write_checkpoint(folder: Path, gib: float) -> dict:
     hidden, inter, vocab = 2048, 8192, 32768
     per_layer = 2 * (hidden * 2048 * 2 + hidden * 512 * 2 + 3 * hidden * inter + 2 * hidden)
     layers = max(1, int((gib * 2**30 - 4 * vocab * hidden) // per_layer))
-    cfg = dict(model_type="mistral", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-               num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
-               head_dim=128, sliding_window=4096, max_position_embeddings=32768,
-               tie_word_embeddings=False)  # fmt: skip
+    cfg = dict(
+        model_type="mistral",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        sliding_window=4096,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    )
     (folder / "config.json").write_text(json.dumps(cfg))
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
-              "lm_head.weight": (vocab, hidden)}  # fmt: skip
+    shapes = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (hidden,),
-                       p + "post_attention_layernorm.weight": (hidden,),
-                       p + "self_attn.q_proj.weight": (2048, hidden),
-                       p + "self_attn.k_proj.weight": (512, hidden),
-                       p + "self_attn.v_proj.weight": (512, hidden),
-                       p + "self_attn.o_proj.weight": (hidden, 2048),
-                       p + "mlp.gate_proj.weight": (inter, hidden),
-                       p + "mlp.up_proj.weight": (inter, hidden),
-                       p + "mlp.down_proj.weight": (hidden, inter)})  # fmt: skip
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (2048, hidden),
+                p + "self_attn.k_proj.weight": (512, hidden),
+                p + "self_attn.v_proj.weight": (512, hidden),
+                p + "self_attn.o_proj.weight": (hidden, 2048),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
     names = sorted(shapes)
     rng = np.random.default_rng(0)
     sizes = []
@@ -97,8 +113,13 @@ def write_checkpoint(folder: Path, gib: float) -> dict:
 
 def probe(folder: Path, how: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", PROBE, str(folder), how], capture_output=True,
-                         text=True, env=env, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(folder), how],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -121,13 +142,17 @@ def main(argv=None) -> int | None:
         print(json.dumps(result))
         return
     gib = 2**30
-    print(f"checkpoint: {info['params_bytes'] / gib:.2f} GiB bf16, {info['layers']} layers, "
-          f"largest shard {info['largest_shard'] / gib:.2f} GiB")  # fmt: skip
+    print(
+        f"checkpoint: {info['params_bytes'] / gib:.2f} GiB bf16, {info['layers']} layers, "
+        f"largest shard {info['largest_shard'] / gib:.2f} GiB"
+    )
     for how in ("lazy", "whole"):
         r = result[how]
-        print(f"{how:>5}: {r['seconds']:.1f} s, peak RSS growth {r['growth'] / gib:.2f} GiB, "
-              f"beyond the parameters {r['excess_over_params'] / gib:.2f} GiB = "
-              f"{r['excess_vs_largest_shard']:.2f}x the largest shard")  # fmt: skip
+        print(
+            f"{how:>5}: {r['seconds']:.1f} s, peak RSS growth {r['growth'] / gib:.2f} GiB, "
+            f"beyond the parameters {r['excess_over_params'] / gib:.2f} GiB = "
+            f"{r['excess_vs_largest_shard']:.2f}x the largest shard"
+        )
 
 
 if __name__ == "__main__":

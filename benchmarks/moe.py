@@ -99,11 +99,13 @@ def main(argv=None) -> int | None:
     if a.json:
         print(json.dumps(result))
     else:
-        print(f"{t} tokens, {e} experts x {h}, top-{k} on {result['backend']}: dense "
-              f"{best['dense']:.3f} s, routed {best['routed']:.3f} s, {result['speedup']:.2f}x "
-              f"faster (rel err {result['rel_err']:.1e}); routed over MXFP4 experts "
-              f"{best['mxfp4']:.3f} s, {result['mxfp4_speedup']:.2f}x (rel err "
-              f"{result['mxfp4_rel_err']:.1e})")  # fmt: skip
+        print(
+            f"{t} tokens, {e} experts x {h}, top-{k} on {result['backend']}: dense "
+            f"{best['dense']:.3f} s, routed {best['routed']:.3f} s, {result['speedup']:.2f}x "
+            f"faster (rel err {result['rel_err']:.1e}); routed over MXFP4 experts "
+            f"{best['mxfp4']:.3f} s, {result['mxfp4_speedup']:.2f}x (rel err "
+            f"{result['mxfp4_rel_err']:.1e})"
+        )
 
 
 def _best(fns: dict, repeats: int) -> dict:
@@ -150,13 +152,21 @@ def weights_bound(a) -> None:
         return loop(x, lambda b, rows: jax.lax.switch(order[b], branches, rows))
 
     one = jax.jit(lambda x, w: x @ w[0])
-    best = _best(dict(stacked=lambda: stacked(x, w, order), chunked=lambda: chunked(x, w, order),
-                      separate=lambda: switched(x, separate, order), one=lambda: one(x, w)),
-                 a.repeats)  # fmt: skip
-    print(f"{e} blocks of {block} rows x [{h}, {2 * h}] on {jax.default_backend()}: stacked "
-          f"weights whole {best['stacked']:.3f} s, in chunks {best['chunked']:.3f} s, separate "
-          f"buffers {best['separate']:.3f} s, one "
-          f"product of all rows {best['one']:.3f} s")  # fmt: skip
+    best = _best(
+        dict(
+            stacked=lambda: stacked(x, w, order),
+            chunked=lambda: chunked(x, w, order),
+            separate=lambda: switched(x, separate, order),
+            one=lambda: one(x, w),
+        ),
+        a.repeats,
+    )
+    print(
+        f"{e} blocks of {block} rows x [{h}, {2 * h}] on {jax.default_backend()}: stacked "
+        f"weights whole {best['stacked']:.3f} s, in chunks {best['chunked']:.3f} s, separate "
+        f"buffers {best['separate']:.3f} s, one "
+        f"product of all rows {best['one']:.3f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -59,11 +59,17 @@ def measure(path: str, batch: int, steps: int) -> dict:
     log.addHandler(seen)
     log.setLevel(logging.INFO)
     split = None if jax.process_count() > 1 else jax.device_count()
-    llm = LLM(path, ignore_eos=True, max_running=batch, max_context=steps + 64,
-              kv_budget_gib=0.01, tensor_parallel=split)  # fmt: skip
+    llm = LLM(
+        path,
+        ignore_eos=True,
+        max_running=batch,
+        max_context=steps + 64,
+        kv_budget_gib=0.01,
+        tensor_parallel=split,
+    )
     log.removeHandler(seen)
     rng = np.random.default_rng(0)
-    params = SamplingParams(max_new_tokens=steps)
+    params = SamplingParams(temperature=0.0, max_tokens=steps)
     for _ in range(2):  # compile every program (the second run's prefix cache adds one)
         llm.generate([rng.integers(3, 100, 24).tolist() for _ in range(batch)], params)
     before = llm.summary()
@@ -73,10 +79,15 @@ def measure(path: str, batch: int, steps: int) -> dict:
     wall = time.perf_counter() - start
     after = llm.summary()
     taken = after["steps"] - before["steps"]
-    out = dict(processes=jax.process_count(), devices=jax.device_count(),
-               ms_per_step=1e3 * wall / taken, steps=taken,
-               compiled_while_timed=after["compilations"] - before["compilations"],
-               weight_bytes_read=seen.found[0], checkpoint_bytes=seen.found[1])  # fmt: skip
+    out = dict(
+        processes=jax.process_count(),
+        devices=jax.device_count(),
+        ms_per_step=1e3 * wall / taken,
+        steps=taken,
+        compiled_while_timed=after["compilations"] - before["compilations"],
+        weight_bytes_read=seen.found[0],
+        checkpoint_bytes=seen.found[1],
+    )
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -105,13 +116,37 @@ def _run(path: str, batch: int, steps: int, processes: int, devices: int, tmp: P
     procs, outs = [], []
     for i in range(processes):
         out = tmp / f"{processes}-{i}.json"
-        argv = [sys.executable, __file__, "--worker", "--path", path, "--batch", str(batch),
-                "--steps", str(steps), "--out", str(out)]  # fmt: skip
+        argv = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--path",
+            path,
+            "--batch",
+            str(batch),
+            "--steps",
+            str(steps),
+            "--out",
+            str(out),
+        ]
         if processes > 1:
-            argv += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
-                     "--process-id", str(i)]  # fmt: skip
-        procs.append(subprocess.Popen(argv, env=_env(devices), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+            argv += [
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                str(processes),
+                "--process-id",
+                str(i),
+            ]
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=_env(devices),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         outs.append(out)
     for p in procs:
         _, err = p.communicate(timeout=1800)
@@ -144,26 +179,38 @@ def main(argv=None) -> None:
         one = _run(path, a.batch, a.steps, 1, 4, Path(tmp))[0]
         two = _run(path, a.batch, a.steps, 2, 2, Path(tmp))
     result = dict(
-        fixture=a.fixture, batch=a.batch, steps=a.steps, one_device=alone, one_process=one,
+        fixture=a.fixture,
+        batch=a.batch,
+        steps=a.steps,
+        one_device=alone,
+        one_process=one,
         two_processes=two,
         step_ratio=two[0]["ms_per_step"] / one["ms_per_step"],
         read_vs_share=[w["weight_bytes_read"] / (w["checkpoint_bytes"] / 2) for w in two],
-    )  # fmt: skip
+    )
     if a.json:
         print(json.dumps(result))
         return
     print(f"{a.fixture}, batch {a.batch}, {a.steps} new tokens, split over 4 CPU devices")
     print(f"  1 device (no split):     {alone['ms_per_step']:.2f} ms/step")
     print(f"  1 process  x 4 devices: {one['ms_per_step']:.2f} ms/step")
-    print(f"  2 processes x 2 devices: {two[0]['ms_per_step']:.2f} ms/step "
-          f"({result['step_ratio']:.2f}x one process)")  # fmt: skip
-    print(f"  broadcasting a {4 * PLAN_INTS}-byte plan each step instead: "
-          f"+{two[0]['broadcast_ms_per_step']:.2f} ms/step")  # fmt: skip
+    print(
+        f"  2 processes x 2 devices: {two[0]['ms_per_step']:.2f} ms/step "
+        f"({result['step_ratio']:.2f}x one process)"
+    )
+    print(
+        f"  broadcasting a {4 * PLAN_INTS}-byte plan each step instead: "
+        f"+{two[0]['broadcast_ms_per_step']:.2f} ms/step"
+    )
     for i, w in enumerate(two):
-        print(f"  process {i} read {w['weight_bytes_read']:,} bytes of weights; checkpoint / 2 = "
-              f"{w['checkpoint_bytes'] // 2:,} ({result['read_vs_share'][i]:.2f}x)")  # fmt: skip
-    print(f"  (one process on 4 devices read {one['weight_bytes_read']:,} of "
-          f"{one['checkpoint_bytes']:,})")  # fmt: skip
+        print(
+            f"  process {i} read {w['weight_bytes_read']:,} bytes of weights; checkpoint / 2 = "
+            f"{w['checkpoint_bytes'] // 2:,} ({result['read_vs_share'][i]:.2f}x)"
+        )
+    print(
+        f"  (one process on 4 devices read {one['weight_bytes_read']:,} of "
+        f"{one['checkpoint_bytes']:,})"
+    )
 
 
 if __name__ == "__main__":

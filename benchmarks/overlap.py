@@ -32,8 +32,12 @@ class Clock:
     def __init__(self, engine):
         self.host = self.wait = 0.0
         sched, runner = engine.scheduler, engine.runner
-        for obj, name in ((sched, "schedule"), (sched, "plan_ahead"), (sched, "postprocess"),
-                          (runner, "_prepare")):  # fmt: skip
+        for obj, name in (
+            (sched, "schedule"),
+            (sched, "plan_ahead"),
+            (sched, "postprocess"),
+            (runner, "_prepare"),
+        ):
             setattr(obj, name, self._timed(getattr(obj, name), "host"))
         runner.collect = self._timed(runner.collect, "wait")
 
@@ -50,23 +54,31 @@ class Clock:
 
 def run(decoder, prompts, new: int, overlap: bool, steps: int = 1):
     cfg = decoder.spec.hybrid
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16,
-                               dtype="fp32")  # fmt: skip
-    options = EngineOptions(max_running=len(prompts), max_context=2048, overlap=overlap,
-                            decode_steps=steps)  # fmt: skip
+    sizes = sizing.size_hybrid(
+        cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16, dtype="fp32"
+    )
+    options = EngineOptions(
+        max_running=len(prompts), max_context=2048, overlap=overlap, decode_steps=steps
+    )
     engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
     clock = Clock(engine)
     for p in prompts:
-        engine.add_request(p, SamplingParams(max_new_tokens=new))
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=new))
     t0 = time.perf_counter()
     engine.run()
     seconds = time.perf_counter() - t0
     steps = len(engine.metrics)
     tokens = sum(len(r.output) for r in engine.requests.values())
     outputs = [r.output for r in engine.requests.values()]
-    return dict(tokens_per_s=tokens / seconds, step_ms=1e3 * seconds / steps,
-                host_ms=1e3 * clock.host / steps, wait_ms=1e3 * clock.wait / steps,
-                ahead=engine.launched_ahead, steps=steps, outputs=outputs)  # fmt: skip
+    return dict(
+        tokens_per_s=tokens / seconds,
+        step_ms=1e3 * seconds / steps,
+        host_ms=1e3 * clock.host / steps,
+        wait_ms=1e3 * clock.wait / steps,
+        ahead=engine.launched_ahead,
+        steps=steps,
+        outputs=outputs,
+    )
 
 
 def main(argv=None) -> int | None:

@@ -42,8 +42,12 @@ def random_decoder(depth: int, seed: int = 0):
 
     config = json.loads((DEMO / "config.json").read_text())
     kinds = ["sliding_attention", "sliding_attention", "full_attention"]
-    config = dict(config, num_hidden_layers=depth, layer_types=(kinds * depth)[:depth],
-                  mlp_layer_types=["dense"] * depth)  # fmt: skip
+    config = dict(
+        config,
+        num_hidden_layers=depth,
+        layer_types=(kinds * depth)[:depth],
+        mlp_layer_types=["dense"] * depth,
+    )
     decoder = Decoder(decoder_spec(config))
     rng = np.random.default_rng(seed)
 
@@ -116,7 +120,9 @@ def _serve(decoder, scan, prompt, new):
     sizes = sizing.solve_pool_sizes(cfg, 1024, ratio=0.5, page_size=16)
     options = EngineOptions(max_running=2, max_context=128, chunk_size=16)
     engine = engine_for(cfg, model, sizes, options)
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=new), keep_logits=True)
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=new), keep_logits=True
+    )
     engine.run()
     wall = time.perf_counter() - t0
     req = engine.requests[rid]
@@ -143,8 +149,15 @@ def main(argv=None) -> int:
         for r in (unrolled, scanned):
             r["model_s"] = sum(r[f"model_{phase}_s"] for phase in PHASES)
             r["rest_s"] = sum(r[f"rest_{phase}_s"] for phase in PHASES)
-        rows.append(dict(depth=depth, unrolled=unrolled, scanned=scanned, logits_rel_err=err,
-                         model_ratio=unrolled["model_s"] / scanned["model_s"]))  # fmt: skip
+        rows.append(
+            dict(
+                depth=depth,
+                unrolled=unrolled,
+                scanned=scanned,
+                logits_rel_err=err,
+                model_ratio=unrolled["model_s"] / scanned["model_s"],
+            )
+        )
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -152,15 +165,19 @@ def main(argv=None) -> int:
         "seconds to make the model's programs (trace / lower / compile), the other programs', "
         "and the whole run"
     )
-    print(f"{'depth':>5} {'form':>9} {'trace':>6} {'lower':>6} {'compile':>8} {'model':>6} "
-          f"{'rest':>6} {'wall':>6} {'unrolled/scanned':>17}")  # fmt: skip
+    print(
+        f"{'depth':>5} {'form':>9} {'trace':>6} {'lower':>6} {'compile':>8} {'model':>6} "
+        f"{'rest':>6} {'wall':>6} {'unrolled/scanned':>17}"
+    )
     for r in rows:
         for form in ("unrolled", "scanned"):
             x = r[form]
             ratio = f"{r['model_ratio']:17.2f}" if form == "scanned" else ""
-            print(f"{r['depth']:>5} {form:>9} {x['model_trace_s']:6.2f} {x['model_lower_s']:6.2f} "
-                  f"{x['model_compile_s']:8.2f} {x['model_s']:6.2f} {x['rest_s']:6.2f} "
-                  f"{x['wall_s']:6.2f} {ratio}")  # fmt: skip
+            print(
+                f"{r['depth']:>5} {form:>9} {x['model_trace_s']:6.2f} {x['model_lower_s']:6.2f} "
+                f"{x['model_compile_s']:8.2f} {x['model_s']:6.2f} {x['rest_s']:6.2f} "
+                f"{x['wall_s']:6.2f} {ratio}"
+            )
     print("programs holding the model:", ", ".join(rows[-1]["scanned"]["model_programs"]))
     return 0
 

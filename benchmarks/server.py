@@ -36,7 +36,7 @@ def prompts(n: int) -> list[str]:
 def api_run(llm, texts, new: int):
     """(seconds, times to first token from submission): every prompt submitted at once to an
     engine that runs `max_running` (the concurrency) of them at a time."""
-    params = swajax.SamplingParams(max_new_tokens=new)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=new)
     ttft, seen, start = [], set(), time.perf_counter()
     for event in llm.stream(texts, params):
         if event.index not in seen:
@@ -57,9 +57,13 @@ async def server_run(base: str, texts, new: int, c: int):
                 prompt = queue.pop()
                 t0, first = time.perf_counter(), True
                 stream = await api.completions.create(
-                    model="tiny", prompt=prompt, max_tokens=new, temperature=0, stream=True,
+                    model="tiny",
+                    prompt=prompt,
+                    max_tokens=new,
+                    temperature=0,
+                    stream=True,
                     extra_body=dict(ignore_eos=True),
-                )  # fmt: skip
+                )
                 async for _ in stream:
                     if first:
                         ttft.append(time.perf_counter() - t0)
@@ -76,8 +80,11 @@ def start_server() -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
     main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    proc = subprocess.Popen([sys.executable, "-c", main, "serve", "--port", str(port), *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", main, "serve", "--port", str(port), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -123,8 +130,10 @@ def main(argv=None) -> int | None:
     finally:
         proc.terminate()
         proc.wait(30)
-    print(" conc | API req/s  tok/s  ttft p50/p99 ms | server req/s  tok/s  ttft p50/p99 ms "
-          "| server/API tok/s")  # fmt: skip
+    print(
+        " conc | API req/s  tok/s  ttft p50/p99 ms | server req/s  tok/s  ttft p50/p99 ms "
+        "| server/API tok/s"
+    )
     print("\n".join(rows))
 
 

@@ -27,14 +27,21 @@ from swajax.serving.sampling_params import SamplingParams
 
 def run(decoder, prompts, new: int, k: int):
     cfg = decoder.spec.hybrid
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.05), ratio=0.5, page_size=16,
-                               dtype="fp32", draft=cfg if k else None)  # fmt: skip
+    sizes = sizing.size_hybrid(
+        cfg,
+        sizing.gib_to_bytes(0.05),
+        ratio=0.5,
+        page_size=16,
+        dtype="fp32",
+        draft=cfg if k else None,
+    )
     model = HybridLM(decoder, dtype="fp32")
     # Against plain steps (decode_steps=1): what one verify round buys over one decode step.
-    options = EngineOptions(max_running=len(prompts), max_context=2048, num_speculative_tokens=k,
-                            decode_steps=1)  # fmt: skip
+    options = EngineOptions(
+        max_running=len(prompts), max_context=2048, num_speculative_tokens=k, decode_steps=1
+    )
     engine = engine_for(cfg, model, sizes, options, draft=model if k else None)
-    rids = [engine.add_request(p, SamplingParams(max_new_tokens=new)) for p in prompts]
+    rids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=new)) for p in prompts]
     t0 = time.perf_counter()
     engine.run()
     seconds = time.perf_counter() - t0

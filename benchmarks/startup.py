@@ -3,7 +3,7 @@ programs a run compiles with their compile times.
 
     python benchmarks/startup.py [--json]
 
-Cold and warm runs are `swajax generate --prompt "def fibonacci(n):" --max-new-tokens 120
+Cold and warm runs are `swajax generate --prompt "def fibonacci(n):" --max-tokens 120
 --json` in fresh subprocesses sharing one temporary cache folder (wall time from process start
 to exit, `compilations` / `compile_cache_hits` / `programs_loaded` from the JSON summary); a
 warm run with the program store off shows what tracing the step programs costs. The program
@@ -25,20 +25,32 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGV = ["generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "120"]
+ARGV = ["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "120"]
 
 
 def timed_run(cache: str, argv=ARGV, store: bool = True) -> dict:
-    env = {**os.environ, "SWAJAX_COMPILE_CACHE": cache, "PYTHONPATH": str(ROOT),
-           "SWAJAX_PROGRAM_STORE": "on" if store else "off"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SWAJAX_COMPILE_CACHE": cache,
+        "PYTHONPATH": str(ROOT),
+        "SWAJAX_PROGRAM_STORE": "on" if store else "off",
+    }
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "swajax", *argv, "--json"], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "swajax", *argv, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wall = time.perf_counter() - start
     summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
-    return {"wall_s": wall, "compilations": summary["compilations"],
-            "cache_hits": summary["compile_cache_hits"],
-            "programs_loaded": summary["programs_loaded"]}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "compilations": summary["compilations"],
+        "cache_hits": summary["compile_cache_hits"],
+        "programs_loaded": summary["programs_loaded"],
+    }
 
 
 def programs(argv=ARGV) -> list[tuple[str, int, float]]:
@@ -99,9 +111,11 @@ def main(argv=None) -> None:
         print(json.dumps(result))
         return
     for name, r in runs.items():
-        print(f"{name}: {r['wall_s']:.1f} s end to end, {r['compilations']} programs compiled, "
-              f"{r['cache_hits']} from JAX's cache, {r['programs_loaded']} from the program "
-              "store")  # fmt: skip
+        print(
+            f"{name}: {r['wall_s']:.1f} s end to end, {r['compilations']} programs compiled, "
+            f"{r['cache_hits']} from JAX's cache, {r['programs_loaded']} from the program "
+            "store"
+        )
     total = sum(c for _, c, _ in listing)
     print(f"programs of one run ({total}, {sum(s for *_, s in listing):.1f} s compiling):")
     for name, count, seconds in listing:

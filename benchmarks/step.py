@@ -41,7 +41,9 @@ def measure(running: int, steps: int) -> dict:
     options = EngineOptions(max_running=running, max_context=prompt + new + 16)
     engine = engine_for(cfg, NullModel(), sizes, options)
     for i in range(running):
-        engine.add_request([(i + j) % 1000 for j in range(prompt)], SamplingParams(new))
+        engine.add_request(
+            [(i + j) % 1000 for j in range(prompt)], SamplingParams(temperature=0.0, max_tokens=new)
+        )
     for _ in range(40):  # prefill and the first decode steps compile every program
         engine.step()
     explicit = [0]

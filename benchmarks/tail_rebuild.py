@@ -52,8 +52,9 @@ def main(argv=None) -> int | None:
     sizes = sizing.size_hybrid(cfg, budget, ratio=args.ratio, page_size=16, dtype="bf16")
     timer = None
     if args.accelerator:
-        timer = StepTimeModel(cfg, model_cost(hf_preset(args.preset)),
-                              ACCELERATORS[args.accelerator])  # fmt: skip
+        timer = StepTimeModel(
+            cfg, model_cost(hf_preset(args.preset)), ACCELERATORS[args.accelerator]
+        )
         timer = dataclasses.replace(timer, devices=timer.devices_needed(budget))
     print(
         f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / SWA "
@@ -63,14 +64,27 @@ def main(argv=None) -> int | None:
     rows = {}
     for name, on in (("rebuild", True), ("fallback", False)):
         options = EngineOptions(
-            max_running=args.max_running, max_context=65_536, chunk_size=args.chunk,
-            tail_rebuild=on, cache_policy=args.cache_policy,
-        )  # fmt: skip
+            max_running=args.max_running,
+            max_context=65_536,
+            chunk_size=args.chunk,
+            tail_rebuild=on,
+            cache_policy=args.cache_policy,
+        )
         workload = document_chats(args.documents, args.conversations, args.turns, args.doc)
-        rows[name] = run_workload(cfg, sizes, workload, options=options, progress=False,
-                                  timer=timer)  # fmt: skip
-    keys = ["prefill_tokens", "swa_tail_miss_tokens", "rebuilt_tokens", "rebuild_saved_tokens",
-            "prefix_hit_rate", "retractions", "steps", "finished", "lost"]  # fmt: skip
+        rows[name] = run_workload(
+            cfg, sizes, workload, options=options, progress=False, timer=timer
+        )
+    keys = [
+        "prefill_tokens",
+        "swa_tail_miss_tokens",
+        "rebuilt_tokens",
+        "rebuild_saved_tokens",
+        "prefix_hit_rate",
+        "retractions",
+        "steps",
+        "finished",
+        "lost",
+    ]
     if timer is not None:
         keys += ["modeled_seconds", "tokens_per_s"]
     print(f"{'':24}{'rebuild':>14}{'fallback':>14}")

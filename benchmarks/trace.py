@@ -38,8 +38,14 @@ def main(argv=None) -> int | None:
     sizes = sizing.solve_pool_sizes(cfg, 1 << 18, ratio=0.25, page_size=16)
     tracers = []
     options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk)
-    run_workload(cfg, sizes, make_workload("long-context", args.requests, 0), options=options,
-                 progress=False, on_engine=lambda e: tracers.append(Tracer(e)))  # fmt: skip
+    run_workload(
+        cfg,
+        sizes,
+        make_workload("long-context", args.requests, 0),
+        options=options,
+        progress=False,
+        on_engine=lambda e: tracers.append(Tracer(e)),
+    )
     folder = Path(tempfile.mkdtemp())
     v3, v3gz, v2 = folder / "t3.jsonl", folder / "t3.jsonl.gz", folder / "t2.jsonl"
     tracers[0].write(v3)
@@ -57,8 +63,10 @@ def main(argv=None) -> int | None:
         assert result["ok"], result
         size = path.stat().st_size
         base = base or size
-        print(f"{name:16}{size:>14,}{seconds:>10.2f}{len(ops) / seconds:>10,.0f}"
-              f"   {base / size:5.1f}x smaller")  # fmt: skip
+        print(
+            f"{name:16}{size:>14,}{seconds:>10.2f}{len(ops) / seconds:>10,.0f}"
+            f"   {base / size:5.1f}x smaller"
+        )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gpt_oss"
 
 def main(path=DEFAULT):
     llm = swajax.LLM(str(path), kv_budget_gib=0.001, page_size=4, eviction_interval=128)
-    params = swajax.SamplingParams(max_new_tokens=8)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=8)
     prompt = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27]
     (first,) = llm.generate([prompt], params)
     (second,) = llm.generate([prompt + first.token_ids + [9, 10]], params)

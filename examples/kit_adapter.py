@@ -58,8 +58,7 @@ class Slots:
         """None if a slot lies on a page never paired (an earlier answer already differs)."""
         if any(s > 0 and s // self.ps not in self.last for s in slots):
             return None
-        return [s if s <= 0 else self.last[s // self.ps] * self.ps + s % self.ps
-                for s in slots]  # fmt: skip
+        return [s if s <= 0 else self.last[s // self.ps] * self.ps + s % self.ps for s in slots]
 
 
 def answer_case(case_path, factory):

@@ -61,10 +61,14 @@ def check_case(case_path, answers_path):
                 if problem:
                     return f"operation {number} ({line['op']}) [slots]: {problem}"
         wrong = [
-            key for key in expect
-            if not (pages.same(expect[key], answer.get(key, [])) if key in ("slots", "prefix")
-                    else expect[key] == answer.get(key))
-        ]  # fmt: skip
+            key
+            for key in expect
+            if not (
+                pages.same(expect[key], answer.get(key, []))
+                if key in ("slots", "prefix")
+                else expect[key] == answer.get(key)
+            )
+        ]
         if wrong:
             detail = {key: (expect[key], answer.get(key)) for key in wrong}
             return f"operation {number} ({line['op']}) [{', '.join(wrong)}]: {detail}"

@@ -218,13 +218,19 @@ def dynamic_validate(k_pages, page_table, first_page, seq_lens) -> None:
 
     pt, fp, sl = (np.asarray(a) for a in (page_table, first_page, seq_lens))
     pages, ps, cols = k_pages.shape[0], k_pages.shape[1], pt.shape[1]
-    common.check_values([
-        ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
-        ("first_page", fp, fp >= 0, ">= 0"),
-        ("seq_lens", sl, sl >= 0, ">= 0"),
-        ("seq_lens", sl, (sl == 0) | ((sl - 1) // ps - fp < cols),
-         f"within the table: (seq_len - 1) // {ps} - first_page < {cols}"),
-    ])  # fmt: skip
+    common.check_values(
+        [
+            ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
+            ("first_page", fp, fp >= 0, ">= 0"),
+            ("seq_lens", sl, sl >= 0, ">= 0"),
+            (
+                "seq_lens",
+                sl,
+                (sl == 0) | ((sl - 1) // ps - fp < cols),
+                f"within the table: (seq_len - 1) // {ps} - first_page < {cols}",
+            ),
+        ]
+    )
 
 
 def window_pages(kind: str, window: int, page_size: int, table_width: int) -> int:
@@ -281,7 +287,16 @@ def paged_decode(
         functools.partial(k, **params) for k in (paged_decode_kernel_gpu, paged_decode_kernel_tpu)
     )
     return common.paged_call(
-        kernels, q, k_pages, v_pages, (page_table, first_page, seq_lens), sinks,
-        name="swajax_paged_decode", steps=window_pages(kind, window, ps, np_),
-        page_map=page_map, backend=backend, interpret=interpret, block_sizes=block_sizes,
-    )  # fmt: skip
+        kernels,
+        q,
+        k_pages,
+        v_pages,
+        (page_table, first_page, seq_lens),
+        sinks,
+        name="swajax_paged_decode",
+        steps=window_pages(kind, window, ps, np_),
+        page_map=page_map,
+        backend=backend,
+        interpret=interpret,
+        block_sizes=block_sizes,
+    )

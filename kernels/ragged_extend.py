@@ -246,29 +246,39 @@ def static_validate(
         raise ValueError(f"a {kind} window must be >= 1, got {window}")
 
 
-def dynamic_validate(k_pages, page_table, first_page, block_req, block_pos, block_len,
-                     block_q: int) -> None:  # fmt: skip
+def dynamic_validate(
+    k_pages, page_table, first_page, block_req, block_pos, block_len, block_q: int
+) -> None:
     """The checks on values `static_validate` cannot make (they need concrete arrays, so call
     it outside jit, on the host): every table entry a pool page, every block's request a table
     row, no negative position, at most `block_q` real queries per block, and each block's keys
     inside its request's table."""
     import numpy as np
 
-    pt, fp, req, pos, n = (np.asarray(a) for a in
-                           (page_table, first_page, block_req, block_pos, block_len))  # fmt: skip
+    pt, fp, req, pos, n = (
+        np.asarray(a) for a in (page_table, first_page, block_req, block_pos, block_len)
+    )
     pages, ps, (reqs, cols) = k_pages.shape[0], k_pages.shape[1], pt.shape
-    common.check_values([
-        ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
-        ("first_page", fp, fp >= 0, ">= 0"),
-        ("block_req", req, (req >= 0) & (req < reqs), f"a table row in [0, {reqs})"),
-        ("block_pos", pos, pos >= 0, ">= 0"),
-        ("block_len", n, (n >= 0) & (n <= block_q), f"in [0, {block_q}]"),
-    ])  # fmt: skip
+    common.check_values(
+        [
+            ("page_table", pt, (pt >= 0) & (pt < pages), f"a pool page in [0, {pages})"),
+            ("first_page", fp, fp >= 0, ">= 0"),
+            ("block_req", req, (req >= 0) & (req < reqs), f"a table row in [0, {reqs})"),
+            ("block_pos", pos, pos >= 0, ">= 0"),
+            ("block_len", n, (n >= 0) & (n <= block_q), f"in [0, {block_q}]"),
+        ]
+    )
     last = (pos + np.maximum(n, 1) - 1) // ps - fp[np.clip(req, 0, reqs - 1)]
-    common.check_values([
-        ("block_pos", pos, (n == 0) | (last < cols),
-         f"within its request's table: last key's column < {cols}"),
-    ])  # fmt: skip
+    common.check_values(
+        [
+            (
+                "block_pos",
+                pos,
+                (n == 0) | (last < cols),
+                f"within its request's table: last key's column < {cols}",
+            ),
+        ]
+    )
 
 
 def block_pages(kind: str, window: int, page_size: int, block_q: int, table_width: int) -> int:
@@ -351,7 +361,16 @@ def ragged_extend(
     )
     tables = (page_table, first_page, block_req, block_pos, block_len)
     return common.paged_call(
-        kernels, q, k_pages, v_pages, tables, sinks,
-        name="swajax_ragged_extend", steps=block_pages(kind, window, ps, rows // g, np_),
-        page_map=page_map, backend=backend, interpret=interpret, block_sizes=block_sizes,
-    )  # fmt: skip
+        kernels,
+        q,
+        k_pages,
+        v_pages,
+        tables,
+        sinks,
+        name="swajax_ragged_extend",
+        steps=block_pages(kind, window, ps, rows // g, np_),
+        page_map=page_map,
+        backend=backend,
+        interpret=interpret,
+        block_sizes=block_sizes,
+    )

@@ -55,8 +55,7 @@ def enable(path: str | Path | None = None, *, report: Callable[[str], None] = _w
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
             pass  # can write there
     except OSError as e:
-        report(f"the compile cache {folder} cannot be used ({e.strerror or e}); "
-               "running without it")  # fmt: skip
+        report(f"the compile cache {folder} cannot be used ({e.strerror or e}); running without it")
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

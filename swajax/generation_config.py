@@ -31,8 +31,9 @@ def _ids(value, where: str) -> tuple[int, ...] | None:
         return None
     values = value if isinstance(value, list) else [value]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise ConfigError(f"{where}: 'eos_token_id' must be an id >= 0 or a list of them, "
-                          f"got {value!r}")  # fmt: skip
+        raise ConfigError(
+            f"{where}: 'eos_token_id' must be an id >= 0 or a list of them, got {value!r}"
+        )
     return tuple(values)
 
 

@@ -54,8 +54,10 @@ def lines(
                 return
             number += 1
             if len(line) > MAX_LINE_BYTES:
-                raise InputError(f"{path}:{number}: the line is longer than {MAX_LINE_BYTES} "
-                                 f"bytes (the limit for one line of a {what})")  # fmt: skip
+                raise InputError(
+                    f"{path}:{number}: the line is longer than {MAX_LINE_BYTES} "
+                    f"bytes (the limit for one line of a {what})"
+                )
             try:
                 yield number, line.decode()
             except UnicodeDecodeError as e:

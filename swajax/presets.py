@@ -155,7 +155,7 @@ def _gemma4(n, hidden, heads, kv, global_kv, window, **extra) -> dict[str, Any]:
                     "rope_type": "proportional",
                 },
                 "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
-            },  # fmt: skip
+            },
             "final_logit_softcapping": 30.0,
             "vocab_size": 262144,
             **extra,
@@ -164,11 +164,30 @@ def _gemma4(n, hidden, heads, kv, global_kv, window, **extra) -> dict[str, Any]:
 
 
 GEMMA_4_31B = _gemma4(60, 5376, 32, 16, 4, 1024, attention_k_eq_v=True, intermediate_size=21504)
-GEMMA_4_26B_A4B = _gemma4(30, 2816, 16, 8, 2, 1024, attention_k_eq_v=True,
-                          enable_moe_block=True, num_experts=128, top_k_experts=8,
-                          moe_intermediate_size=704)  # fmt: skip
-GEMMA_4_E4B = _gemma4(42, 2560, 8, 2, None, 512, attention_k_eq_v=False,
-                      num_kv_shared_layers=18, hidden_size_per_layer_input=256)  # fmt: skip
+GEMMA_4_26B_A4B = _gemma4(
+    30,
+    2816,
+    16,
+    8,
+    2,
+    1024,
+    attention_k_eq_v=True,
+    enable_moe_block=True,
+    num_experts=128,
+    top_k_experts=8,
+    moe_intermediate_size=704,
+)
+GEMMA_4_E4B = _gemma4(
+    42,
+    2560,
+    8,
+    2,
+    None,
+    512,
+    attention_k_eq_v=False,
+    num_kv_shared_layers=18,
+    hidden_size_per_layer_input=256,
+)
 
 # huggingface.co/stepfun-ai/Step-3.5-Flash config.json: 45 layers, full attention every 4th
 # (from layer 0), sliding window 512; sliding layers have 96 query heads, full ones 64, both

@@ -204,7 +204,7 @@ def test_load_from_file_and_dir(tmp_path):
                 "layer_types": ["sliding_attention", "full_attention"],
             },
             "sliding_window",
-        ),  # fmt: skip
+        ),
         (
             {"model_type": "gpt_oss", "num_hidden_layers": 2, **BASE, "sliding_window": 1},
             "sliding_window",
@@ -282,14 +282,25 @@ def test_new_family_presets_by_hand():
 
 
 def test_deepseek_v4_layer_types_and_rates_forms():
-    base = {"model_type": "deepseek_v4", "num_hidden_layers": 4, "hidden_size": 64,
-            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
-            "sliding_window": 16, "index_head_dim": 8}  # fmt: skip
+    base = {
+        "model_type": "deepseek_v4",
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "sliding_window": 16,
+        "index_head_dim": 8,
+    }
     csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
-    new = parse_hf_config(base | {"layer_types": ["sliding_attention", csa, hca, csa],
-                                  "compress_rates": {csa: 2, hca: 16}})  # fmt: skip
-    legacy = parse_hf_config(base | {"compress_ratios": [0, 2, 16, 2, 0], "compress_rate_csa": 2,
-                                     "compress_rate_hca": 16})  # fmt: skip
+    new = parse_hf_config(
+        base
+        | {"layer_types": ["sliding_attention", csa, hca, csa], "compress_rates": {csa: 2, hca: 16}}
+    )
+    legacy = parse_hf_config(
+        base
+        | {"compress_ratios": [0, 2, 16, 2, 0], "compress_rate_csa": 2, "compress_rate_hca": 16}
+    )
     assert new == legacy
     assert [la.compress_rate for la in new.layers] == [None, 2, 16, 2]
     assert [la.compress_dims for la in new.layers] == [0, 40, 32, 40]

@@ -69,8 +69,11 @@ def test_a_kill_at_any_phase_leaves_old_or_new(tmp_path, phase, atomic):
     out = tmp_path / "OUT"
     out.mkdir()
     (out / "a.txt").write_text("old")
-    child = subprocess.run([sys.executable, "-c", CHILD, str(out), phase, str(int(atomic))],
-                           capture_output=True, text=True)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(out), phase, str(int(atomic))],
+        capture_output=True,
+        text=True,
+    )
     if phase == "none":
         assert child.returncode == 0, child.stderr
     else:

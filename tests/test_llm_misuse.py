@@ -20,7 +20,7 @@ def llm():
 
 
 def sampled(i):
-    return SamplingParams(max_new_tokens=12, temperature=0.8, seed=i)
+    return SamplingParams(max_tokens=12, temperature=0.8, seed=i)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,11 @@ def test_a_second_call_inside_an_open_stream_is_refused_with_the_reason(llm):
 @pytest.mark.parametrize(
     "prompts, sampling, needle",
     [
-        ("x", {"max_new_tokens": 4}, "must be a SamplingParams, got dict"),
+        ("x", {"max_tokens": 4}, "must be a SamplingParams, got dict"),
         (b"abc", None, "prompts is bytes"),
         ([[1, 2], b"ab"], None, "prompt 1 must be text"),
         ([[True, 2]], None, "prompt 0 must be text"),
-        ([[1, 2]], SamplingParams(top_k=100000), "exceeds the vocabulary"),
+        ([[1, 2]], SamplingParams(temperature=0.0, top_k=100000), "exceeds the vocabulary"),
     ],
 )
 def test_wrong_arguments_are_clear_errors(llm, alone, prompts, sampling, needle):
@@ -118,7 +118,7 @@ def test_a_call_failing_half_way_leaves_nothing_queued(llm, alone):
 def test_sampling_values_beyond_the_steps_types_are_refused():
     for kwargs, needle in [
         (dict(top_k=10**12), "top_k"),
-        (dict(max_new_tokens=2**31), "max_new_tokens"),
+        (dict(max_tokens=2**31), "max_tokens"),
         (dict(presence_penalty=1e39), "presence_penalty"),
         (dict(stop_token_ids=(2**31,)), "stop_token_ids"),
         (dict(n=True), "n"),

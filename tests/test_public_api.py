@@ -21,7 +21,7 @@ def llm():
 
 
 def test_generate_matches_transformers_greedy(llm):
-    (out,) = llm.generate([CASE["prompt"]], swajax.SamplingParams(max_new_tokens=8))
+    (out,) = llm.generate([CASE["prompt"]], swajax.SamplingParams(temperature=0.0, max_tokens=8))
     assert isinstance(out, swajax.CompletionOutput)
     assert out.token_ids == CASE["greedy"] and out.finish_reason == "length"
     assert out.prompt_token_ids == CASE["prompt"] and len(out.logprobs) == 8
@@ -30,15 +30,17 @@ def test_generate_matches_transformers_greedy(llm):
 
 def test_a_batch_keeps_its_order_and_a_repeat_hits_the_prefix_cache(llm):
     a, b = CASE["prompt"], CASE["prompt"][:9] + [3, 4]
-    outs = llm.generate([a, b, a], swajax.SamplingParams(max_new_tokens=3))
+    outs = llm.generate([a, b, a], swajax.SamplingParams(temperature=0.0, max_tokens=3))
     assert [o.index for o in outs] == [0, 1, 2] and outs[0].token_ids == CASE["greedy"][:3]
-    again = llm.generate(a, swajax.SamplingParams(max_new_tokens=3))  # one prompt, not a list
+    again = llm.generate(
+        a, swajax.SamplingParams(temperature=0.0, max_tokens=3)
+    )  # one prompt, not a list
     assert again[0].token_ids == outs[0].token_ids and again[0].cached_tokens > 0
 
 
 def test_stream_yields_the_tokens_generate_gives():
     llm = swajax.LLM("tiny", ignore_eos=True)
-    params = swajax.SamplingParams(max_new_tokens=12)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=12)
     (expected,) = llm.generate("def fibonacci(n):", params)
     events = list(llm.stream(["def fibonacci(n):", "import os"], params))
     mine = [e for e in events if e.index == 0]

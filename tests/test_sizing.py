@@ -162,8 +162,9 @@ def test_a_draft_models_layers_join_the_cell():
     = 92,160; N_full = floor(40 GiB / 92,160) = 466,033, N_swa = int(466,033 x 0.5) = 233,016."""
     target, draft = load_preset("gpt-oss-120b"), load_preset("gpt-oss-20b")
     assert sizing.token_bytes(target, "bf16", draft) == (61_440, 61_440)
-    sizes = sizing.size_hybrid(target, 40 * 2**30, ratio=0.5, page_size=1, dtype="bf16",
-                               draft=draft)  # fmt: skip
+    sizes = sizing.size_hybrid(
+        target, 40 * 2**30, ratio=0.5, page_size=1, dtype="bf16", draft=draft
+    )
     assert (sizes.full_tokens, sizes.swa_tokens) == (466_033, 233_016)
     alone = sizing.size_hybrid(target, 40 * 2**30, ratio=0.5, page_size=1, dtype="bf16")
     assert alone.full_tokens == 40 * 2**30 // (36_864 + 18_432)  # 776,722 without the draft

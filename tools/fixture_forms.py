@@ -36,8 +36,10 @@ def legacy_gpt_oss(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
-FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
-                -6.0], np.float32)  # fmt: skip
+FP4 = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    np.float32,
+)
 
 
 def pack_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,9 +68,13 @@ def mxfp4_gpt_oss(folder: Path) -> None:
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {
         "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                   "model.embed_tokens", "lm_head"],
-    }  # fmt: skip
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
@@ -88,8 +94,10 @@ def fp8_deepseek_v4(folder: Path) -> None:
     embeddings and head stay float (transformers' `_keep_in_fp32_modules` lists the former)."""
     import re
 
-    kept = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]"
-                      r"|shared_experts\.w[123])\.weight$")  # fmt: skip
+    kept = re.compile(
+        r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]"
+        r"|shared_experts\.w[123])\.weight$"
+    )
     _block_fp8(folder, lambda name: bool(kept.search(name)) and ".compressor." not in name)
 
 
@@ -120,8 +128,14 @@ def _block_fp8(folder: Path, quantized) -> None:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
-SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-              image_size=28, patch_size=14)  # fmt: skip
+SIGLIP = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
 
 
 def wrapped(built: dict):
@@ -129,19 +143,37 @@ def wrapped(built: dict):
     `*ForConditionalGeneration` wrapper with a tiny vision (and audio) tower. transformers 5.24
     saves Gemma 3 and Llama 4 in the hub's layout (`language_model.model.*`, towers at the top)
     and Gemma 4 as its modules (`model.language_model.*`); the weights are drawn afresh."""
-    yield "gemma3_vl", tf.Gemma3Config(text_config=built["gemma3"].to_dict(),
-                                       vision_config=SIGLIP, mm_tokens_per_image=4)  # fmt: skip
+    yield (
+        "gemma3_vl",
+        tf.Gemma3Config(
+            text_config=built["gemma3"].to_dict(), vision_config=SIGLIP, mm_tokens_per_image=4
+        ),
+    )
     vision = dict(SIGLIP, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
-    yield "llama4_vl", tf.Llama4Config(text_config=built["llama4"].to_dict(),
-                                       vision_config=vision)  # fmt: skip
-    yield "gemma4_vl", tf.Gemma4Config(
-        text_config=built["gemma4_e"].to_dict(),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-                           patch_size=4, position_embedding_size=64),
-        audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                          subsampling_conv_channels=[8, 4], output_proj_dims=32),
-    )  # fmt: skip
+    yield "llama4_vl", tf.Llama4Config(text_config=built["llama4"].to_dict(), vision_config=vision)
+    yield (
+        "gemma4_vl",
+        tf.Gemma4Config(
+            text_config=built["gemma4_e"].to_dict(),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=16,
+                patch_size=4,
+                position_embedding_size=64,
+            ),
+            audio_config=dict(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                subsampling_conv_channels=[8, 4],
+                output_proj_dims=32,
+            ),
+        ),
+    )
 
 
 def module_layout(folder: Path) -> None:

@@ -37,13 +37,46 @@ from fixture_forms import (  # noqa: E402 - beside this script
 )
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-PROMPT = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 45, 77, 30,
-          119, 9]  # fmt: skip
+PROMPT = [
+    5,
+    17,
+    99,
+    3,
+    42,
+    64,
+    8,
+    120,
+    33,
+    71,
+    2,
+    90,
+    15,
+    56,
+    101,
+    27,
+    88,
+    11,
+    60,
+    45,
+    77,
+    30,
+    119,
+    9,
+]
 # DeepSeek-V4's compressors need a prompt that crosses many windows and compression boundaries.
 LONG_PROMPT = [(7 * i * i + 3 * i + 11) % 125 + 3 for i in range(80)]
-BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0,
-            bos_token_id=1, eos_token_id=2)  # fmt: skip
+BASE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 TYPES = {"S": "sliding_attention", "F": "full_attention"}
 
 
@@ -236,40 +269,87 @@ def configs():
 # entry per `compress_rate` tokens. Rates 4 and 8 divide the test page sizes; 3 and 6 divide
 # neither them nor the chunk sizes. `index_topk` below the entries a long prompt makes, so the
 # Lightning Indexer's choice matters; YaRN on the compressed rope of the first.
-V4 = dict(vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_attention_heads=4,
-          num_key_value_heads=1, head_dim=32, q_lora_rank=32, partial_rotary_factor=0.25,
-          o_groups=2, o_lora_rank=16, index_n_heads=8, index_head_dim=16, n_routed_experts=4,
-          num_experts_per_tok=2, hc_mult=3, max_position_embeddings=4096, pad_token_id=0,
-          bos_token_id=1, eos_token_id=2)  # fmt: skip
+V4 = dict(
+    vocab_size=128,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=32,
+    q_lora_rank=32,
+    partial_rotary_factor=0.25,
+    o_groups=2,
+    o_lora_rank=16,
+    index_n_heads=8,
+    index_head_dim=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    hc_mult=3,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 
 
 def deepseek_v4_configs():
-    yield "deepseek_v4", tf.DeepseekV4Config(
-        **V4, num_hidden_layers=3, sliding_window=8, index_topk=3,
-        layer_types=[HCA, CSA, SWA], mlp_layer_types=["hash_moe", "moe", "moe"],
-        compress_rates={CSA: 4, HCA: 8},
-        rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                         "original_max_position_embeddings": 1024},
-    )  # fmt: skip
-    yield "deepseek_v4_odd", tf.DeepseekV4Config(
-        **V4, num_hidden_layers=4, sliding_window=10, index_topk=4,
-        layer_types=[CSA, HCA, SWA, CSA], mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
-        compress_rates={CSA: 3, HCA: 6},
-    )  # fmt: skip
+    yield (
+        "deepseek_v4",
+        tf.DeepseekV4Config(
+            **V4,
+            num_hidden_layers=3,
+            sliding_window=8,
+            index_topk=3,
+            layer_types=[HCA, CSA, SWA],
+            mlp_layer_types=["hash_moe", "moe", "moe"],
+            compress_rates={CSA: 4, HCA: 8},
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+        ),
+    )
+    yield (
+        "deepseek_v4_odd",
+        tf.DeepseekV4Config(
+            **V4,
+            num_hidden_layers=4,
+            sliding_window=10,
+            index_topk=4,
+            layer_types=[CSA, HCA, SWA, CSA],
+            mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+            compress_rates={CSA: 3, HCA: 6},
+        ),
+    )
     # Windows two to four times the rates (W = 15 / 23): a query's window covers several
     # compressed windows, so entries and window keys overlap in position. The first repeats
     # C H after its first layer (scanned); top-k below the entries of the long prompt.
-    yield "deepseek_v4_wide", tf.DeepseekV4Config(
-        **V4, num_hidden_layers=5, sliding_window=16, index_topk=5,
-        layer_types=[SWA, CSA, HCA, CSA, HCA], mlp_layer_types=["hash_moe"] + ["moe"] * 4,
-        compress_rates={CSA: 4, HCA: 8},
-    )  # fmt: skip
-    yield "deepseek_v4_wide_odd", tf.DeepseekV4Config(
-        **V4, num_hidden_layers=4, sliding_window=24, index_topk=4,
-        layer_types=[CSA, HCA, HCA, CSA], mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
-        compress_rates={CSA: 3, HCA: 12},
-    )  # fmt: skip
+    yield (
+        "deepseek_v4_wide",
+        tf.DeepseekV4Config(
+            **V4,
+            num_hidden_layers=5,
+            sliding_window=16,
+            index_topk=5,
+            layer_types=[SWA, CSA, HCA, CSA, HCA],
+            mlp_layer_types=["hash_moe"] + ["moe"] * 4,
+            compress_rates={CSA: 4, HCA: 8},
+        ),
+    )
+    yield (
+        "deepseek_v4_wide_odd",
+        tf.DeepseekV4Config(
+            **V4,
+            num_hidden_layers=4,
+            sliding_window=24,
+            index_topk=4,
+            layer_types=[CSA, HCA, HCA, CSA],
+            mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+            compress_rates={CSA: 3, HCA: 12},
+        ),
+    )
 
 
 # Fixtures that are another family's model rewritten into a form the hub ships.
@@ -329,8 +409,20 @@ KV4 = {"gpt_oss_kv4": "gpt_oss", "qwen3_kv4": "qwen3"}
 
 # Every family's window also wider than the tests' chunks (8) and pages (4) and two thirds of
 # the prompt (the base fixtures' windows, 5 to 6 tokens, are narrower than all of those).
-WIDE = ("qwen3", "qwen2", "mistral", "gpt_oss", "gemma3", "olmo3", "exaone4", "cohere2",
-        "mimo_v2_flash", "step3p7", "gemma4_e", "llama4")  # fmt: skip
+WIDE = (
+    "qwen3",
+    "qwen2",
+    "mistral",
+    "gpt_oss",
+    "gemma3",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+    "mimo_v2_flash",
+    "step3p7",
+    "gemma4_e",
+    "llama4",
+)
 WIDE_WINDOW = 16
 
 

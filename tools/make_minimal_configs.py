@@ -27,26 +27,72 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import OUT, PROMPT, auto_class  # noqa: E402
 
-KEEP = {"model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
-        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "tie_word_embeddings", "dtype"}  # fmt: skip
+KEEP = {
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "dtype",
+}
 SHAPES = {
     "gpt_oss": {"num_local_experts", "num_experts_per_tok"},
-    "llama4": {"intermediate_size_mlp", "num_local_experts", "num_experts_per_tok",
-               "interleave_moe_layer_step"},
-    "mimo_v2_flash": {"v_head_dim", "swa_head_dim", "swa_v_head_dim", "swa_num_attention_heads",
-                      "swa_num_key_value_heads", "n_routed_experts", "num_experts_per_tok",
-                      "moe_intermediate_size", "moe_layer_freq", "hybrid_layer_pattern",
-                      "layer_types", "mlp_layer_types"},
+    "llama4": {
+        "intermediate_size_mlp",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "interleave_moe_layer_step",
+    },
+    "mimo_v2_flash": {
+        "v_head_dim",
+        "swa_head_dim",
+        "swa_v_head_dim",
+        "swa_num_attention_heads",
+        "swa_num_key_value_heads",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "moe_layer_freq",
+        "hybrid_layer_pattern",
+        "layer_types",
+        "mlp_layer_types",
+    },
     # Gemma 4's shapes depend on each layer's type (its own head dims and KV heads).
-    "gemma4": {"per_layer_config", "attention_k_eq_v", "enable_moe_block", "num_experts",
-               "top_k_experts", "moe_intermediate_size", "num_kv_shared_layers",
-               "use_double_wide_mlp", "hidden_size_per_layer_input",
-               "vocab_size_per_layer_input", "layer_types"},
-}  # fmt: skip
+    "gemma4": {
+        "per_layer_config",
+        "attention_k_eq_v",
+        "enable_moe_block",
+        "num_experts",
+        "top_k_experts",
+        "moe_intermediate_size",
+        "num_kv_shared_layers",
+        "use_double_wide_mlp",
+        "hidden_size_per_layer_input",
+        "vocab_size_per_layer_input",
+        "layer_types",
+    },
+}
 SHAPES["gemma4_e"] = SHAPES["gemma4"]
-FAMILIES = ["qwen3", "qwen2", "mistral", "gpt_oss", "gemma3", "gemma3_legacy", "olmo3",
-            "exaone4", "cohere2", "llama4", "mimo_v2_flash", "gemma4", "gemma4_e"]  # fmt: skip
+FAMILIES = [
+    "qwen3",
+    "qwen2",
+    "mistral",
+    "gpt_oss",
+    "gemma3",
+    "gemma3_legacy",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+    "llama4",
+    "mimo_v2_flash",
+    "gemma4",
+    "gemma4_e",
+]
 
 
 def main() -> None:
@@ -65,7 +111,7 @@ def main() -> None:
                 shutil.copy(f, folder / f.name)
             model = auto_class(minimal["model_type"]).from_pretrained(
                 folder, dtype=torch.float32, attn_implementation="eager"
-            )  # fmt: skip
+            )
             # transformers 5.24's Gemma 4 runs KV-shared layers only with hidden states asked for
             extra = {"output_hidden_states": True} if name.startswith("gemma4") else {}
             with torch.no_grad():
@@ -73,9 +119,11 @@ def main() -> None:
                 logits = model.eval()(input_ids=ids, **extra).logits[0].numpy()
         np.save(out / "logits.npy", logits.astype(np.float32))
         c = model.config
-        resolved = dict(layer_types=getattr(c, "layer_types", None),
-                        sliding_window=getattr(c, "sliding_window", None),
-                        attention_chunk_size=getattr(c, "attention_chunk_size", None))  # fmt: skip
+        resolved = dict(
+            layer_types=getattr(c, "layer_types", None),
+            sliding_window=getattr(c, "sliding_window", None),
+            attention_chunk_size=getattr(c, "attention_chunk_size", None),
+        )
         (out / "resolved.json").write_text(json.dumps(resolved) + "\n")
         print(name, sorted(set(cfg) - keep))
 

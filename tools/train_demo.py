@@ -157,9 +157,15 @@ def hf_tensors(params) -> dict[str, np.ndarray]:
         "model.norm.weight": params["norm"],
         "lm_head.weight": params["head"].T,
     }
-    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-             "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-             "down": "mlp.down_proj"}  # fmt: skip
+    names = {
+        "q": "self_attn.q_proj",
+        "k": "self_attn.k_proj",
+        "v": "self_attn.v_proj",
+        "o": "self_attn.o_proj",
+        "gate": "mlp.gate_proj",
+        "up": "mlp.up_proj",
+        "down": "mlp.down_proj",
+    }
     for i, p in enumerate(params["layers"]):
         pre = f"model.layers.{i}"
         for key, name in names.items():

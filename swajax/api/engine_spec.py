@@ -27,8 +27,9 @@ from swajax.tokenizer import Tokenizer
 
 # The library's defaults for small models and short generations (the demo): chunked prefill,
 # frequent eviction so the SWA KV is seen going back, a model-derived context (None).
-SPEC_OPTIONS = EngineOptions(max_running=16, max_context=None, chunk_size=64, eviction_interval=16,
-                             cache_policy="lean")  # fmt: skip
+SPEC_OPTIONS = EngineOptions(
+    max_running=16, max_context=None, chunk_size=64, eviction_interval=16, cache_policy="lean"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,16 +206,25 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
     _check_host_memory(spec.host_cache_gib)
     sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
     pallas = spec.attention == "pallas"
-    lm = dict(dtype=kv, implementation=spec.attention, interpret=pallas,
-              scan_layers=spec.scan_layers, mesh=tensor_mesh(spec.tensor_parallel))  # fmt: skip
+    lm = dict(
+        dtype=kv,
+        implementation=spec.attention,
+        interpret=pallas,
+        scan_layers=spec.scan_layers,
+        mesh=tensor_mesh(spec.tensor_parallel),
+    )
     model = HybridLM(decoder, **lm)
     draft_lm = None if draft is None else HybridLM(draft, **lm)
     options = _options(decoder, spec, sizes)
     logging.getLogger(__name__).info(
         "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",
-        sizes.full_tokens, sizes.swa_tokens, sizes.mode.value, sizes.page_size, kv,
+        sizes.full_tokens,
+        sizes.swa_tokens,
+        sizes.mode.value,
+        sizes.page_size,
+        kv,
         options.max_context,
-    )  # fmt: skip
+    )
     return engine_for(cfg, model, sizes, options, draft=draft_lm)
 
 

@@ -50,8 +50,9 @@ def weight_bytes(model) -> int:
 
 def teacher_forced_logits(engine: Engine, prompt: list[int]) -> np.ndarray:
     """Logits [len(prompt), vocab]: position i predicts token i + 1 (paged, hybrid memory on)."""
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=1), keep_logits=True,
-                             cache_hits=False)  # fmt: skip
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=1), keep_logits=True, cache_hits=False
+    )
     engine.run()
     req = engine.requests[rid]
     if req.finish_reason not in ("stop", "length") or len(req.logits) < len(prompt):

@@ -82,8 +82,9 @@ class LLM:
             engine.setdefault("num_speculative_tokens", 4)
         spec = EngineSpec.of(dtype=dtype, **engine)
         mesh = tensor_mesh(spec.tensor_parallel)
-        decoder, self.tokenizer = load_model(model, dtype, chat, mesh=mesh,
-                                             dequantize_weights=dequantize_weights)  # fmt: skip
+        decoder, self.tokenizer = load_model(
+            model, dtype, chat, mesh=mesh, dequantize_weights=dequantize_weights
+        )
         draft = None
         if draft_model is not None:
             draft = load_model(draft_model, dtype, flag="--draft-model", mesh=mesh)[0]
@@ -177,7 +178,7 @@ class LLM:
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise InputError(
                 f"sampling must be a SamplingParams, got {type(sampling).__name__} (build one: "
-                "SamplingParams(max_new_tokens=..., temperature=...))"
+                "SamplingParams(max_tokens=..., temperature=...))"
             )
         batch = [prompts] if _single(prompts) else list(prompts)
         if not batch:

@@ -52,24 +52,29 @@ class SampleStream:
                 shown = self.watch.visible(text, last)
                 delta, self.shown = shown[len(self.shown) :], shown
             top = req.top_logprobs[i] if i < len(req.top_logprobs) else None
-            events.append(TokenEvent(out[i], req.logprobs[i], top, delta,
-                                     req.finish_reason if last else None))  # fmt: skip
+            events.append(
+                TokenEvent(out[i], req.logprobs[i], top, delta, req.finish_reason if last else None)
+            )
         return events
 
 
-def add_samples(engine, prompt: list[int], params, index: int, decode,
-                keep_logits: bool = False) -> list[SampleStream]:  # fmt: skip
+def add_samples(
+    engine, prompt: list[int], params, index: int, decode, keep_logits: bool = False
+) -> list[SampleStream]:
     """Queue `params.n` samples of `prompt` (the first computes the prompt, the others follow
     it to take its KV from the prefix cache); each draws with its own seed. `keep_logits`: every
     prompt position's logits are wanted (computed, no cached prefix). If one is refused, those
     queued before it are aborted and the error raised."""
+    if params.seed is None:  # the n samples' seeds derive from one the engine draws
+        params = dataclasses.replace(params, seed=engine.draw_seed())
     one = dataclasses.replace(params, n=1)
     samples, lead = [], None
     try:
         for i in range(params.n):
             seeded = dataclasses.replace(one, seed=params.sample_seed(i))
-            rid = engine.add_request(prompt, seeded, follows=lead, keep_logits=keep_logits,
-                                     cache_hits=not keep_logits)  # fmt: skip
+            rid = engine.add_request(
+                prompt, seeded, follows=lead, keep_logits=keep_logits, cache_hits=not keep_logits
+            )
             lead = rid if lead is None else lead
             watch = StopWatch(decode, params.stop)
             samples.append(SampleStream(index, i, rid, watch, len(prompt)))

@@ -36,9 +36,10 @@ class StopWatch:
         # The fewest tokens whose text reaches past the start of the stop string that matched
         # first: later tokens only add to the text (decoding is prefix-stable at a token).
         kept = next(
-            m for m in range(1, len(output) + 1)
+            m
+            for m in range(1, len(output) + 1)
             if any(self.decode(output[:m]).find(s, at) == at for s in self.stops)
-        )  # fmt: skip
+        )
         self.cut = (kept, text[:at])
         return True
 

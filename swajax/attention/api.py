@@ -94,8 +94,14 @@ def attention(
     _validate(q, k_pages, v_pages, meta, sinks)
     if key_transform is not None:
         implementation = "xla"
-    kwargs = dict(scale=scale, soft_cap=soft_cap, key_transform=key_transform,
-                  implementation=implementation, interpret=interpret, backend=backend)  # fmt: skip
+    kwargs = dict(
+        scale=scale,
+        soft_cap=soft_cap,
+        key_transform=key_transform,
+        implementation=implementation,
+        interpret=interpret,
+        backend=backend,
+    )
     if mesh is not None:
         return _sharded(q, k_pages, v_pages, meta, layer, mesh, sinks=sinks, **kwargs)
     return _local(q, k_pages, v_pages, meta, layer, sinks=sinks, **kwargs)
@@ -117,12 +123,26 @@ def _sharded(q, k_pages, v_pages, meta, layer, mesh, *, sinks, **kwargs):
     return mapped(*args)
 
 
-def _local(q, k_pages, v_pages, meta, layer, *, scale, sinks, soft_cap, key_transform,
-           implementation, interpret, backend):  # fmt: skip
+def _local(
+    q,
+    k_pages,
+    v_pages,
+    meta,
+    layer,
+    *,
+    scale,
+    sinks,
+    soft_cap,
+    key_transform,
+    implementation,
+    interpret,
+    backend,
+):
     kwargs = dict(scale=scale, sinks=sinks, soft_cap=soft_cap)
     if implementation == "xla":
-        return attention_xla(q, k_pages, v_pages, meta, layer, key_transform=key_transform,
-                             **kwargs)  # fmt: skip
+        return attention_xla(
+            q, k_pages, v_pages, meta, layer, key_transform=key_transform, **kwargs
+        )
     if implementation == "pallas":
         from swajax.attention.pallas import attention_pallas
 

@@ -145,8 +145,9 @@ def model_cost(cfg: dict, *, dequantize_weights: bool = False):
         f = config_footprint(cfg, dequantize_weights=dequantize_weights)
     except ConfigError as e:
         raise UsageError(f"weight bytes need a model swajax builds: {e}") from None
-    return ModelCost(f.params, f.active_params, f.weight_bytes, f.experts, f.top_k,
-                     routed_bytes=f.expert_bytes)  # fmt: skip
+    return ModelCost(
+        f.params, f.active_params, f.weight_bytes, f.experts, f.top_k, routed_bytes=f.expert_bytes
+    )
 
 
 def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
@@ -166,10 +167,18 @@ def step_timer(args: argparse.Namespace, cfg: HybridConfig, budget_bytes: int):
 def add_timer_choice(p: argparse.ArgumentParser, required: bool) -> None:
     from swajax.simulator.step_time import ACCELERATORS
 
-    p.add_argument("--accelerator", choices=sorted(ACCELERATORS), required=required,
-                   help="model step time on this chip (roofline: bandwidth, FLOPs)")  # fmt: skip
-    p.add_argument("--devices", type=POSITIVE, default=None,
-                   help="chips one model instance spans (default: weights + KV fit)")  # fmt: skip
+    p.add_argument(
+        "--accelerator",
+        choices=sorted(ACCELERATORS),
+        required=required,
+        help="model step time on this chip (roofline: bandwidth, FLOPs)",
+    )
+    p.add_argument(
+        "--devices",
+        type=POSITIVE,
+        default=None,
+        help="chips one model instance spans (default: weights + KV fit)",
+    )
 
 
 def workload_choice(value: str) -> str:
@@ -188,16 +197,25 @@ def workload_choice(value: str) -> str:
 def add_cache_policy(p: argparse.ArgumentParser) -> None:
     from swajax.prefix_cache.policy import DEFAULT, PROFILES
 
-    p.add_argument("--cache-policy", choices=sorted(PROFILES), default=DEFAULT,
-                   help="prefix-cache rules (swajax's or SGLang 0.5.23's)")  # fmt: skip
-    p.add_argument("--no-tail-rebuild", dest="tail_rebuild", action="store_false",
-                   help="resume a prefix hit whose SWA tail was evicted at the fallback point "
-                   "(recompute everything after it) instead of rebuilding the tail")  # fmt: skip
+    p.add_argument(
+        "--cache-policy",
+        choices=sorted(PROFILES),
+        default=DEFAULT,
+        help="prefix-cache rules (swajax's or SGLang 0.5.23's)",
+    )
+    p.add_argument(
+        "--no-tail-rebuild",
+        dest="tail_rebuild",
+        action="store_false",
+        help="resume a prefix hit whose SWA tail was evicted at the fallback point "
+        "(recompute everything after it) instead of rebuilding the tail",
+    )
 
 
 def add_draft_choice(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-preset", metavar="NAME",
-                   help="a speculative draft model whose KV shares the pools")  # fmt: skip
+    p.add_argument(
+        "--draft-preset", metavar="NAME", help="a speculative draft model whose KV shares the pools"
+    )
     p.add_argument("--draft-hf-config", metavar="PATH", help="the draft's config.json")
 
 
@@ -206,10 +224,18 @@ def add_emulated_speculation(p: argparse.ArgumentParser) -> None:
     accepted."""
     g = p.add_argument_group("speculative decoding (an emulated draft)")
     add_draft_choice(g)
-    g.add_argument("--num-speculative-tokens", type=int_at_least(0, 64), default=0,
-                   help="draft tokens verified per decode step")  # fmt: skip
-    g.add_argument("--acceptance", type=PROBABILITY, default=0.7,
-                   help="chance that each draft token is accepted")  # fmt: skip
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=int_at_least(0, 64),
+        default=0,
+        help="draft tokens verified per decode step",
+    )
+    g.add_argument(
+        "--acceptance",
+        type=PROBABILITY,
+        default=0.7,
+        help="chance that each draft token is accepted",
+    )
 
 
 def draft_config(args: argparse.Namespace):
@@ -262,7 +288,7 @@ SHARED_HELP = {
     "--attention": "attention implementation: the XLA path or the Pallas kernels",
     "--disable-hybrid-memory": "one pool for every layer (no SWA pool)",
     "--no-prefix-cache": "share nothing between requests (no radix tree)",
-    "--max-new-tokens": "most tokens to generate per prompt",
+    "--max-tokens": "most tokens to generate per prompt",
     "--temperature": "sampling temperature (0: greedy)",
     "--top-p": "nucleus sampling: keep the smallest set of tokens with this much mass",
     "--chunk-size": "prefill chunk size in tokens",

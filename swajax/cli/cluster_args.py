@@ -18,22 +18,41 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         "run the same command in every process (JAX's multi-controller runtime); the model "
         "splits over every device of every process; only process 0 prints results",
     )
-    g.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="process 0's address, reachable from every process")  # fmt: skip
-    g.add_argument("--num-processes", type=args_lib.int_at_least(1, 1 << 16),
-                   help="how many processes join (with --coordinator)")  # fmt: skip
-    g.add_argument("--process-id", type=args_lib.int_at_least(0, (1 << 16) - 1),
-                   help="this process's place, 0 .. N-1 (0 hosts the coordinator)")  # fmt: skip
-    g.add_argument("--distributed", action="store_true",
-                   help="join with JAX's own detection of the cluster (SLURM, Open MPI, "
-                   "Kubernetes, Cloud TPU; JAX_COORDINATOR_ADDRESS) instead of the "
-                   "flags")  # fmt: skip
-    g.add_argument("--join-timeout", type=args_lib.int_at_least(1, 3600), default=120,
-                   help="seconds to reach the coordinator and for all processes to "
-                   "arrive")  # fmt: skip
-    g.add_argument("--heartbeat-timeout", type=args_lib.int_at_least(2, 3600), default=30,
-                   help="seconds of silence after which a process is declared dead and every "
-                   "other one stops with an error")  # fmt: skip
+    g.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, reachable from every process",
+    )
+    g.add_argument(
+        "--num-processes",
+        type=args_lib.int_at_least(1, 1 << 16),
+        help="how many processes join (with --coordinator)",
+    )
+    g.add_argument(
+        "--process-id",
+        type=args_lib.int_at_least(0, (1 << 16) - 1),
+        help="this process's place, 0 .. N-1 (0 hosts the coordinator)",
+    )
+    g.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join with JAX's own detection of the cluster (SLURM, Open MPI, "
+        "Kubernetes, Cloud TPU; JAX_COORDINATOR_ADDRESS) instead of the "
+        "flags",
+    )
+    g.add_argument(
+        "--join-timeout",
+        type=args_lib.int_at_least(1, 3600),
+        default=120,
+        help="seconds to reach the coordinator and for all processes to arrive",
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=args_lib.int_at_least(2, 3600),
+        default=30,
+        help="seconds of silence after which a process is declared dead and every "
+        "other one stops with an error",
+    )
 
 
 def cluster_of(args: argparse.Namespace) -> Cluster:

@@ -52,16 +52,29 @@ def register(sub) -> None:
     kit = p.add_subparsers(dest="conformance_command", required=True)
     e = kit.add_parser("export", help="write the kit's cases to a folder")
     e.add_argument("folder", metavar="DIR")
-    e.add_argument("--models", nargs="*", default=[], metavar="DIR",
-                   help="checkpoint folders with greedy.json + logits.npy (transformers' "
-                   "logits) to add as logits cases")  # fmt: skip
+    e.add_argument(
+        "--models",
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="checkpoint folders with greedy.json + logits.npy (transformers' "
+        "logits) to add as logits cases",
+    )
     e.add_argument("--force", action="store_true", help="write into a non-empty folder")
-    e.add_argument("--cache-policy", choices=sorted(PROFILES), default=DEFAULT,
-                   help="prefix-cache rules the operation cases are recorded under")  # fmt: skip
+    e.add_argument(
+        "--cache-policy",
+        choices=sorted(PROFILES),
+        default=DEFAULT,
+        help="prefix-cache rules the operation cases are recorded under",
+    )
     e.set_defaults(func=_run_export)
     r = kit.add_parser("run", help="drive an adapter through every case; report per case")
     r.add_argument("folder", metavar="DIR")
-    r.add_argument("--adapter", required=True, metavar="MODULE:CLASS",
-                   help="e.g. swajax.conformance.adapter:SwajaxAdapter")  # fmt: skip
+    r.add_argument(
+        "--adapter",
+        required=True,
+        metavar="MODULE:CLASS",
+        help="e.g. swajax.conformance.adapter:SwajaxAdapter",
+    )
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_run_kit)

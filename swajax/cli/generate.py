@@ -124,16 +124,30 @@ def run_generate(args) -> int:
     del fields["dtype"]
     if args.draft_model is None:
         del fields["num_speculative_tokens"]
-    llm = LLM(args.model, dtype=args.dtype, chat=args.chat, ignore_eos=args.ignore_eos,
-              draft_model=args.draft_model, dequantize_weights=args.dequantize_weights,
-              **fields)  # fmt: skip
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        chat=args.chat,
+        ignore_eos=args.ignore_eos,
+        draft_model=args.draft_model,
+        dequantize_weights=args.dequantize_weights,
+        **fields,
+    )
     prompts = _prompts(args, llm.tokenizer)
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        seed=args.seed, stop=tuple(args.stop or ()), n=args.n, logprobs=args.logprobs,
-    )  # fmt: skip
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop or ()),
+        n=args.n,
+        logprobs=args.logprobs,
+    )
     outputs = llm.generate(prompts, params)
     summary = llm.summary()
     if args.json:
@@ -174,8 +188,10 @@ def _print_output(out, count: int, n: int, show_ids: bool) -> None:
         print(f"=== prompt {out.index + 1} of {count}{sample} ===")
     print(out.text if out.text is not None else f"token ids: {out.token_ids}")
     cached = f", {out.cached_tokens} from the prefix cache" if out.cached_tokens else ""
-    print(f"[finish: {out.finish_reason}; {len(out.token_ids)} tokens generated from "
-          f"{len(out.prompt_token_ids)} prompt tokens{cached}]")  # fmt: skip
+    print(
+        f"[finish: {out.finish_reason}; {len(out.token_ids)} tokens generated from "
+        f"{len(out.prompt_token_ids)} prompt tokens{cached}]"
+    )
     if show_ids and out.text is not None:
         print(f"token ids: {out.token_ids}")
 
@@ -183,9 +199,13 @@ def _print_output(out, count: int, n: int, show_ids: bool) -> None:
 def run_logits(args) -> int:
     """One prompt: FILE.npy holds its [len, vocab] logits. Several (--prompts-file): FILE.npz
     holds `logits_i` and `prompt_ids_i` for each, in the file's order."""
-    decoder, tokenizer = load_model(args.model, args.dtype, args.chat,
-                                    dequantize_weights=args.dequantize_weights,
-                                    mesh=tensor_mesh(args.tensor_parallel))  # fmt: skip
+    decoder, tokenizer = load_model(
+        args.model,
+        args.dtype,
+        args.chat,
+        dequantize_weights=args.dequantize_weights,
+        mesh=tensor_mesh(args.tensor_parallel),
+    )
     prompts = _prompts(args, tokenizer)
     if len(prompts) > 1 and not str(args.out).endswith(".npz"):
         raise args_lib.UsageError(
@@ -213,101 +233,178 @@ def add_model_args(p, prompts: bool = True) -> None:
     if prompts:
         p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
         p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated ids")
-        p.add_argument("--prompts-file",
-                       help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}")  # fmt: skip
+        p.add_argument(
+            "--prompts-file", help="JSON lines: {'prompt': text} or {'prompt_ids': [...]}"
+        )
         chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
         p.add_argument("--chat", action="store_true", help=chat)
     p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
-    p.add_argument("--unroll-layers", action="store_true",
-                   help="trace every layer on its own instead of scanning repeating runs of "
-                   "layers (compile time then grows with depth)")  # fmt: skip
+    p.add_argument(
+        "--unroll-layers",
+        action="store_true",
+        help="trace every layer on its own instead of scanning repeating runs of "
+        "layers (compile time then grows with depth)",
+    )
     p.add_argument(
         "--dtype",
         choices=tuple(KV_DTYPE),
         default="float32",
         help="parameters and activations (norms, softmax, routers stay float32)",
     )
-    p.add_argument("--kv-dtype", choices=(*KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
-                   help="KV pools (default: the same as --dtype); fp8_*: one byte per value, "
-                   "scaled by the checkpoint's k_scale / v_scale where it has them")  # fmt: skip
-    p.add_argument("--dequantize-weights", action="store_true",
-                   help="hold a quantized checkpoint's weights (MXFP4, block FP8) dequantized to "
-                   "--dtype instead of as published")  # fmt: skip
-    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
-                   help="KV pools' bytes (default: two contexts of the model's own length, "
-                   "at most 32,768 tokens each and 2 GiB in all)")  # fmt: skip
+    p.add_argument(
+        "--kv-dtype",
+        choices=(*KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
+        help="KV pools (default: the same as --dtype); fp8_*: one byte per value, "
+        "scaled by the checkpoint's k_scale / v_scale where it has them",
+    )
+    p.add_argument(
+        "--dequantize-weights",
+        action="store_true",
+        help="hold a quantized checkpoint's weights (MXFP4, block FP8) dequantized to "
+        "--dtype instead of as published",
+    )
+    p.add_argument(
+        "--kv-budget-gib",
+        type=args_lib.BUDGET_GIB,
+        help="KV pools' bytes (default: two contexts of the model's own length, "
+        "at most 32,768 tokens each and 2 GiB in all)",
+    )
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
-    p.add_argument("--max-context", type=args_lib.int_at_least(1, 1 << 24),
-                   help="longest prompt + new tokens of a request (default: the checkpoint's "
-                   "max_position_embeddings, capped by what the pools hold)")  # fmt: skip
-    p.add_argument("--max-running", type=args_lib.int_at_least(1, 4096), default=16,
-                   help="requests decoded together")  # fmt: skip
-    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
-                   help="SWA / full, in (0, 1] (default 0.5; DeepSeek-V4: 0.1)")  # fmt: skip
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
-                   help="tokens per KV page (default 4; DeepSeek-V4: 64)")  # fmt: skip
+    p.add_argument(
+        "--max-context",
+        type=args_lib.int_at_least(1, 1 << 24),
+        help="longest prompt + new tokens of a request (default: the checkpoint's "
+        "max_position_embeddings, capped by what the pools hold)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=args_lib.int_at_least(1, 4096),
+        default=16,
+        help="requests decoded together",
+    )
+    p.add_argument(
+        "--ratio",
+        type=args_lib.RATIO,
+        default=None,
+        help="SWA / full, in (0, 1] (default 0.5; DeepSeek-V4: 0.1)",
+    )
+    p.add_argument(
+        "--page-size",
+        type=args_lib.PAGE_SIZE,
+        default=None,
+        help="tokens per KV page (default 4; DeepSeek-V4: 64)",
+    )
     p.add_argument("--disable-hybrid-memory", action="store_true")
     p.add_argument("--no-prefix-cache", action="store_true")
     args_lib.add_cache_policy(p)
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
-    p.add_argument("--tensor-parallel", type=args_lib.int_at_least(1, 1 << 16), metavar="N",
-                   help="split the model's KV heads and MLPs over N devices (default: 1; "
-                   "joined processes: all of their devices)")  # fmt: skip
+    p.add_argument(
+        "--tensor-parallel",
+        type=args_lib.int_at_least(1, 1 << 16),
+        metavar="N",
+        help="split the model's KV heads and MLPs over N devices (default: 1; "
+        "joined processes: all of their devices)",
+    )
     if prompts:  # the batch commands; a server takes requests in one process
         add_cluster_args(p)
 
 
 def add_decode_steps(p) -> None:
-    p.add_argument("--decode-steps", type=args_lib.int_at_least(1, 64),
-                   help="multi-step decode: up to this many decode steps in one program, "
-                   "read once (default 8 for a model; 1: off, for the lowest latency per "
-                   "streamed token)")  # fmt: skip
+    p.add_argument(
+        "--decode-steps",
+        type=args_lib.int_at_least(1, 64),
+        help="multi-step decode: up to this many decode steps in one program, "
+        "read once (default 8 for a model; 1: off, for the lowest latency per "
+        "streamed token)",
+    )
 
 
 def _add_sampling_args(p) -> None:
     """SamplingParams' fields (transformers' order: penalties, temperature, top-k, top-p, min-p)."""
-    p.add_argument("--temperature", type=args_lib.TEMPERATURE, default=0.0,
-                   help="0: greedy (the penalties still apply)")  # fmt: skip
+    p.add_argument(
+        "--temperature",
+        type=args_lib.TEMPERATURE,
+        default=0.0,
+        help="0: greedy (the penalties still apply)",
+    )
     p.add_argument("--top-k", type=args_lib.int_at_least(0), default=0, help="0: off")
     p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
     p.add_argument("--min-p", type=args_lib.float_in(0.0, 1.0), default=0.0, help="0: off")
-    p.add_argument("--repetition-penalty", type=args_lib.float_in(0.0, 1e4, lo_open=True),
-                   default=1.0, help="transformers': prompt and output tokens; 1: off")  # fmt: skip
+    p.add_argument(
+        "--repetition-penalty",
+        type=args_lib.float_in(0.0, 1e4, lo_open=True),
+        default=1.0,
+        help="transformers': prompt and output tokens; 1: off",
+    )
     for name in ("presence", "frequency"):
-        p.add_argument(f"--{name}-penalty", type=args_lib.float_in(-1e4, 1e4), default=0.0,
-                       help="OpenAI's, over output tokens; 0: off")  # fmt: skip
-    p.add_argument("--stop", action="append", metavar="TEXT",
-                   help="stop when the text holds TEXT (not returned); may repeat")  # fmt: skip
-    p.add_argument("--n", type=args_lib.int_at_least(1, 1024), default=1,
-                   help="samples per prompt (they share the prompt's prefill)")  # fmt: skip
-    p.add_argument("--logprobs", type=args_lib.int_at_least(0, 20), default=0,
-                   help="with --json: the N likeliest tokens' logprobs per position")  # fmt: skip
+        p.add_argument(
+            f"--{name}-penalty",
+            type=args_lib.float_in(-1e4, 1e4),
+            default=0.0,
+            help="OpenAI's, over output tokens; 0: off",
+        )
+    p.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="stop when the text holds TEXT (not returned); may repeat",
+    )
+    p.add_argument(
+        "--n",
+        type=args_lib.int_at_least(1, 1024),
+        default=1,
+        help="samples per prompt (they share the prompt's prefill)",
+    )
+    p.add_argument(
+        "--logprobs",
+        type=args_lib.int_at_least(0, 20),
+        default=0,
+        help="with --json: the N likeliest tokens' logprobs per position",
+    )
     p.add_argument("--seed", type=args_lib.SEED, default=0)
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
     add_model_args(p)
-    p.add_argument("--max-new-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
-                   "else config.json)")  # fmt: skip
-    p.add_argument("--draft-model", help="speculative decoding: 'tiny' or a checkpoint folder "
-                   "with the target's vocabulary (rejection sampling keeps the target's "
-                   "distribution; greedy with temperature 0)")  # fmt: skip
-    p.add_argument("--num-speculative-tokens", type=args_lib.int_at_least(1, 64),
-                   help="draft tokens per decode step (default 4 with --draft-model)")  # fmt: skip
-    p.add_argument("--no-overlap", action="store_true",
-                   help="read each step's result before planning the next")  # fmt: skip
+    p.add_argument("--max-tokens", type=args_lib.int_at_least(1, 1 << 20), default=32)
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
+        "else config.json)",
+    )
+    p.add_argument(
+        "--draft-model",
+        help="speculative decoding: 'tiny' or a checkpoint folder "
+        "with the target's vocabulary (rejection sampling keeps the target's "
+        "distribution; greedy with temperature 0)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=args_lib.int_at_least(1, 64),
+        help="draft tokens per decode step (default 4 with --draft-model)",
+    )
+    p.add_argument(
+        "--no-overlap", action="store_true", help="read each step's result before planning the next"
+    )
     add_decode_steps(p)
     _add_sampling_args(p)
-    p.add_argument("--json", action="store_true",
-                   help="JSON: an object per prompt (ids, logprobs, text), a summary")  # fmt: skip
-    p.add_argument("--show-ids", action="store_true",
-                   help="also print the generated token ids after the text")  # fmt: skip
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON: an object per prompt (ids, logprobs, text), a summary",
+    )
+    p.add_argument(
+        "--show-ids", action="store_true", help="also print the generated token ids after the text"
+    )
     p.set_defaults(func=run_generate)
     p = sub.add_parser("logits", help="teacher-forced logits of a prompt, through the engine")
     add_model_args(p)
-    p.add_argument("--out", type=args_lib.out_file(".npy", ".npz"), required=True,
-                   help="FILE.npy (one prompt) or FILE.npz (logits_i, prompt_ids_i)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=args_lib.out_file(".npy", ".npz"),
+        required=True,
+        help="FILE.npy (one prompt) or FILE.npz (logits_i, prompt_ids_i)",
+    )
     p.set_defaults(func=run_logits)

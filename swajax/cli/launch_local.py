@@ -53,14 +53,27 @@ def run_launch(args) -> int:
     if any(flag in command for flag in ("--coordinator", "--process-id", "--num-processes")):
         raise UsageError("launch-local sets --coordinator, --num-processes and --process-id")
     n, port = args.num_processes, args.port or _free_port()
-    base = [sys.executable, "-m", "swajax", *command, "--coordinator", f"127.0.0.1:{port}",
-            "--num-processes", str(n),
-            "--heartbeat-timeout", str(args.heartbeat_timeout)]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "swajax",
+        *command,
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        str(n),
+        "--heartbeat-timeout",
+        str(args.heartbeat_timeout),
+    ]
     procs, relays = [], []
     for i in range(n):
-        p = subprocess.Popen([*base, "--process-id", str(i)], env=_env(args.cpu_devices),
-                             stdout=None if i == 0 else subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+        p = subprocess.Popen(
+            [*base, "--process-id", str(i)],
+            env=_env(args.cpu_devices),
+            stdout=None if i == 0 else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         t = threading.Thread(target=_relay, args=(p.stderr, f"process {i}"), daemon=True)
         t.start()
         procs.append(p)
@@ -89,8 +102,11 @@ def _wait(procs, grace: float) -> int:
                 first, deadline = failed[0], time.monotonic() + grace
                 i, code = first
                 why = f"signal {-code}" if code < 0 else f"status {code}"
-                print(f"swajax launch-local: process {i} exited with {why}; waiting up to "
-                      f"{grace:.0f} s for the others to stop", file=sys.stderr)  # fmt: skip
+                print(
+                    f"swajax launch-local: process {i} exited with {why}; waiting up to "
+                    f"{grace:.0f} s for the others to stop",
+                    file=sys.stderr,
+                )
         if all(c is not None for c in codes):
             break
         if deadline is not None and time.monotonic() > deadline:
@@ -111,12 +127,27 @@ def register(sub) -> None:
         required=True,
         help="processes to start",
     )
-    p.add_argument("--cpu-devices", type=args_lib.int_at_least(1, 256), metavar="D",
-                   help="give each process D CPU devices (JAX_PLATFORMS=cpu)")  # fmt: skip
-    p.add_argument("--port", type=args_lib.int_at_least(1, 65535),
-                   help="the coordinator's port (default: a free one)")  # fmt: skip
-    p.add_argument("--heartbeat-timeout", type=args_lib.int_at_least(2, 3600), default=30,
-                   help="passed to every process (see generate --heartbeat-timeout)")  # fmt: skip
-    p.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                   help="e.g. -- generate --model DIR --prompt-ids 1,2,3")  # fmt: skip
+    p.add_argument(
+        "--cpu-devices",
+        type=args_lib.int_at_least(1, 256),
+        metavar="D",
+        help="give each process D CPU devices (JAX_PLATFORMS=cpu)",
+    )
+    p.add_argument(
+        "--port",
+        type=args_lib.int_at_least(1, 65535),
+        help="the coordinator's port (default: a free one)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=args_lib.int_at_least(2, 3600),
+        default=30,
+        help="passed to every process (see generate --heartbeat-timeout)",
+    )
+    p.add_argument(
+        "command_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="e.g. -- generate --model DIR --prompt-ids 1,2,3",
+    )
     p.set_defaults(func=run_launch)

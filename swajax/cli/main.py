@@ -63,9 +63,14 @@ def _run_record(args: argparse.Namespace) -> int:
         draft=args_lib.draft_config(args),
     )
     tracers = []
-    options = EngineOptions(max_running=64, max_context=33_792, chunk_size=args.chunk_size,
-                            cache_policy=args.cache_policy, tail_rebuild=args.tail_rebuild,
-                            num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
+    options = EngineOptions(
+        max_running=64,
+        max_context=33_792,
+        chunk_size=args.chunk_size,
+        cache_policy=args.cache_policy,
+        tail_rebuild=args.tail_rebuild,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     run_workload(
         cfg,
         sizes,
@@ -78,9 +83,11 @@ def _run_record(args: argparse.Namespace) -> int:
     )
     tracers[0].write(args.out)
     ran = tracers[0].ran()
-    print(f"wrote {tracers[0].ops} operations to {args.out} (overlap {ran['overlap']}: "
-          f"{ran['launched_ahead']} steps launched ahead; {ran['speculative_tokens']} draft "
-          f"tokens per round: {ran['accepted_tokens']} accepted)")  # fmt: skip
+    print(
+        f"wrote {tracers[0].ops} operations to {args.out} (overlap {ran['overlap']}: "
+        f"{ran['launched_ahead']} steps launched ahead; {ran['speculative_tokens']} draft "
+        f"tokens per round: {ran['accepted_tokens']} accepted)"
+    )
     return 0
 
 
@@ -103,17 +110,28 @@ def _register_tools(sub) -> None:
     from swajax.simulator.workloads import WORKLOADS
 
     p = sub.add_parser("convert", help="a checkpoint's params as orbax, or back to Hugging Face")
-    p.add_argument("source", metavar="DIR",
-                   help="config.json + *.safetensors, or a folder this command wrote")  # fmt: skip
+    p.add_argument(
+        "source", metavar="DIR", help="config.json + *.safetensors, or a folder this command wrote"
+    )
     p.add_argument("out", metavar="OUT", help="output folder")
-    p.add_argument("--to", choices=("orbax", "hf"), default="orbax",
-                   help="orbax: config.json + params/; hf: config.json + .safetensors that "
-                   "transformers loads (quantized weights as they were read)")  # fmt: skip
-    p.add_argument("--dequantize-weights", action="store_true",
-                   help="write quantized weights dequantized to --dtype")  # fmt: skip
+    p.add_argument(
+        "--to",
+        choices=("orbax", "hf"),
+        default="orbax",
+        help="orbax: config.json + params/; hf: config.json + .safetensors that "
+        "transformers loads (quantized weights as they were read)",
+    )
+    p.add_argument(
+        "--dequantize-weights",
+        action="store_true",
+        help="write quantized weights dequantized to --dtype",
+    )
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="the params' dtype (default: the checkpoint's own)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="the params' dtype (default: the checkpoint's own)",
+    )
     p.set_defaults(func=_run_convert)
 
     p = sub.add_parser("record", help="record allocator / prefix-cache operations of a run")
@@ -126,9 +144,12 @@ def _register_tools(sub) -> None:
     p.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=12)
     p.add_argument("--seed", type=args_lib.SEED, default=0)
     args_lib.add_cache_policy(p)
-    p.add_argument("--overlap", action="store_true",
-                   help="overlap scheduling: decode step n + 1 launched before n's result is "
-                   "read (the trace says so in its header's `ran`)")  # fmt: skip
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="overlap scheduling: decode step n + 1 launched before n's result is "
+        "read (the trace says so in its header's `ran`)",
+    )
     args_lib.add_emulated_speculation(p)
     p.add_argument(
         "--out",
@@ -140,8 +161,11 @@ def _register_tools(sub) -> None:
 
     p = sub.add_parser("replay", help="replay a trace against swajax; report the first divergence")
     p.add_argument("trace", metavar="TRACE.jsonl")
-    p.add_argument("--backend", metavar="MODULE:FACTORY",
-                   help="another backend: FACTORY(header) -> (allocator, cache)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        metavar="MODULE:FACTORY",
+        help="another backend: FACTORY(header) -> (allocator, cache)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_replay)
 
@@ -150,10 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="swajax", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--version", action="version", version=f"swajax {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log what happens (-v: info, -vv: debug)")  # fmt: skip
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="errors only: no progress bars, no info")  # fmt: skip
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log what happens (-v: info, -vv: debug)"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="errors only: no progress bars, no info"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     plan.register(sub)
     simulate.register(sub)

@@ -84,8 +84,9 @@ def _budget(args) -> tuple[int, str | None, int | None]:
     if args.kv_budget_gib is not None:
         return sizing.gib_to_bytes(args.kv_budget_gib), None, None
     if args.accelerator is None:
-        raise args_lib.UsageError("give --kv-budget-gib, or --accelerator to use what the "
-                                  "weights leave of its memory")  # fmt: skip
+        raise args_lib.UsageError(
+            "give --kv-budget-gib, or --accelerator to use what the weights leave of its memory"
+        )
     from swajax.simulator.step_time import ACCELERATORS
 
     cost = args_lib.model_cost(
@@ -147,16 +148,29 @@ def _ratios(value: str) -> tuple[float, ...]:
 def register(sub) -> None:
     p = sub.add_parser("plan", help="size the full and SWA pools for a KV budget")
     args_lib.add_model_choice(p)
-    p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB,
-                   help="in GiB (or --accelerator: what it leaves after the weights)")  # fmt: skip
-    p.add_argument("--dequantize-weights", action="store_true",
-                   help="count quantized weights dequantized to bfloat16")  # fmt: skip
-    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
-                   help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)")  # fmt: skip
+    p.add_argument(
+        "--kv-budget-gib",
+        type=args_lib.BUDGET_GIB,
+        help="in GiB (or --accelerator: what it leaves after the weights)",
+    )
+    p.add_argument(
+        "--dequantize-weights",
+        action="store_true",
+        help="count quantized weights dequantized to bfloat16",
+    )
+    p.add_argument(
+        "--ratio",
+        type=args_lib.RATIO,
+        default=None,
+        help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)",
+    )
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
-                   help="default 1 for capacity, 16 when planning a --workload; "
-                   "DeepSeek-V4: 64")  # fmt: skip
+    p.add_argument(
+        "--page-size",
+        type=args_lib.PAGE_SIZE,
+        default=None,
+        help="default 1 for capacity, 16 when planning a --workload; DeepSeek-V4: 64",
+    )
     p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--avg-seq-len",
@@ -175,8 +189,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args_lib.add_draft_choice(p)
     g = p.add_argument_group("planning by modeled step time (--workload)")
-    g.add_argument("--workload", type=args_lib.workload_choice,
-                   help="built-in workload or JSON-lines file to plan on")  # fmt: skip
+    g.add_argument(
+        "--workload",
+        type=args_lib.workload_choice,
+        help="built-in workload or JSON-lines file to plan on",
+    )
     args_lib.add_timer_choice(g, required=False)
     g.add_argument("--chunk-size", type=_chunk, default="8192", help="prefill chunk, or 'auto'")
     g.add_argument("--requests", type=args_lib.MAX_REQUESTS, default=48)

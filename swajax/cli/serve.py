@@ -87,8 +87,12 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     add_model_args(p, prompts=False)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=args_lib.int_at_least(0, 65535), default=8000,
-                   help="port to listen on (0: any free one)")  # fmt: skip
+    p.add_argument(
+        "--port",
+        type=args_lib.int_at_least(0, 65535),
+        default=8000,
+        help="port to listen on (0: any free one)",
+    )
     p.add_argument("--served-model-name", help="the model's name in the API (default: folder)")
     p.add_argument(
         "--max-waiting",
@@ -106,7 +110,8 @@ def register(sub) -> None:
         default=8.0,
         help="largest request body read, in MiB (larger: 413 before it is parsed)",
     )
-    p.add_argument("--no-overlap", action="store_true",
-                   help="read each step's result before planning the next")  # fmt: skip
+    p.add_argument(
+        "--no-overlap", action="store_true", help="read each step's result before planning the next"
+    )
     add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made
     p.set_defaults(func=run_serve)

@@ -91,15 +91,28 @@ def register(sub) -> None:
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
-    p.add_argument("--ratio", type=args_lib.RATIO, default=None,
-                   help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)")  # fmt: skip
-    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None,
-                   help="default 16; DeepSeek-V4: 64")  # fmt: skip
-    p.add_argument("--dtype", choices=sorted(sizing.DTYPE_BYTES), default="bf16",
-                   help="KV element type the pools are sized in (fp8_*: one byte)")  # fmt: skip
-    p.add_argument("--workload", type=args_lib.workload_choice, required=True,
-                   help=f"{', '.join(WORKLOADS)}, or a JSON-lines file of "
-                   "{prompt_len, output_len, prefix_id?, arrival?}")  # fmt: skip
+    p.add_argument(
+        "--ratio",
+        type=args_lib.RATIO,
+        default=None,
+        help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)",
+    )
+    p.add_argument(
+        "--page-size", type=args_lib.PAGE_SIZE, default=None, help="default 16; DeepSeek-V4: 64"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(sizing.DTYPE_BYTES),
+        default="bf16",
+        help="KV element type the pools are sized in (fp8_*: one byte)",
+    )
+    p.add_argument(
+        "--workload",
+        type=args_lib.workload_choice,
+        required=True,
+        help=f"{', '.join(WORKLOADS)}, or a JSON-lines file of "
+        "{prompt_len, output_len, prefix_id?, arrival?}",
+    )
     args_lib.add_timer_choice(p, required=False)
     args_lib.add_cache_policy(p)
     args_lib.add_emulated_speculation(p)

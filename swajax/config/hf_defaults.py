@@ -14,15 +14,26 @@ _GEMMA3_ROPE = {
     "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
 }
 _GPT_OSS_ROPE = {
-    "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-    "original_max_position_embeddings": 4096, "rope_theta": 150_000.0,
-}  # fmt: skip
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 150_000.0,
+}
 _MIMO_ROPE = {
-    "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0,
-                       "partial_rotary_factor": 0.334},
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0,
-                          "partial_rotary_factor": 0.334},
-}  # fmt: skip
+    "full_attention": {
+        "rope_type": "default",
+        "rope_theta": 5_000_000.0,
+        "partial_rotary_factor": 0.334,
+    },
+    "sliding_attention": {
+        "rope_type": "default",
+        "rope_theta": 10_000.0,
+        "partial_rotary_factor": 0.334,
+    },
+}
 _OLMO3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 500_000.0},
     "full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
@@ -34,31 +45,54 @@ _GEMMA4 = {
     "sliding_window": 512,
     "rope_parameters": {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                           "rope_theta": 1_000_000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1_000_000.0,
+        },
     },
-}  # fmt: skip
+}
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt_oss": {"sliding_window": 128, "rope_parameters": _GPT_OSS_ROPE, "rms_norm_eps": 1e-5,
-                "attention_bias": True, "num_local_experts": 128, "num_experts_per_tok": 4,
-                "intermediate_size": 2880},
-    "gemma2": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
-               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
-    "gemma3": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
-               "rope_parameters": _GEMMA3_ROPE},
-    "gemma3_text": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
-                    "rope_parameters": _GEMMA3_ROPE},
+    "gpt_oss": {
+        "sliding_window": 128,
+        "rope_parameters": _GPT_OSS_ROPE,
+        "rms_norm_eps": 1e-5,
+        "attention_bias": True,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "intermediate_size": 2880,
+    },
+    "gemma2": {
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+    "gemma3": {
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "rope_parameters": _GEMMA3_ROPE,
+    },
+    "gemma3_text": {
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "rope_parameters": _GEMMA3_ROPE,
+    },
     "olmo3": {"sliding_window": 4096, "rope_parameters": _OLMO3_ROPE, "rms_norm_eps": 1e-5},
     "exaone4": {"sliding_window": 4096, "rms_norm_eps": 1e-5},
     "cohere2": {"sliding_window": 4096, "layer_norm_eps": 1e-5, "logit_scale": 0.0625},
     "mistral": {"sliding_window": 4096},
-    "mimo_v2_flash": {"sliding_window": 129, "rope_parameters": _MIMO_ROPE, "rms_norm_eps": 1e-5,
-                      "attention_value_scale": 0.707},
+    "mimo_v2_flash": {
+        "sliding_window": 129,
+        "rope_parameters": _MIMO_ROPE,
+        "rms_norm_eps": 1e-5,
+        "attention_value_scale": 0.707,
+    },
     "llama4": _LLAMA4,
     "llama4_text": _LLAMA4,
     "gemma4": _GEMMA4,
     "gemma4_text": _GEMMA4,
-}  # fmt: skip
+}
 
 # The spellings of a field: if the config names any (even as null, which transformers keeps),
 # the field is not omitted.

@@ -32,8 +32,14 @@ def shape_fields(model_type: str, cfg: Mapping[str, Any], kinds) -> tuple[dict, 
     head_dim = positive_int(cfg, "head_dim", default_head_dim)
     v_head_dim = positive_int(cfg, "v_head_dim", head_dim)
     sinks = model_type == "gpt_oss"
-    full = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                v_head_dim=v_head_dim, has_sinks=sinks, k_is_v=False)  # fmt: skip
+    full = dict(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        has_sinks=sinks,
+        k_is_v=False,
+    )
     local = dict(full)
     if model_type in MIMO:
         # The transformers port drops the swa_* fields and gives SWA layers twice the KV heads.

@@ -64,24 +64,36 @@ class SwajaxAdapter:
             slots = pool_slots
         r2t = R.ReqToToken.init(n, width * ps)
         rows = np.arange(n)
-        r2t = R.write(r2t, rows, np.zeros(n, np.int32), seq, jnp.asarray(
-            np.concatenate([slots[r, : seq[r]] for r in range(n)]), jnp.int32))  # fmt: skip
+        r2t = R.write(
+            r2t,
+            rows,
+            np.zeros(n, np.int32),
+            seq,
+            jnp.asarray(np.concatenate([slots[r, : seq[r]] for r in range(n)]), jnp.int32),
+        )
         meta = build_metadata(r2t, state, rows, prefix, seq, window=window if local else 0)
         q = case["q"]  # the metadata pads the batch's tokens to a bucket
         q = np.concatenate([q, np.zeros((meta.num_tokens - len(q), *q.shape[1:]), q.dtype)])
         # One program per case: run eagerly, the implementation's every op (and every body of
         # its maps) would compile on its own, hundreds of tiny programs.
-        run = jax.jit(functools.partial(
-            attention,
-            layer=LayerSpec(kind, window if local else None),
-            scale=float(case["scale"]),
-            soft_cap=float(case["soft_cap"]) if "soft_cap" in case else None,
-            implementation=self.implementation,
-            interpret=self.implementation == "pallas",
-        ))  # fmt: skip
+        run = jax.jit(
+            functools.partial(
+                attention,
+                layer=LayerSpec(kind, window if local else None),
+                scale=float(case["scale"]),
+                soft_cap=float(case["soft_cap"]) if "soft_cap" in case else None,
+                implementation=self.implementation,
+                interpret=self.implementation == "pallas",
+            )
+        )
         sinks = jnp.asarray(case["sinks"]) if "sinks" in case else None
-        out = run(jnp.asarray(q), jnp.asarray(case["k_pages"]), jnp.asarray(case["v_pages"]),
-                  meta, sinks=sinks)  # fmt: skip
+        out = run(
+            jnp.asarray(q),
+            jnp.asarray(case["k_pages"]),
+            jnp.asarray(case["v_pages"]),
+            meta,
+            sinks=sinks,
+        )
         return np.asarray(out, np.float64)[: len(case["q"])]
 
     def logits(self, model_dir: str, prompt: list[int]) -> np.ndarray:

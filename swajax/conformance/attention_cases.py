@@ -86,8 +86,16 @@ def expected_output(case: dict) -> np.ndarray:
     query_req = np.concatenate([np.full(s - p, r) for r, (p, s) in enumerate(zip(prefix, seq))])
     query_pos = np.concatenate([np.arange(p, s) for p, s in zip(prefix, seq)])
     return reference_attention(
-        case["q"], case["k_pages"], case["v_pages"], case["page_table"], seq, query_req,
-        query_pos, kind=str(case["kind"]), window=int(case["window"]),
-        scale=float(case["scale"]), sinks=case.get("sinks"),
+        case["q"],
+        case["k_pages"],
+        case["v_pages"],
+        case["page_table"],
+        seq,
+        query_req,
+        query_pos,
+        kind=str(case["kind"]),
+        window=int(case["window"]),
+        scale=float(case["scale"]),
+        sinks=case.get("sinks"),
         soft_cap=float(case["soft_cap"]) if "soft_cap" in case else None,
-    )  # fmt: skip
+    )

@@ -39,8 +39,17 @@ ATTENTION_RTOL = 1e-5
 LOGITS_RTOL = 1e-4
 
 
-def _record(folder: Path, policy: str, preset: str, workload: str, ps: int, n: int,
-            tokens: int, ratio: float, seed: int):  # fmt: skip
+def _record(
+    folder: Path,
+    policy: str,
+    preset: str,
+    workload: str,
+    ps: int,
+    n: int,
+    tokens: int,
+    ratio: float,
+    seed: int,
+):
     from swajax import sizing
     from swajax.presets import load_preset
     from swajax.serving.options import EngineOptions
@@ -51,8 +60,7 @@ def _record(folder: Path, policy: str, preset: str, workload: str, ps: int, n: i
     cfg = load_preset(preset)
     sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=ratio, page_size=ps)
     tracers = []
-    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64,
-                            cache_policy=policy)  # fmt: skip
+    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64, cache_policy=policy)
     run_workload(
         cfg,
         sizes,
@@ -91,8 +99,14 @@ def export(
     cases = [_record(folder, cache_policy, *spec) for spec in ops] if "ops" in parts else []
     for seed, spec in enumerate(CASES if "attention" in parts else ()):
         np.savez(folder / "attention" / f"{spec[0]}.npz", **make_case(spec, seed))
-        cases.append(dict(name=spec[0], kind="attention", path=f"attention/{spec[0]}.npz",
-                          tolerance=ATTENTION_RTOL))  # fmt: skip
+        cases.append(
+            dict(
+                name=spec[0],
+                kind="attention",
+                path=f"attention/{spec[0]}.npz",
+                tolerance=ATTENTION_RTOL,
+            )
+        )
     logits = [("demo", Path(DEMO_DIR), list(DEMO_PROMPT), None)] if "logits" in parts else []
     for model in map(Path, models):
         prompt = json.loads((model / "greedy.json").read_text())["prompt"]
@@ -106,8 +120,9 @@ def export(
             expected = SwajaxAdapter().logits(str(dst), prompt)
         np.save(dst / "expected.npy", np.asarray(expected, np.float32))
         (dst / "case.json").write_text(json.dumps(dict(prompt=prompt, tolerance=LOGITS_RTOL)))
-        cases.append(dict(name=f"logits_{name}", kind="logits", path=f"logits/{name}",
-                          tolerance=LOGITS_RTOL))  # fmt: skip
+        cases.append(
+            dict(name=f"logits_{name}", kind="logits", path=f"logits/{name}", tolerance=LOGITS_RTOL)
+        )
     if "ops" in parts:
         (folder / "ops.schema.json").write_text(json.dumps(OPS_SCHEMA, indent=1) + "\n")
     manifest = dict(kit_version=KIT_VERSION, cache_policy=cache_policy, cases=cases)
@@ -157,8 +172,9 @@ def run(folder: str | Path, adapter) -> list[CaseResult]:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{folder} is not a conformance kit: {e}") from e
     if manifest.get("kit_version") != KIT_VERSION:
-        raise ValueError(f"kit version {manifest.get('kit_version')!r}; this swajax runs "
-                         f"version {KIT_VERSION}")  # fmt: skip
+        raise ValueError(
+            f"kit version {manifest.get('kit_version')!r}; this swajax runs version {KIT_VERSION}"
+        )
     results = []
     for case in manifest["cases"]:
         try:
@@ -166,6 +182,7 @@ def run(folder: str | Path, adapter) -> list[CaseResult]:
         except NotImplementedError as e:
             results.append(CaseResult(case["name"], case["kind"], "skipped", str(e)))
         except Exception as e:  # noqa: BLE001 - a backend's crash is that case's failure
-            results.append(CaseResult(case["name"], case["kind"], "fail",
-                                      f"{type(e).__name__}: {e}"))  # fmt: skip
+            results.append(
+                CaseResult(case["name"], case["kind"], "fail", f"{type(e).__name__}: {e}")
+            )
     return results

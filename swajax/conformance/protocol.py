@@ -75,11 +75,19 @@ from swajax.trace.check import BOOL, HANDLE, INT, INTS, OPS, OPTIONAL, PROFILES,
 _INTS = {"type": "array", "items": {"type": "integer"}}
 _HANDLE = {"type": ["integer", "null"]}
 _COMMON = {
-    "available": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2,
-                  "maxItems": 2},
-    "sizes": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 4,
-              "maxItems": 4},
-}  # fmt: skip
+    "available": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0},
+        "minItems": 2,
+        "maxItems": 2,
+    },
+    "sizes": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0},
+        "minItems": 4,
+        "maxItems": 4,
+    },
+}
 
 
 def _op(name: str, args: dict, optional) -> dict:
@@ -114,12 +122,13 @@ ANSWERS = {
     "lock": {"handle": {"type": "integer"}},
     "unlock": {},
     "release_swa": {},
-    "evict": {"evicted": {"type": "array", "items": {"type": "integer"}, "minItems": 2,
-                          "maxItems": 2}},
+    "evict": {
+        "evicted": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
+    },
     "insert": {"prefix_len": {"type": "integer"}},
     "cache_unfinished": {"prefix": _INTS, "handle": _HANDLE},
     "cache_finished": {},
-}  # fmt: skip
+}
 OPERATIONS = [_op(name, args, OPTIONAL.get(name, ())) for name, args in OPS.items()]
 HEADER = {
     "type": "object",
@@ -142,7 +151,7 @@ HEADER = {
                 for k, v in RAN.items()
             },
             "additionalProperties": False,
-        },  # fmt: skip
+        },
     },
     "required": [
         "op",
@@ -155,7 +164,7 @@ HEADER = {
         "cap_leaf_to_window",
         "profile",
         "ops",
-    ],  # fmt: skip
+    ],
 }
 FOOTER = {
     "type": "object",

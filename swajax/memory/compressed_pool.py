@@ -68,8 +68,9 @@ class CompressedPools:
         )
 
 
-def init_compressed(cfg: HybridConfig, full_rows: int, swa_rows: int, page_size: int,
-                    dtype, sharding=None) -> CompressedPools | None:  # fmt: skip
+def init_compressed(
+    cfg: HybridConfig, full_rows: int, swa_rows: int, page_size: int, dtype, sharding=None
+) -> CompressedPools | None:
     """Zeroed stores for the compressed layers of `cfg` (None without any): `full_rows` /
     `swa_rows` are the pools' rows, dummy page included."""
     ids = cfg.compressed_layer_ids
@@ -77,8 +78,9 @@ def init_compressed(cfg: HybridConfig, full_rows: int, swa_rows: int, page_size:
         return None
     layers = [cfg.layers[i] for i in ids]
     pages = full_rows // page_size
-    shapes = [((pages * ceil_div(page_size, la.compress_rate), la.compress_dims), dtype)
-              for la in layers]  # fmt: skip
+    shapes = [
+        ((pages * ceil_div(page_size, la.compress_rate), la.compress_dims), dtype) for la in layers
+    ]
     shapes += [((swa_rows, la.pending_dims), dtype) for la in layers]
     arrays = zeros(*shapes, sharding=sharding)
     index = [-1] * cfg.num_layers

@@ -78,8 +78,9 @@ class HostPageStack:
 class HostAllocator:
     """Full and SWA page stacks and the full -> SWA map; slots are numpy int32 arrays."""
 
-    def __init__(self, full_size: int, swa_size: int, page_size: int,
-                 mode: PoolMode = PoolMode.HYBRID):  # fmt: skip
+    def __init__(
+        self, full_size: int, swa_size: int, page_size: int, mode: PoolMode = PoolMode.HYBRID
+    ):
         self.mode, self.page_size = PoolMode(mode), page_size
         check_sizes(full_size, swa_size, page_size, self.mode)
         ps = page_size

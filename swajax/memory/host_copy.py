@@ -52,8 +52,7 @@ def _compressed_rows(pools: KVPools, swa: bool, pages, slots) -> list[jax.Array]
     """Rows of each compressed store on `pages` (SWA: the pages' translated `slots`)."""
     if swa:
         return [slots] * len(_compressed(pools, swa))
-    return [(pages[:, None] * r + jnp.arange(r)).reshape(-1)
-            for r in _rows_per_page(pools, swa)]  # fmt: skip
+    return [(pages[:, None] * r + jnp.arange(r)).reshape(-1) for r in _rows_per_page(pools, swa)]
 
 
 def _to_pages(x: jax.Array, ps: int) -> jax.Array:

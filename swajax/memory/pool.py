@@ -160,8 +160,9 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed)
 
 
-def write_kv(pools: KVPools, layer_id: int | Slot, k: jax.Array, v: jax.Array,
-             loc: KVWriteLoc) -> KVPools:  # fmt: skip
+def write_kv(
+    pools: KVPools, layer_id: int | Slot, k: jax.Array, v: jax.Array, loc: KVWriteLoc
+) -> KVPools:
     """Store one layer's new K [T, heads, k_dim] and V [T, heads, v_dim] at `loc`; the layer
     is a global layer id or its `Slot` (whose index may be traced).
 

@@ -143,8 +143,9 @@ class Checkpoint:
             for stored, entry in header.items():
                 name = text_model_name(stored)
                 if name in self._entries:
-                    raise LoadError(f"tensor {stored!r} appears in both {self._entries[name][0]} "
-                                    f"and {file}")  # fmt: skip
+                    raise LoadError(
+                        f"tensor {stored!r} appears in both {self._entries[name][0]} and {file}"
+                    )
                 self._entries[name] = (file, start, entry)
                 if name != stored:
                     self._stored[name] = stored

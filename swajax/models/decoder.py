@@ -53,8 +53,9 @@ class DecoderLayer(nnx.Module):
         elif kind in MLPS:
             self.mlp = MLPS[kind](spec)
         else:
-            self.mlp = DenseMLP(spec.hidden, spec.intermediate[i], spec.act, spec.dtype, limit,
-                                spec.weights)  # fmt: skip
+            self.mlp = DenseMLP(
+                spec.hidden, spec.intermediate[i], spec.act, spec.dtype, limit, spec.weights
+            )
 
     def load(self, w, prefix):
         self.self_attn.load(w, f"{prefix}.self_attn")
@@ -175,8 +176,16 @@ class Forward:
         model = self._model(params)
         return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
-    def __call__(self, params, pools, batch, meta, return_logits: bool, penalties=None,
-                 mode: SampleMode = GREEDY_OR_PLAIN):  # fmt: skip
+    def __call__(
+        self,
+        params,
+        pools,
+        batch,
+        meta,
+        return_logits: bool,
+        penalties=None,
+        mode: SampleMode = GREEDY_OR_PLAIN,
+    ):
         """(pools, penalties, Sampled): forward the batch, then sample its sampled rows."""
         model = self._model(params)
         logits, pools = model(

@@ -93,15 +93,26 @@ class V4Attention(nnx.Module):
             iw = self.index_weights(x).astype(F32) * v4.index_heads**-0.5
             index = (iq, iw)
         out = v4_attention.attend(
-            q, pools, slot, meta, self.layer, scale=spec.scales[self.layer_id],
-            sinks=self.sinks[...], compressed=compressed, index=index,
+            q,
+            pools,
+            slot,
+            meta,
+            self.layer,
+            scale=spec.scales[self.layer_id],
+            sinks=self.sinks[...],
+            compressed=compressed,
+            index=index,
             topk=spec.v4.index_topk,
-        )  # fmt: skip
+        )
         # K = V carries RoPE on its tail: rotate the output back at the query's position.
         out = rope_tail(out, -positions, rope)
         g = self.wo_a.shape[0]
-        grouped = jnp.einsum("tgi,gio->tgo", out.reshape(t, g, -1).astype(F32),
-                             self.wo_a[...].astype(F32), precision=HIGHEST)  # fmt: skip
+        grouped = jnp.einsum(
+            "tgi,gio->tgo",
+            out.reshape(t, g, -1).astype(F32),
+            self.wo_a[...].astype(F32),
+            precision=HIGHEST,
+        )
         return self.wo_b(grouped.reshape(t, -1).astype(x.dtype)), pools
 
 

@@ -38,8 +38,19 @@ def entry_table(meta: AttentionMetadata, pools: KVPools, i: int, req):
     return comp.entry_slot(i, full), ends
 
 
-def attend(q, pools: KVPools, slot: Slot, meta: AttentionMetadata, layer: LayerSpec, *, scale,
-           sinks, compressed: int | None = None, index=None, topk: int = 0):  # fmt: skip
+def attend(
+    q,
+    pools: KVPools,
+    slot: Slot,
+    meta: AttentionMetadata,
+    layer: LayerSpec,
+    *,
+    scale,
+    sinks,
+    compressed: int | None = None,
+    index=None,
+    topk: int = 0,
+):
     """q [T, H, D] -> [T, H, D]. `compressed`: the layer's index in the compressed stores
     (None: window only). `index` (CSA): (indexer queries [T, Hi, Di], head weights [T, Hi])."""
     t, h, d = q.shape
@@ -91,8 +102,9 @@ def _top_entries(iq, iw, keys, seen, topk: int):
     `topk` of the ones it sees (ties: the lower index), and which of those it does see."""
     dim = keys.shape[-1]
     dots = jnp.einsum("qhd,nd->qhn", iq.astype(F32), keys, precision=HIGHEST)
-    scores = jnp.einsum("qhn,qh->qn", jax.nn.relu(dots) * dim**-0.5, iw.astype(F32),
-                        precision=HIGHEST)  # fmt: skip
+    scores = jnp.einsum(
+        "qhn,qh->qn", jax.nn.relu(dots) * dim**-0.5, iw.astype(F32), precision=HIGHEST
+    )
     scores = jnp.where(seen, scores, -jnp.inf)
     _, top = jax.lax.top_k(scores, min(topk, keys.shape[0]))
     return top, jnp.take_along_axis(seen, top, axis=1)

@@ -83,8 +83,9 @@ def span_slots(meta, rows, span: int):
     return pages * ps + jnp.maximum(p, 0) % ps, p >= 0
 
 
-def update(compressors: list[Compressor], pools: CompressedPools, layer: int, x, meta,
-           rope: RopeSpec) -> CompressedPools:  # fmt: skip
+def update(
+    compressors: list[Compressor], pools: CompressedPools, layer: int, x, meta, rope: RopeSpec
+) -> CompressedPools:
     """Write the batch's pending projections of a compressed layer (its compressors side by
     side in one row) and make the entries of the windows that end in it."""
     i = pools.layer(layer)

@@ -96,8 +96,9 @@ def write_safetensors(file: Path, tensors: dict[str, np.ndarray]) -> None:
         dtype = SAFETENSORS_DTYPES.get(value.dtype)
         if dtype is None:
             raise TypeError(f"tensor {name!r}: no safetensors dtype for {value.dtype}")
-        header[name] = dict(dtype=dtype, shape=list(value.shape),
-                            data_offsets=[offset, offset + value.nbytes])  # fmt: skip
+        header[name] = dict(
+            dtype=dtype, shape=list(value.shape), data_offsets=[offset, offset + value.nbytes]
+        )
         offset += value.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
@@ -131,8 +132,15 @@ def hf_config(source: Path, dtype: str, quantized: bool = False) -> dict:
     return cfg
 
 
-def save_hf(decoder: Decoder, source: str | Path, out: str | Path, *, dtype: str,
-            force: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:  # fmt: skip
+def save_hf(
+    decoder: Decoder,
+    source: str | Path,
+    out: str | Path,
+    *,
+    dtype: str,
+    force: bool = False,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> None:
     """Write `decoder` (loaded from `source`) as a Hugging Face folder at `out`: config.json,
     the weights, and every other file of `source` (tokenizer, generation config). Built aside
     and swapped into place, like `save_orbax`."""

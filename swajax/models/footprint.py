@@ -18,8 +18,18 @@ from swajax.models.decoder import decoder_for
 from swajax.models.spec import ModelSpec
 
 # The routed experts' parameters of every MoE block (quantized forms included): [E, ...].
-EXPERT_LEAVES = {"gate_up", "down", "gate_up_bias", "down_bias", "gate_up_blocks", "down_blocks",
-                 "gate_up_scales", "down_scales", "gate_up_scale", "down_scale"}  # fmt: skip
+EXPERT_LEAVES = {
+    "gate_up",
+    "down",
+    "gate_up_bias",
+    "down_bias",
+    "gate_up_blocks",
+    "down_blocks",
+    "gate_up_scales",
+    "down_scales",
+    "gate_up_scale",
+    "down_scale",
+}
 SCALES = {"kernel_scale", "gate_up_scales", "down_scales", "gate_up_scale", "down_scale"}
 
 
@@ -60,8 +70,9 @@ def footprint(spec: ModelSpec) -> Footprint:
         if spec.num_experts and name in EXPERT_LEAVES and leaf.shape[0] == spec.num_experts:
             expert_params, expert_bytes = expert_params + values, expert_bytes + size
     experts = spec.num_experts if expert_params else 0
-    return Footprint(params, nbytes, expert_params, expert_bytes, experts,
-                     spec.top_k if experts else 0)  # fmt: skip
+    return Footprint(
+        params, nbytes, expert_params, expert_bytes, experts, spec.top_k if experts else 0
+    )
 
 
 def config_footprint(

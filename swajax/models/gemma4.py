@@ -142,10 +142,17 @@ class Gemma4MoE(nnx.Module):
         return fn(x, routing, weights, lambda g: act(spec.act, g[..., 0::2]) * g[..., 1::2])
 
 
-NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-         "post_feedforward_layernorm")  # fmt: skip
-MOE_NORMS = ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-             "pre_feedforward_layernorm_2")  # fmt: skip
+NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
+MOE_NORMS = (
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+    "pre_feedforward_layernorm_2",
+)
 PLE_NORM = "post_per_layer_input_norm"
 
 

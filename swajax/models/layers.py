@@ -41,8 +41,9 @@ class Linear(nnx.Module):
     float8 with its block scales (`quantized.BlockFp8`) and is dequantized to `dtype` inside
     the jitted call: the device holds the checkpoint's bytes."""
 
-    def __init__(self, din: int, dout: int, bias: bool = False, dtype=F32,
-                 quant: Quantization | None = None):  # fmt: skip
+    def __init__(
+        self, din: int, dout: int, bias: bool = False, dtype=F32, quant: Quantization | None = None
+    ):
         self.dtype = jnp.dtype(dtype).name
         self.block = fp8_block(quant, din, dout)
         if self.block is None:
@@ -210,8 +211,17 @@ def unit_rms(x, eps):
     return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def paged_attention(q, pools, where: int | pool_lib.Slot, meta, layer, mode: AttentionMode, *,
-                    kv_scales=None, **kwargs):  # fmt: skip
+def paged_attention(
+    q,
+    pools,
+    where: int | pool_lib.Slot,
+    meta,
+    layer,
+    mode: AttentionMode,
+    *,
+    kv_scales=None,
+    **kwargs,
+):
     """`attention` over one layer's pool buffers (`where`: a global layer id, whose KV-shared
     layers read their source's, or a `Slot`), run as `mode` says. `kv_scales` (k, v): the pool
     holds K / k and V / v, so q.K = (q k).(K / k) and the output is v times the attention over
@@ -249,8 +259,15 @@ def offset_tables(meta, is_swa: bool, offset):
 class DenseMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); `limit` (Step 3.x) clamps act(gate) above and up both ways."""
 
-    def __init__(self, hidden: int, width: int, act: str, dtype=F32, limit: float | None = None,
-                 quant: Quantization | None = None):  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        width: int,
+        act: str,
+        dtype=F32,
+        limit: float | None = None,
+        quant: Quantization | None = None,
+    ):
         self.gate_proj = Linear(hidden, width, dtype=dtype, quant=quant)
         self.up_proj = Linear(hidden, width, dtype=dtype, quant=quant)
         self.down_proj = Linear(width, hidden, dtype=dtype, quant=quant)

@@ -57,8 +57,10 @@ def member(folder: Path, name) -> Path:
         or PureWindowsPath(name).drive
         or name.startswith("~")
     ):
-        raise LoadError(f"checkpoint file name {name!r} leaves the checkpoint folder {folder}: "
-                        "an index may name files inside it only")  # fmt: skip
+        raise LoadError(
+            f"checkpoint file name {name!r} leaves the checkpoint folder {folder}: "
+            "an index may name files inside it only"
+        )
     return folder / pure
 
 
@@ -132,15 +134,23 @@ def load_decoder(
     checkpoint = Checkpoint(files, ignored_patterns(spec, cfg))
     kv_scales = any(n.endswith(KV_SCALE) for n in checkpoint.names())
     decoder = _abstract(dataclasses.replace(spec, kv_scales=kv_scales), mesh)
-    LOG.info("loading %s: %d tensors in %d file(s) as %s", path, len(checkpoint.names()),
-             len(files), dtype)  # fmt: skip
+    LOG.info(
+        "loading %s: %d tensors in %d file(s) as %s",
+        path,
+        len(checkpoint.names()),
+        len(files),
+        dtype,
+    )
     parameters = sum(isinstance(node, nnx.Variable) for _, node in nnx.iter_graph(decoder))
     with progress(parameters, f"loading {path.name}") as advance:
         loader = WeightLoader(checkpoint, decoder, checkpoint_quantization(cfg), mesh, advance)
         decoder.load(loader)
     loader.check_complete(decoder)
-    LOG.info("read %d bytes of weights from %d bytes of checkpoint files", loader.bytes_read,
-             sum(f.stat().st_size for f in files))  # fmt: skip
+    LOG.info(
+        "read %d bytes of weights from %d bytes of checkpoint files",
+        loader.bytes_read,
+        sum(f.stat().st_size for f in files),
+    )
     return decoder
 
 
@@ -151,8 +161,9 @@ def _abstract(spec: ModelSpec, mesh) -> Decoder:
     return nnx.eval_shape(lambda: decoder_for(spec))
 
 
-def decoder_spec(cfg: dict, *, dtype: str = "float32", moe: str = "auto",
-                 dequantize_weights: bool = False) -> ModelSpec:  # fmt: skip
+def decoder_spec(
+    cfg: dict, *, dtype: str = "float32", moe: str = "auto", dequantize_weights: bool = False
+) -> ModelSpec:
     """The `ModelSpec` a load with these options builds (its parameters are what the device
     will hold: `swajax.models.footprint` counts them without loading anything)."""
     if dtype not in DTYPES:

@@ -20,8 +20,9 @@ from swajax.models.spec import Act, ModelSpec
 from swajax.models.weights import PAIRED, SWAPPED
 
 
-def _stacked(module, name: str, spec: ModelSpec, shape: tuple[int, int, int], form: str,
-             parts: int = 1):  # fmt: skip
+def _stacked(
+    module, name: str, spec: ModelSpec, shape: tuple[int, int, int], form: str, parts: int = 1
+):
     """Declare expert weight `name` [E, in, out] in `form`: "plain" (`spec.dtype`), "mxfp4"
     (`name_blocks` / `name_scales` as published) or "fp8" (`name` float8 and `name_scale`, each
     of its `parts` column groups with its own block grid)."""
@@ -200,8 +201,9 @@ class Step3MoE(nnx.Module):
         self.correction = param((e,))
         self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
         shared_limit = spec.mlp_limits[layer_id]
-        self.share_expert = DenseMLP(h, spec.shared_intermediate, Act.SILU, dt, shared_limit,
-                                     spec.weights)  # fmt: skip
+        self.share_expert = DenseMLP(
+            h, spec.shared_intermediate, Act.SILU, dt, shared_limit, spec.weights
+        )
 
     def load(self, w, prefix):
         """`prefix` is the layer's: the tensors sit under `moe.` and `share_expert.`."""

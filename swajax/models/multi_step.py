@@ -25,8 +25,7 @@ import jax.numpy as jnp
 from swajax.attention.metadata import metadata_core, metadata_shape
 
 
-def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, steps: int, shape,
-                 mode):  # fmt: skip
+def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, steps: int, shape, mode):
     """Up to `steps` decode steps (traced inside the runner's jit), as a `fori_loop` over one
     step's body: compiled once whatever the steps. Request r takes n_r = seq_r - prefix_r of
     them (its flat tokens, n_r of them from offset sum(n_<r), start with its pending token; its
@@ -50,8 +49,12 @@ def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, steps
         index = jnp.where(index0 < live, index0, 0)  # padding rows read row 0, as a plain step's
         fields = {name: getattr(batch, name)[order] for name in batch._fields[3:]}
         fields["sample_positions"] = fields["sample_positions"] + j
-        one = type(batch)(tokens=jnp.where(index < live, current[order], 0),
-                          logit_index=index, sample_index=index, **fields)  # fmt: skip
+        one = type(batch)(
+            tokens=jnp.where(index < live, current[order], 0),
+            logit_index=index,
+            sample_index=index,
+            **fields,
+        )
         pools, _, sampled = forward(params, pools, one, m, False, None, mode)
         mine, on = jnp.clip(flat, 0, s - 1), active > 0
         current = jnp.where(on, sampled.tokens[mine], current)
@@ -60,8 +63,12 @@ def decode_round(forward, params, pools, r2t, alloc, meta, batch, rows, *, steps
         return pools, current, tokens, logprobs
 
     current = jnp.take(batch.tokens, start, mode="clip")  # each request's pending token
-    carry = (pools, current, jnp.zeros((n_rows, steps), jnp.int32),
-             jnp.zeros((n_rows, steps), jnp.float32))  # fmt: skip
+    carry = (
+        pools,
+        current,
+        jnp.zeros((n_rows, steps), jnp.int32),
+        jnp.zeros((n_rows, steps), jnp.float32),
+    )
     pools, _, tokens, logprobs = jax.lax.fori_loop(0, jnp.max(n), step, carry)
     accepted = jnp.maximum(n - 1, 0).astype(jnp.int32)
     return pools, (tokens, logprobs, accepted)
@@ -71,5 +78,6 @@ def round_shape(prefix_lens, seq_lens, *, page_size: int, window: int, min_token
     """One metadata shape for every single-token forward of a round: a plain decode step's at
     the round's last lengths, which covers every step before it (so a round's program depends
     on N and this shape only, not on when each request sits out: few programs)."""
-    return metadata_shape(seq_lens - 1, seq_lens, page_size=page_size, window=window,
-                          min_tokens=min_tokens)  # fmt: skip
+    return metadata_shape(
+        seq_lens - 1, seq_lens, page_size=page_size, window=window, min_tokens=min_tokens
+    )

@@ -113,18 +113,25 @@ def mxfp4_parts(checkpoint: Checkpoint, name: str, dtype) -> tuple[np.ndarray, n
     dequantized to `dtype`): a value that would not be finite in `dtype` is named here, as the
     dequantize-at-load path names it."""
     if f"{name}_blocks" not in checkpoint:
-        raise LoadError(f"tensor {name!r} is not stored as MXFP4 ({name + '_blocks'!r} is "
-                        "missing); load with dequantize_weights to read any form")  # fmt: skip
+        raise LoadError(
+            f"tensor {name!r} is not stored as MXFP4 ({name + '_blocks'!r} is "
+            "missing); load with dequantize_weights to read any form"
+        )
     blocks, scales = checkpoint.array(f"{name}_blocks"), checkpoint.array(f"{name}_scales")
     if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
-        raise LoadError(f"MXFP4 tensor {name!r}: blocks and scales must be uint8, got "
-                        f"{blocks.dtype} and {scales.dtype}")  # fmt: skip
+        raise LoadError(
+            f"MXFP4 tensor {name!r}: blocks and scales must be uint8, got "
+            f"{blocks.dtype} and {scales.dtype}"
+        )
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
-        raise LoadError(f"MXFP4 tensor {name!r}: blocks {blocks.shape} and scales "
-                        f"{scales.shape} do not match [..., R, G, 16] and [..., R, G]")  # fmt: skip
+        raise LoadError(
+            f"MXFP4 tensor {name!r}: blocks {blocks.shape} and scales "
+            f"{scales.shape} do not match [..., R, G, 16] and [..., R, G]"
+        )
     if np.any(scales == E8M0_NAN):
-        raise LoadError(f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 "
-                        "reserves for NaN")  # fmt: skip
+        raise LoadError(
+            f"tensor {name + '_scales'!r} holds the scale 255, which E8M0 reserves for NaN"
+        )
     _check_mxfp4_range(name, blocks, scales, dtype)
     return blocks, scales
 
@@ -140,9 +147,11 @@ def _check_mxfp4_range(name: str, blocks, scales, dtype) -> None:
         largest = float(np.abs(np.concatenate([FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]])).max())
         if largest * 2.0 ** (int(scales[index]) - 127) > top:
             where = tuple(int(i) for i in index)
-            raise LoadError(f"tensor {name!r} dequantizes to a non-finite value in "
-                            f"{np.dtype(dtype)} (MXFP4 group {where}, scale "
-                            f"2^{int(scales[index]) - 127})")  # fmt: skip
+            raise LoadError(
+                f"tensor {name!r} dequantizes to a non-finite value in "
+                f"{np.dtype(dtype)} (MXFP4 group {where}, scale "
+                f"2^{int(scales[index]) - 127})"
+            )
 
 
 def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
@@ -151,9 +160,11 @@ def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
     if name not in checkpoint:
         checkpoint.array(name)  # the missing-tensor error
     if checkpoint.dtype(name) not in FLOAT8:
-        raise LoadError(f"tensor {name!r} is {checkpoint.dtype(name)}, not float8 as the "
-                        "config's quantization_config says; load with dequantize_weights to "
-                        "read it in any form")  # fmt: skip
+        raise LoadError(
+            f"tensor {name!r} is {checkpoint.dtype(name)}, not float8 as the "
+            "config's quantization_config says; load with dequantize_weights to "
+            "read it in any form"
+        )
     scale = f"{name}_scale_inv"
     if scale not in checkpoint:
         raise LoadError(f"float8 tensor {name!r} has no {scale!r} beside it")
@@ -163,15 +174,18 @@ def fp8_parts(checkpoint: Checkpoint, name: str, block: tuple[int, int]):
     if s.size == 1 and want[-2:] == (1, 1):
         s = s.reshape(want)
     if tuple(s.shape) != want:
-        raise LoadError(f"FP8 scale grid {s.shape} does not fit weight {w.shape} in "
-                        f"{block[0]}x{block[1]} blocks (expected {want})")  # fmt: skip
+        raise LoadError(
+            f"FP8 scale grid {s.shape} does not fit weight {w.shape} in "
+            f"{block[0]}x{block[1]} blocks (expected {want})"
+        )
     s = np.asarray(s, np.float32)
     check_finite(scale, s)
     return w, s
 
 
-def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype, *,
-         check: bool = True) -> np.ndarray:  # fmt: skip
+def read(
+    checkpoint: Checkpoint, name: str, quant: Quantization, dtype, *, check: bool = True
+) -> np.ndarray:
     """Tensor `name` as the model sees it: a lazy view when stored plainly, else dequantized.
     A value that is not finite (NaN or infinite, stored or from dequantizing) is an error naming
     the tensor: it would otherwise turn every logit it reaches into NaN, silently. `check=False`
@@ -179,8 +193,10 @@ def read(checkpoint: Checkpoint, name: str, quant: Quantization, dtype, *,
     a process that loads only its shards then reads only those."""
     if name not in checkpoint and f"{name}_blocks" in checkpoint:
         if quant.method != "mxfp4":
-            raise LoadError(f"tensor {name!r} is stored as MXFP4 blocks but the config's "
-                            f"quant_method is {quant.method!r}")  # fmt: skip
+            raise LoadError(
+                f"tensor {name!r} is stored as MXFP4 blocks but the config's "
+                f"quant_method is {quant.method!r}"
+            )
         with np.errstate(over="ignore"):  # an overflow to inf is named below
             value = mxfp4(*mxfp4_parts(checkpoint, name, dtype), dtype)
     elif name in checkpoint and checkpoint.dtype(name) in FLOAT8:
@@ -210,11 +226,14 @@ def check_finite(name: str, value: np.ndarray, offset=(), reverse: bool = False)
         rows = flat[start : start + step]
         finite = np.isfinite(rows)  # ml_dtypes' bfloat16 and float8 have the ufunc too
         if not finite.all():
-            where = np.unravel_index(int(np.argmin(finite.reshape(-1))) + start * flat.shape[1],
-                                     value.shape)  # fmt: skip
+            where = np.unravel_index(
+                int(np.argmin(finite.reshape(-1))) + start * flat.shape[1], value.shape
+            )
             bad = value[where]
             if offset:
                 where = tuple(int(i) + o for i, o in zip(where, offset))
             where = where[::-1] if reverse else where
-            raise LoadError(f"tensor {name!r} holds a non-finite value ({float(bad)}) at "
-                            f"index {tuple(int(i) for i in where)}")  # fmt: skip
+            raise LoadError(
+                f"tensor {name!r} holds a non-finite value ({float(bad)}) at "
+                f"index {tuple(int(i) for i in where)}"
+            )

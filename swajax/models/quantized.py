@@ -90,8 +90,9 @@ class Mxfp4:
         x = x.astype(self.dtype)
 
         def part(a, w):
-            return jax.lax.dot_general(a, w, dims, precision=jax.lax.Precision.HIGHEST,
-                                       preferred_element_type=F32)  # fmt: skip
+            return jax.lax.dot_general(
+                a, w, dims, precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32
+            )
 
         return part(x[:, 0::2], even) + part(x[:, 1::2], odd)
 
@@ -144,8 +145,9 @@ def matmul(x, w) -> jax.Array:
     if isinstance(w, Mxfp4):
         return w.matmul(x)
     w = dense(w)
-    return jnp.dot(x.astype(w.dtype), w, precision=jax.lax.Precision.HIGHEST,
-                   preferred_element_type=F32)  # fmt: skip
+    return jnp.dot(
+        x.astype(w.dtype), w, precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32
+    )
 
 
 def dense(w) -> jax.Array:

@@ -141,8 +141,9 @@ def sample(logits, b, pen: Penalties | None, mode: SampleMode):
     logprobs = jax.nn.log_softmax(raw, axis=-1)
     x = raw
     if mode.penalize:
-        x = penalize(x, pen, b.sample_rows, b.repetition_penalty, b.presence_penalty,
-                     b.frequency_penalty)  # fmt: skip
+        x = penalize(
+            x, pen, b.sample_rows, b.repetition_penalty, b.presence_penalty, b.frequency_penalty
+        )
     tokens = _draw(x, b, mode.draw)
     if mode.penalize:  # count the new token (padding rows are out of range: dropped)
         pen = pen._replace(output=pen.output.at[b.sample_rows, tokens].add(1, mode="drop"))

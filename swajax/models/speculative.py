@@ -98,8 +98,9 @@ def verify_round(
     logits = jnp.zeros((max(t, size), v), jnp.float32).at[:t].set(logits.astype(jnp.float32))
     logits = logits[:size].reshape(n_rows, k + 1, v)
     greedy = _argmax(logits)  # [R, k + 1]
-    tokens, accepted = _accept(logits, greedy, proposed, q_probs[:k], params, seeds,
-                               prefix_lens[:n_rows], k)  # fmt: skip
+    tokens, accepted = _accept(
+        logits, greedy, proposed, q_probs[:k], params, seeds, prefix_lens[:n_rows], k
+    )
     tokens = jnp.where(sampling[:, None], tokens, greedy)
     agree = (proposed == greedy[:, :k]).astype(jnp.int32)
     accepted = jnp.where(sampling, accepted, jnp.sum(jnp.cumprod(agree, axis=1), axis=1))

@@ -69,8 +69,9 @@ SWAPPED_PAIRED = Layout(
 class WeightLoader:
     """`fill(param, name)` sets one parameter of `module` (an abstract NNX module)."""
 
-    def __init__(self, checkpoint: Checkpoint, module: nnx.Module, quant=None, mesh=None,
-                 advance=None):  # fmt: skip
+    def __init__(
+        self, checkpoint: Checkpoint, module: nnx.Module, quant=None, mesh=None, advance=None
+    ):
         """`advance(n)`: told after each parameter is filled (a progress bar)."""
         self.checkpoint, self.quant, self.mesh = checkpoint, quant or Quantization(), mesh
         self._advance = advance or (lambda n=1: None)
@@ -90,8 +91,7 @@ class WeightLoader:
         # Without a whole-tensor transform, each shard read is checked as it is read, so a
         # process loading only its shards reads only those (the finiteness check included).
         sliced = transform is None
-        value = quantization.read(self.checkpoint, name, self.quant, target.dtype,
-                                  check=not sliced)  # fmt: skip
+        value = quantization.read(self.checkpoint, name, self.quant, target.dtype, check=not sliced)
         value = value.T if transpose else value
         value = transform(value) if transform is not None else value
         if tuple(value.shape) != tuple(target.shape):
@@ -120,10 +120,12 @@ class WeightLoader:
         if len(names) != target.shape[0]:
             raise LoadError(f"{len(names)} experts for a parameter of shape {target.shape}")
         stored = [
-            [quantization.read(self.checkpoint, n, self.quant, np.float32, check=False)
-             for n in group]
+            [
+                quantization.read(self.checkpoint, n, self.quant, np.float32, check=False)
+                for n in group
+            ]
             for group in names
-        ]  # fmt: skip
+        ]
         for group, parts in zip(names, stored):
             width = sum(p.shape[0] for p in parts)
             if parts[0].shape[1] != target.shape[1] or width != target.shape[2]:
@@ -235,8 +237,10 @@ class WeightLoader:
         """param <- `host` exactly as it is (shape and dtype must match: no conversion)."""
         target = param.get_value()
         if tuple(host.shape) != tuple(target.shape) or host.dtype != np.dtype(target.dtype):
-            raise LoadError(f"tensor {name!r} gives {host.dtype}{list(host.shape)}, expected "
-                            f"{np.dtype(target.dtype)}{list(target.shape)}")  # fmt: skip
+            raise LoadError(
+                f"tensor {name!r} gives {host.dtype}{list(host.shape)}, expected "
+                f"{np.dtype(target.dtype)}{list(target.shape)}"
+            )
 
         def read(index):  # a copy: the device array must not alias the mapped file
             return self._count(param, index, np.array(host[index], order="C", copy=True))

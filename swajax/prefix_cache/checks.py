@@ -84,10 +84,13 @@ def stats(cache: PrefixCache) -> dict:
     if tier is not None:
         ps = cache.ps
         host = dict(
-            host_full_tokens=tier.full.used * ps, host_swa_tokens=tier.swa.used * ps,
-            host_saved_full=tier.saved[0], host_saved_swa=tier.saved[1],
-            host_loaded_full=tier.loaded[0], host_loaded_swa=tier.loaded[1],
-        )  # fmt: skip
+            host_full_tokens=tier.full.used * ps,
+            host_swa_tokens=tier.swa.used * ps,
+            host_saved_full=tier.saved[0],
+            host_saved_swa=tier.saved[1],
+            host_loaded_full=tier.loaded[0],
+            host_loaded_swa=tier.loaded[1],
+        )
     return host | dict(
         hit_tokens=cache.hit_tokens,
         swa_tail_miss_tokens=cache.tail_miss_tokens,

@@ -55,10 +55,18 @@ class CachePolicy:
     # host tier for hybrid SWA models (SGLang 0.5.23's HiCache does not take them) refuses one.
     host_tier: bool = True
 
-    RULES = ("eager_window_free", "window_recency", "keep_childless_tombstones",
-             "branch_insert", "frontier_ceil_align", "checkpoint_last_chunk",
-             "fallback_only", "node_window_lock", "lazy_window_release",
-             "relock_checkpoint")  # fmt: skip
+    RULES = (
+        "eager_window_free",
+        "window_recency",
+        "keep_childless_tombstones",
+        "branch_insert",
+        "frontier_ceil_align",
+        "checkpoint_last_chunk",
+        "fallback_only",
+        "node_window_lock",
+        "lazy_window_release",
+        "relock_checkpoint",
+    )
 
 
 SWAJAX = CachePolicy("swajax")

@@ -52,8 +52,16 @@ def _mode(plan: StepPlan) -> SampleMode:
 class DeviceRunner:
     observer: Observer | None = None  # swajax.observe: a recorder, if any
 
-    def __init__(self, model, sizes: PoolSizes, *, max_running: int, max_context: int, window: int,
-                 draft=None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        sizes: PoolSizes,
+        *,
+        max_running: int,
+        max_context: int,
+        window: int,
+        draft=None,
+    ):
         """`model`: one that runs inside the fused step (a `HybridLM`; the null model runs on
         `HostRunner`). `draft` (a `HybridLM` or None) proposes the tokens of each plan's
         `lookahead`."""
@@ -211,9 +219,13 @@ class DeviceRunner:
             pen = self._penalties(plan)
             state = (self.alloc, self.r2t, self.pools, self.draft_pools, pen)
             if plan.lookahead and not plan.speculative:  # multi-step decode
-                shape = round_shape(plan.prefix_lens, plan.seq_lens,
-                                    page_size=self.alloc.page_size, window=self.window,
-                                    min_tokens=self.min_reqs)  # fmt: skip
+                shape = round_shape(
+                    plan.prefix_lens,
+                    plan.seq_lens,
+                    page_size=self.alloc.page_size,
+                    window=self.window,
+                    min_tokens=self.min_reqs,
+                )
                 step, extra = fused_round, dict(steps=plan.lookahead + 1, shape=shape)
             elif plan.lookahead:
                 step = fused_verify
@@ -223,8 +235,9 @@ class DeviceRunner:
             if after is not None:
                 start, size = offset(commit["layout"], "tokens")
                 accepted = after.sampled[2] if after.plan.lookahead else None  # a round's
-                packed = fill_placeholders(packed, after.sampled[0], accepted, start=start,
-                                           size=size)  # fmt: skip
+                packed = fill_placeholders(
+                    packed, after.sampled[0], accepted, start=start, size=size
+                )
             statics = dict(forward=fused, draft=draft, mode=_mode(plan), **extra, **commit)
             args = (*state, packed, self.model.params, d_state)
             *state, out, sampled = self.programs.call(step, args, statics)
@@ -259,7 +272,7 @@ class DeviceRunner:
         return tuple(
             metadata_shape(
                 plan.prefix_lens + j, plan.prefix_lens + j + 1, page_size=ps, window=self.window
-            )  # fmt: skip
+            )
             for j in range(plan.lookahead + 1)
         )
 
@@ -272,9 +285,12 @@ class DeviceRunner:
         # request that ended while an overlapped step ran) keeps the program, and so every
         # other row's numerics.
         shape = metadata_shape(
-            plan.prefix_lens, plan.seq_lens, page_size=self.alloc.page_size,
-            window=self.window, min_tokens=self.min_reqs if decode else 1,
-        )  # fmt: skip
+            plan.prefix_lens,
+            plan.seq_lens,
+            page_size=self.alloc.page_size,
+            window=self.window,
+            min_tokens=self.min_reqs if decode else 1,
+        )
         fwd = pad_forward(
             plan.forward,
             shape.num_tokens,

@@ -153,10 +153,16 @@ class ProgramStore:
         leaves, treedef = jax.tree.flatten(args)
         shapes = [(x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves]
         parts = [
-            source_fingerprint(), jax.__version__, _jaxlib_version(),
-            self.device.platform, self.device.device_kind, fn.__name__, str(treedef),
-            repr(shapes), *(f"{k}={self._describe(v)}" for k, v in statics.items()),
-        ]  # fmt: skip
+            source_fingerprint(),
+            jax.__version__,
+            _jaxlib_version(),
+            self.device.platform,
+            self.device.device_kind,
+            fn.__name__,
+            str(treedef),
+            repr(shapes),
+            *(f"{k}={self._describe(v)}" for k, v in statics.items()),
+        ]
         text = "\n".join(parts)
         if _ADDRESS.search(text):
             return None

@@ -45,8 +45,22 @@ def _seeded(pen, extra: dict):
     static_argnames=("forward", "draft", "return_logits", "mode", *_COMMIT),
     donate_argnums=(0, 1, 2, 3, 4),
 )
-def fused_step(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                return_logits, mode, **commit):  # fmt: skip
+def fused_step(
+    alloc,
+    r2t,
+    pools,
+    d_pools,
+    pen,
+    packed,
+    weights,
+    d_weights,
+    *,
+    forward,
+    draft,
+    return_logits,
+    mode,
+    **commit,
+):
     """commit_step then the model's forward (a static `Forward`) and sampling, traced into one
     program; a speculative draft (`draft`, or None) writes its KV of the same tokens."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
@@ -64,15 +78,41 @@ def fused_step(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, f
     static_argnames=("forward", "draft", "k", "draft_shapes", "mode", *_COMMIT),
     donate_argnums=(0, 1, 2, 3, 4),
 )
-def fused_verify(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                  k, draft_shapes, mode, **commit):  # fmt: skip
+def fused_verify(
+    alloc,
+    r2t,
+    pools,
+    d_pools,
+    pen,
+    packed,
+    weights,
+    d_weights,
+    *,
+    forward,
+    draft,
+    k,
+    draft_shapes,
+    mode,
+    **commit,
+):
     """commit_step (k + 1 positions per decoding request) then a speculative round."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
     rows = extra.pop("verify_rows")
     pools, d_pools, verified = verify_round(
-        forward, draft, weights, d_weights, pools, d_pools, r2t, alloc, meta,
-        ForwardBatch(**extra), rows, k=k, draft_shapes=draft_shapes,
-    )  # fmt: skip
+        forward,
+        draft,
+        weights,
+        d_weights,
+        pools,
+        d_pools,
+        r2t,
+        alloc,
+        meta,
+        ForwardBatch(**extra),
+        rows,
+        k=k,
+        draft_shapes=draft_shapes,
+    )
     return alloc, r2t, pools, d_pools, pen, out, verified
 
 
@@ -81,15 +121,31 @@ def fused_verify(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *,
     static_argnames=("forward", "draft", "steps", "shape", "mode", *_COMMIT),
     donate_argnums=(0, 1, 2, 3, 4),
 )
-def fused_round(alloc, r2t, pools, d_pools, pen, packed, weights, d_weights, *, forward, draft,
-                steps, shape, mode, **commit):  # fmt: skip
+def fused_round(
+    alloc,
+    r2t,
+    pools,
+    d_pools,
+    pen,
+    packed,
+    weights,
+    d_weights,
+    *,
+    forward,
+    draft,
+    steps,
+    shape,
+    mode,
+    **commit,
+):
     """commit_step (up to `steps` positions per decoding request) then those decode steps
     (multi-step decode)."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
     rows = extra.pop("verify_rows")
     batch = ForwardBatch(**extra)
-    pools, decoded = decode_round(forward, weights, pools, r2t, alloc, meta, batch, rows,
-                                  steps=steps, shape=shape, mode=mode)  # fmt: skip
+    pools, decoded = decode_round(
+        forward, weights, pools, r2t, alloc, meta, batch, rows, steps=steps, shape=shape, mode=mode
+    )
     return alloc, r2t, pools, d_pools, pen, out, decoded
 
 

@@ -19,9 +19,11 @@ def seed_arrays(plan: StepPlan) -> dict[str, np.ndarray]:
         return {}
     r, n, drop = bucket(len(seeds.reset_rows), 8), bucket(len(seeds.rows), MIN_TOKENS), 2**30
     values = (
-        _pad_to(seeds.reset_rows, r, np.int32, drop), _pad_to(seeds.rows, n, np.int32, drop),
-        _pad_to(seeds.tokens, n, np.int32), _pad_to(seeds.is_output, n, np.int32),
-    )  # fmt: skip
+        _pad_to(seeds.reset_rows, r, np.int32, drop),
+        _pad_to(seeds.rows, n, np.int32, drop),
+        _pad_to(seeds.tokens, n, np.int32),
+        _pad_to(seeds.is_output, n, np.int32),
+    )
     return dict(zip(SEEDS, values))
 
 

@@ -112,8 +112,10 @@ def make_app(
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                             "owned_by": "swajax"}]}  # fmt: skip
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "owned_by": "swajax"}],
+        }
 
     @app.get("/metrics")
     async def prometheus():
@@ -172,8 +174,7 @@ async def _serve(loop: EngineLoop, job: Job, request: Request, shape, stream: bo
     if first[0] == "error":
         return error(400, str(first[1]))
     if stream:
-        return StreamingResponse(_events(loop, job, request, shape),
-                                 media_type="text/event-stream")  # fmt: skip
+        return StreamingResponse(_events(loop, job, request, shape), media_type="text/event-stream")
     try:
         while True:
             try:

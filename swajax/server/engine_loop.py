@@ -162,8 +162,9 @@ class EngineLoop:
         decode = self.llm.tokenizer.decode
         try:
             for index, prompt in enumerate(job.prompts):
-                job.samples += add_samples(self.engine, prompt, job.params, index, decode,
-                                           keep_logits=job.keep_logits)  # fmt: skip
+                job.samples += add_samples(
+                    self.engine, prompt, job.params, index, decode, keep_logits=job.keep_logits
+                )
         except Exception as error:  # noqa: BLE001 - bad input: the client's 400
             for x in job.samples:
                 self.engine.abort(x.rid)

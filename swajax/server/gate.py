@@ -34,8 +34,7 @@ class Gate:
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 message = "a valid API key is required: header 'Authorization: Bearer <key>'"
-                return await _reply(send, 401, message, "invalid_request_error",
-                                    "invalid_api_key")  # fmt: skip
+                return await _reply(send, 401, message, "invalid_request_error", "invalid_api_key")
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             return await self._too_large(send, int(declared))
@@ -61,14 +60,14 @@ class Gate:
 
     async def _too_large(self, send, size: int | None):
         got = f"{size:,} bytes" if size is not None else "more bytes than that"
-        message = (f"the request body holds {got}; the limit is {self.max_body:,} bytes "
-                   "(--max-body-mib)")  # fmt: skip
+        message = (
+            f"the request body holds {got}; the limit is {self.max_body:,} bytes (--max-body-mib)"
+        )
         await _reply(send, 413, message, "invalid_request_error")
 
 
 async def _reply(send, status: int, message: str, kind: str, code=None) -> None:
     body = error_body(status, message, kind, code)
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

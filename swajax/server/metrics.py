@@ -36,31 +36,43 @@ class _EngineCollector:
         yield gauge("swa_pool_free_tokens", "SWA pool tokens free", free_swa)
         yield gauge("full_pool_tokens", "full pool size", e.sizes.full_tokens)
         yield gauge("swa_pool_tokens", "SWA pool size", e.sizes.swa_tokens)
-        yield gauge("full_cached_evictable_tokens", "full KV the prefix cache holds unlocked",
-                    cache.full_evictable)  # fmt: skip
-        yield gauge("swa_cached_evictable_tokens", "SWA KV the prefix cache holds unlocked",
-                    cache.swa_evictable)  # fmt: skip
-        yield gauge("full_cached_locked_tokens", "full KV the prefix cache holds locked",
-                    cache.full_protected)  # fmt: skip
-        yield counter("prefix_hit_tokens", "prompt tokens served by the prefix cache",
-                      sched.hit_tokens)  # fmt: skip
-        yield counter("swa_freed_tokens", "out-of-window SWA KV given back",
-                      sched.swa_freed_tokens)  # fmt: skip
-        yield counter("tail_rebuilt_tokens", "tokens recomputed by SWA tail rebuilds",
-                      sched.rebuilt_tokens)  # fmt: skip
+        yield gauge(
+            "full_cached_evictable_tokens",
+            "full KV the prefix cache holds unlocked",
+            cache.full_evictable,
+        )
+        yield gauge(
+            "swa_cached_evictable_tokens",
+            "SWA KV the prefix cache holds unlocked",
+            cache.swa_evictable,
+        )
+        yield gauge(
+            "full_cached_locked_tokens",
+            "full KV the prefix cache holds locked",
+            cache.full_protected,
+        )
+        yield counter(
+            "prefix_hit_tokens", "prompt tokens served by the prefix cache", sched.hit_tokens
+        )
+        yield counter("swa_freed_tokens", "out-of-window SWA KV given back", sched.swa_freed_tokens)
+        yield counter(
+            "tail_rebuilt_tokens", "tokens recomputed by SWA tail rebuilds", sched.rebuilt_tokens
+        )
         tier = getattr(cache, "tier", None)
         if tier is not None:  # a host tier (--host-cache-gib)
             ps = e.sizes.page_size
             for part, store in (("full", tier.full), ("swa", tier.swa)):
-                yield gauge(f"host_{part}_tokens", f"host tier {part} store size",
-                            store.total * ps)  # fmt: skip
-                yield gauge(f"host_{part}_used_tokens", f"host tier {part} KV held",
-                            store.used * ps)  # fmt: skip
+                yield gauge(f"host_{part}_tokens", f"host tier {part} store size", store.total * ps)
+                yield gauge(
+                    f"host_{part}_used_tokens", f"host tier {part} KV held", store.used * ps
+                )
             for i, part in enumerate(("full", "swa")):
-                yield counter(f"host_saved_{part}_tokens", f"{part} KV moved to the host",
-                              tier.saved[i])  # fmt: skip
-                yield counter(f"host_loaded_{part}_tokens", f"{part} KV loaded back by hits",
-                              tier.loaded[i])  # fmt: skip
+                yield counter(
+                    f"host_saved_{part}_tokens", f"{part} KV moved to the host", tier.saved[i]
+                )
+                yield counter(
+                    f"host_loaded_{part}_tokens", f"{part} KV loaded back by hits", tier.loaded[i]
+                )
         yield counter("retractions", "requests retracted for memory", sched.retractions)
         yield counter("steps", "engine steps run", self.loop.steps)
         yield gauge("step_seconds", "wall time of the last step", self.loop.step_seconds)

@@ -39,13 +39,20 @@ class SamplingFields(BaseModel):
     def sampling(self, max_tokens: int, logprobs: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=max(self.top_k, 0), min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, seed=self.seed or 0,
-            stop_token_ids=tuple(self.stop_token_ids or ()), stop=tuple(stop), n=self.n,
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed or 0,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            stop=tuple(stop),
+            n=self.n,
             logprobs=logprobs,
-        )  # fmt: skip
+        )
 
 
 class CompletionRequest(SamplingFields):

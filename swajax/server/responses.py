@@ -69,8 +69,9 @@ class _Shape:
     def usage(self) -> dict:
         prompt = sum(self.prompt_tokens.values())
         completion = sum(len(c.tokens) for c in self.choices.values())
-        return dict(prompt_tokens=prompt, completion_tokens=completion,
-                    total_tokens=prompt + completion)  # fmt: skip
+        return dict(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
 
     def _head(self) -> dict:
         return dict(id=self.id, object=self.object_name, created=self.created, model=self.model)
@@ -94,10 +95,13 @@ class Completion(_Shape):
             offsets.append(at)
             at += len(p)
         return dict(
-            tokens=pieces, token_logprobs=lps, text_offset=offsets,
-            top_logprobs=[None if top is None else {self._piece(t): v for t, v in top.items()}
-                          for top in tops],
-        )  # fmt: skip
+            tokens=pieces,
+            token_logprobs=lps,
+            text_offset=offsets,
+            top_logprobs=[
+                None if top is None else {self._piece(t): v for t, v in top.items()} for top in tops
+            ],
+        )
 
     def _choice_body(self, i: int, c: _Choice, prompt_ids) -> dict:
         tokens, lps, tops, text = c.tokens, c.logprobs, c.tops, c.text
@@ -112,8 +116,10 @@ class Completion(_Shape):
         return dict(index=i, text=text, logprobs=logprobs, finish_reason=finish)
 
     def body(self) -> dict:
-        choices = [self._choice_body(i, self.choices[i], self.prompts[i // self.n])
-                   for i in sorted(self.choices)]  # fmt: skip
+        choices = [
+            self._choice_body(i, self.choices[i], self.prompts[i // self.n])
+            for i in sorted(self.choices)
+        ]
         return dict(**self._head(), choices=choices, usage=self.usage())
 
     def first_chunks(self) -> list[dict]:
@@ -141,8 +147,10 @@ class Chat(_Shape):
     def _entry(self, t: int, lp: float, top) -> dict:
         piece = self._piece(t)
         ranked = list((top or {}).items())[: self.top]
-        tops = [dict(token=self._piece(u), logprob=v, bytes=list(self._piece(u).encode()))
-                for u, v in ranked]  # fmt: skip
+        tops = [
+            dict(token=self._piece(u), logprob=v, bytes=list(self._piece(u).encode()))
+            for u, v in ranked
+        ]
         return dict(token=piece, logprob=lp, bytes=list(piece.encode()), top_logprobs=tops)
 
     def body(self) -> dict:
@@ -153,18 +161,26 @@ class Chat(_Shape):
             if self.want_logprobs:
                 entries = zip(c.tokens, c.logprobs, c.tops)
                 logprobs = dict(content=[self._entry(*x) for x in entries])
-            choices.append(dict(index=i, message=dict(role="assistant", content=c.text),
-                                logprobs=logprobs, finish_reason=c.finish))  # fmt: skip
+            choices.append(
+                dict(
+                    index=i,
+                    message=dict(role="assistant", content=c.text),
+                    logprobs=logprobs,
+                    finish_reason=c.finish,
+                )
+            )
         return dict(**self._head(), choices=choices, usage=self.usage())
 
     def first_chunks(self) -> list[dict]:
-        return [self._chunk(i, dict(role="assistant", content=""), None, None)
-                for i in range(self.n)]  # fmt: skip
+        return [
+            self._chunk(i, dict(role="assistant", content=""), None, None) for i in range(self.n)
+        ]
 
     def _chunk(self, i, delta, logprobs, finish) -> dict:
         head = dict(self._head(), object="chat.completion.chunk")
-        return dict(**head, choices=[dict(index=i, delta=delta, logprobs=logprobs,
-                                          finish_reason=finish)])  # fmt: skip
+        return dict(
+            **head, choices=[dict(index=i, delta=delta, logprobs=logprobs, finish_reason=finish)]
+        )
 
     def chunks(self, message) -> list[dict]:
         out = []

@@ -121,13 +121,17 @@ def sampling_fields(params, positions, rows) -> dict[str, np.ndarray]:
     `SamplingParams`) the tokens at `positions`, from `req_to_token` rows `rows`."""
     f32 = lambda name: np.asarray([getattr(p, name) for p in params], np.float32)  # noqa: E731
     return dict(
-        temperature=f32("temperature"), top_p=f32("top_p"),
+        temperature=f32("temperature"),
+        top_p=f32("top_p"),
         seeds=np.asarray([p.seed for p in params], np.uint32),
         sample_positions=np.asarray(positions, np.int32),
-        top_k=np.asarray([p.top_k for p in params], np.int32), min_p=f32("min_p"),
-        repetition_penalty=f32("repetition_penalty"), presence_penalty=f32("presence_penalty"),
-        frequency_penalty=f32("frequency_penalty"), sample_rows=np.asarray(rows, np.int32),
-    )  # fmt: skip
+        top_k=np.asarray([p.top_k for p in params], np.int32),
+        min_p=f32("min_p"),
+        repetition_penalty=f32("repetition_penalty"),
+        presence_penalty=f32("presence_penalty"),
+        frequency_penalty=f32("frequency_penalty"),
+        sample_rows=np.asarray(rows, np.int32),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,8 +265,9 @@ class Model(Protocol):
     state_sharding: object | None
 
     def init_pools(self, sizes): ...
-    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,
-                           penalties=None, mode=None):  # fmt: skip
+    def forward_and_sample(
+        self, pools, batch: ForwardBatch, meta, *, return_logits=False, penalties=None, mode=None
+    ):
         """(pools, penalties, `models.sampling.Sampled`) for the batch's sampled rows; called
         only for a model outside the fused program."""
 

@@ -47,7 +47,7 @@ def make_budget(cfg, options, ledger, cache, running, separate_swa: bool) -> Bud
     full, swa = ledger.available()
     # Speculative decoding: a decode step holds k lookahead positions beyond what it keeps.
     reserve = sum(
-        min(r.params.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS)
+        min(r.params.max_tokens - len(r.output), CLIP_MAX_NEW_TOKENS)
         + options.num_speculative_tokens
         for r in running
     )
@@ -65,7 +65,7 @@ def make_budget(cfg, options, ledger, cache, running, separate_swa: bool) -> Bud
         # parked every chunk, and the engine stalled).
         grow = options.eviction_interval + cfg.page_size
         swa_reserve = sum(
-            min(r.params.max_new_tokens - len(r.output), grow) + options.num_speculative_tokens
+            min(r.params.max_tokens - len(r.output), grow) + options.num_speculative_tokens
             for r in running
             if r.decoding
         )

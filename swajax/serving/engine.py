@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy as np
+
 from swajax.config import HybridConfig
 from swajax.errors import RequestError
 from swajax.prefix_cache import make_prefix_cache
@@ -64,14 +66,23 @@ class Engine:
         self.ledger = PoolLedger(sizes)
         policy = policy_of(options.cache_policy)
         host = (sizes.host_full_tokens, sizes.host_swa_tokens) if sizes.host_full_tokens else None
-        self.cache = make_prefix_cache(self.ledger, page_size=sizes.page_size,
-                                       window=self.window or None, pool_mode=sizes.mode,
-                                       enabled=options.prefix_cache, policy=policy,
-                                       host_tier=host)  # fmt: skip
-        layout = SchedulerConfig(page_size=sizes.page_size, window=self.window,
-                                 pool_mode=sizes.mode, policy=policy,
-                                 rebuild_reach=self._rebuild_reach(),
-                                 decode_steps=_decode_steps(options, runner, draft))  # fmt: skip
+        self.cache = make_prefix_cache(
+            self.ledger,
+            page_size=sizes.page_size,
+            window=self.window or None,
+            pool_mode=sizes.mode,
+            enabled=options.prefix_cache,
+            policy=policy,
+            host_tier=host,
+        )
+        layout = SchedulerConfig(
+            page_size=sizes.page_size,
+            window=self.window,
+            pool_mode=sizes.mode,
+            policy=policy,
+            rebuild_reach=self._rebuild_reach(),
+            decode_steps=_decode_steps(options, runner, draft),
+        )
         self.scheduler = Scheduler(layout, options, self.cache, self.ledger)
         self.overlap = options.overlap and runner.supports_overlap
         self._launched = None  # a step launched but not read yet (overlap scheduling)
@@ -81,6 +92,10 @@ class Engine:
         self.errors: list[Exception] = []  # every step that raised, for logs and tests
         self._ids = itertools.count()
         self._steps = 0
+        # Unset sampling fields: the checkpoint's generation config (set by whoever knows the
+        # checkpoint: swajax.LLM), else SamplingParams.NEUTRAL; unset seeds: drawn in order.
+        self.sampling_defaults: dict = {}
+        self._seeds = np.random.default_rng(options.seed)
 
     def _rebuild_reach(self) -> int | None:
         """The scheduler's tail-rebuild setting: only hybrid pools have tombstones that still
@@ -120,37 +135,43 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params = params.resolved(self.sampling_defaults, seed=self.draw_seed())
         prompt = _token_ids(prompt)
         vocab = self.model.vocab_size
         if vocab is not None and not all(0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        total = len(prompt) + params.max_new_tokens
+        total = len(prompt) + params.max_tokens
         # A speculative round holds k positions past the last kept one, in the row and pools.
         k = self.options.num_speculative_tokens
         lookahead = f" + {k} speculative positions" if k else ""
         if total + k > self.options.max_context:
             raise RequestError(
-                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
+                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}){lookahead}"
                 f" = {total + k} exceeds the context limit {self.options.max_context} "
                 "(max_context, --max-context)"
             )
         if total + k + self.sizes.page_size > self.capacity():
             raise RequestError(
-                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}){lookahead}"
+                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}){lookahead}"
                 f" = {total + k} tokens cannot fit in the KV pools ({self.capacity()} "
                 "tokens per request, a page kept spare; raise kv_budget_gib, --kv-budget-gib)"
             )
         self._check_sampling(params, keep_logits)
         lead = self._lead(follows, prompt)
         rid = next(self._ids)
-        req = Request(rid, prompt, params, keep_logits=keep_logits, follows=lead,
-                      cache_hits=cache_hits)  # fmt: skip
+        req = Request(
+            rid, prompt, params, keep_logits=keep_logits, follows=lead, cache_hits=cache_hits
+        )
         if lead is not None:
             lead.leads = True
         self.requests[rid] = req
         self.scheduler.waiting.append(req)
         return rid
+
+    def draw_seed(self) -> int:
+        """The next seed for a request that sets none (the engine's generator, `options.seed`)."""
+        return int(self._seeds.integers(0, 2**32))
 
     def _check_sampling(self, params: SamplingParams, keep_logits: bool) -> None:
         vocab = self.model.vocab_size

@@ -15,8 +15,9 @@ class NullModel:
     fused_forward = None
     state_sharding = None  # the runner's state on the default device
 
-    def __init__(self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0,
-                 overlap: bool = False):  # fmt: skip
+    def __init__(
+        self, vocab_size: int = 1024, seed: int = 0, acceptance: float = 1.0, overlap: bool = False
+    ):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         self.vocab_size, self.seed = vocab_size, seed
@@ -57,8 +58,9 @@ class NullModel:
             accepted = (n - 1).astype(np.int32)
         return greedy, np.zeros(greedy.shape, np.float32), accepted
 
-    def forward_and_sample(self, pools, batch: ForwardBatch, meta, *, return_logits=False,
-                           penalties=None, mode=None):  # fmt: skip
+    def forward_and_sample(
+        self, pools, batch: ForwardBatch, meta, *, return_logits=False, penalties=None, mode=None
+    ):
         """`next_token` of each sampled row, with logprob 0 (all the mass on it); host only.
         Returns (pools, penalties, (tokens, logprobs, logits, top ids, top logprobs))."""
         if return_logits:

@@ -45,12 +45,20 @@ class EngineOptions:
     overlap: bool = True
     # The most top-N logprobs a request may ask for (SamplingParams.logprobs), vLLM's default.
     max_logprobs: int = 20
+    # Seeds requests whose SamplingParams leave `seed` unset draw from (vLLM's `LLM(seed=)`).
+    seed: int = 0
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
-        for name, lo in (("max_running", 1), ("max_context", 1), ("eviction_interval", 1),
-                         ("num_speculative_tokens", 0), ("chunk_size", 1), ("decode_steps", 1),
-                         ("max_logprobs", 0)):  # fmt: skip
+        for name, lo in (
+            ("max_running", 1),
+            ("max_context", 1),
+            ("eviction_interval", 1),
+            ("num_speculative_tokens", 0),
+            ("chunk_size", 1),
+            ("decode_steps", 1),
+            ("max_logprobs", 0),
+        ):
             value = getattr(self, name)
             optional = name in ("chunk_size", "max_context", "decode_steps")
             if optional and value is None:

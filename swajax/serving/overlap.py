@@ -54,8 +54,11 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
         return None
     # After step n each request has n_r more positions and tokens (not known yet).
     taken = (prev.seq_lens - prev.prefix_lens).tolist()
-    after = [(r, n) for r, n in zip(prev.requests, taken)
-             if r.status is Status.RUNNING and _left(r, n) > 0]  # fmt: skip
+    after = [
+        (r, n)
+        for r, n in zip(prev.requests, taken)
+        if r.status is Status.RUNNING and _left(r, n) > 0
+    ]
     if not after:
         return None
     reqs, done = [r for r, _ in after], [n for _, n in after]
@@ -78,7 +81,7 @@ def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
 
 def _left(req: Request, taken: int) -> int:
     """Tokens the request has left after the `taken` step n samples for it."""
-    return req.params.max_new_tokens - len(req.output) - taken
+    return req.params.max_tokens - len(req.output) - taken
 
 
 def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:

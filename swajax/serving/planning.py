@@ -23,9 +23,12 @@ from swajax.serving.request import Request
 
 
 def build_plan(
-    batch, releases: tuple[Releases, ...], speculative: bool = False, transfers=(),
+    batch,
+    releases: tuple[Releases, ...],
+    speculative: bool = False,
+    transfers=(),
     round_steps: int = 1,
-) -> StepPlan:  # fmt: skip
+) -> StepPlan:
     """The plan of `batch` (a scheduler `Batch`), carrying the releases queued before it; a
     decode batch of n > 1 positions per request is a round: a speculative verify round of
     n - 1 draft tokens (`speculative`), else multi-step decode, each request its own number
@@ -89,8 +92,9 @@ def penalty_seeds(reqs: list[Request]) -> PenaltySeeds | None:
     return PenaltySeeds(reset, rows, tokens, out.astype(np.int32))
 
 
-def round_batch(reqs: list[Request], lens: list[int], *, pending=None,
-                positions=None) -> ForwardBatch:  # fmt: skip
+def round_batch(
+    reqs: list[Request], lens: list[int], *, pending=None, positions=None
+) -> ForwardBatch:
     """A round's tokens: each request's pending token, then the places the round fills (a
     verify round's draft tokens, a multi-step round's own samples): lens[i] per request. A
     round planned ahead (serving/overlap.py) passes its `pending` placeholders and the
@@ -136,5 +140,5 @@ def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
         sample_index=np.asarray(sample_index, np.int32),
         **sampling_fields(
             [r.params for r, _ in sampled], [end for _, end in sampled], [r.row for r, _ in sampled]
-        ),  # fmt: skip
+        ),
     )

@@ -147,16 +147,20 @@ def _guarded_token(sched: SchedulerView, req: Request, token: int, logprob: floa
         _guarded(sched, req, _take_token, sched, req, token, logprob)
 
 
-def _take_token(sched: SchedulerView, req: Request, token: int, logprob: float,
-                top: dict | None = None) -> None:  # fmt: skip
+def _take_token(
+    sched: SchedulerView, req: Request, token: int, logprob: float, top: dict | None = None
+) -> None:
     if math.isnan(logprob):  # NaN logits: the sampled token means nothing
-        sched.abort(req, f"error: the model's logits are NaN at position {req.num_tokens} "
-                         "(non-finite weights or an overflow in the compute dtype)")  # fmt: skip
+        sched.abort(
+            req,
+            f"error: the model's logits are NaN at position {req.num_tokens} "
+            "(non-finite weights or an overflow in the compute dtype)",
+        )
         return
     req.take_token(token, logprob, top)
     if token in req.params.stop_token_ids:
         sched.finish(req, "stop")
-    elif len(req.output) >= req.params.max_new_tokens:
+    elif len(req.output) >= req.params.max_tokens:
         sched.finish(req, "length")
 
 

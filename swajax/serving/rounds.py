@@ -25,7 +25,7 @@ def decode_lens(sched: SchedulerView, decoding: list[Request]) -> list[int]:
     if len(decoding) != len(sched.running) or not rounds_allowed(sched, decoding):
         return one
     cap = sched.cfg.decode_steps
-    return [max(1, min(cap, r.params.max_new_tokens - len(r.output))) for r in decoding]
+    return [max(1, min(cap, r.params.max_tokens - len(r.output))) for r in decoding]
 
 
 def rounds_allowed(sched: SchedulerView, reqs) -> bool:

@@ -29,75 +29,124 @@ def _is_number(value) -> bool:
     return isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool)
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples and stops.
+# What a field left unset (None) samples with when the checkpoint's generation_config.json does
+# not say: vLLM's defaults, which keep the model's distribution as it is.
+NEUTRAL = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
 
-    `temperature` 0 is greedy (the penalties still apply); `top_k` 0 and `top_p` 1 and `min_p` 0
-    keep every token; `repetition_penalty` (transformers': divides a positive logit, multiplies
-    a negative one, of every token in the prompt or the output) 1 is off; `presence_penalty`
-    and `frequency_penalty` (OpenAI's: subtract per output occurrence) 0 are off. `seed` and the
-    position key every draw, so a request samples the same tokens however it is batched.
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How one request samples and stops: vLLM's `SamplingParams`, field for field in name,
+    meaning and default.
+
+    `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty` left as None take the
+    checkpoint's `generation_config.json` values where it sets them, else the neutral ones
+    (`NEUTRAL`: temperature 1, nothing cut, no penalty); `resolved` fills them in.
+    `temperature` 0 is greedy (the penalties still apply); `top_k` 0 or -1 and `top_p` 1 and
+    `min_p` 0 keep every token; `repetition_penalty` (transformers': divides a positive logit,
+    multiplies a negative one, of every token in the prompt or the output) 1 is off;
+    `presence_penalty` and `frequency_penalty` (OpenAI's: subtract per output occurrence) 0 are
+    off. `seed` and the position key every draw, so a request samples the same tokens however
+    it is batched; None draws a seed from the engine's generator (`LLM(seed=)`).
     `stop_token_ids` and `stop` (strings, matched on the detokenized text by `swajax.LLM`; the
     text stops before the string, the tokens after the one that completed it are dropped)
-    finish the request. `n` samples per prompt share the prompt's KV (one prefill); `logprobs`
-    N > 0 returns the N most likely tokens' logprobs at every generated position (logprobs
-    are always of the model's raw distribution, before any processing)."""
+    finish the request, as do the checkpoint's eos ids unless `ignore_eos`. `max_tokens`: the
+    most tokens generated. `n` samples per prompt share the prompt's KV (one prefill);
+    `logprobs` N > 0 returns the N most likely tokens' logprobs at every generated position,
+    `prompt_logprobs` N at every prompt position (logprobs are always of the model's raw
+    distribution, before any processing)."""
 
-    max_new_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()
+    repetition_penalty: float | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     stop: tuple[str, ...] = ()
-    n: int = 1
-    logprobs: int = 0  # top-N logprobs per generated token (0: none)
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    max_tokens: int = 16
+    logprobs: int | None = None  # top-N logprobs per generated token (None or 0: none)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt position (None: none)
 
     def __post_init__(self):
-        for name, lo in (("max_new_tokens", 1), ("top_k", 0), ("n", 1), ("logprobs", 0)):
+        if self.top_k == -1:  # vLLM's older spelling of "off"
+            object.__setattr__(self, "top_k", 0)
+        for name in ("logprobs",):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, 0)
+        optional = ("top_k", "prompt_logprobs")
+        for name, lo in (
+            ("max_tokens", 1),
+            ("top_k", 0),
+            ("n", 1),
+            ("logprobs", 0),
+            ("prompt_logprobs", 0),
+        ):
             value = getattr(self, name)
+            if value is None and name in optional:
+                continue
             if not _is_int(value) or not lo <= value <= INT32_MAX:
                 raise RequestError(f"{name} must be an integer in [{lo}, 2**31), got {value!r}")
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):  # fmt: skip
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             value = getattr(self, name)
+            if value is None and name in NEUTRAL:
+                continue
             if not _is_number(value) or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
                 raise RequestError(
                     f"{name} must be a finite number (float32: |x| <= {FLOAT32_MAX:.4g}), "
                     f"got {value!r}"
                 )
-        if self.temperature < 0:
+        if self.temperature is not None and self.temperature < 0:
             raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (0 < self.top_p <= 1):
+        if self.top_p is not None and not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not (0 <= self.min_p <= 1):
+        if self.min_p is not None and not (0 <= self.min_p <= 1):
             raise RequestError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.repetition_penalty <= 0:
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
             raise RequestError(
                 f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty!r}"
             )
-        if not _is_int(self.seed) or not (0 <= self.seed < 2**32):
+        if self.seed is not None and (not _is_int(self.seed) or not (0 <= self.seed < 2**32)):
             raise RequestError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
         object.__setattr__(self, "stop", _stop_strings(self.stop))
+
+    def resolved(self, defaults: dict | None = None, seed: int | None = None) -> SamplingParams:
+        """These params with every unset field filled: from `defaults` (a checkpoint's
+        generation config), else `NEUTRAL`; an unset seed becomes `seed`."""
+        fill = {}
+        for name, neutral in NEUTRAL.items():
+            if getattr(self, name) is None:
+                fill[name] = (defaults or {}).get(name, neutral)
+        if self.seed is None and seed is not None:
+            fill["seed"] = seed
+        return dataclasses.replace(self, **fill) if fill else self
 
     @property
     def penalized(self) -> bool:
         """Whether a penalty needs the request's token counts on the device."""
         return (
-            self.repetition_penalty != 1.0
+            self.repetition_penalty not in (None, 1.0)
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
 
     def sample_seed(self, i: int) -> int:
         """The seed of the i-th of `n` samples: the request's own for the first, a distinct
-        mix of (seed, i) for the others."""
+        mix of (seed, i) for the others (the seed must be set: `resolved`)."""
         if i == 0:
             return self.seed
         mixed = (self.seed * 0x9E3779B1 + i * 0x85EBCA77) & 0xFFFFFFFF

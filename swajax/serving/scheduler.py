@@ -113,9 +113,12 @@ class Scheduler:
             else:
                 batch = progress.force(self)
         plan = build_plan(
-            batch, self.ledger.take_releases(), speculative=self.options.num_speculative_tokens > 0,
-            transfers=self.ledger.take_transfers(), round_steps=self.cfg.decode_steps,
-        )  # fmt: skip
+            batch,
+            self.ledger.take_releases(),
+            speculative=self.options.num_speculative_tokens > 0,
+            transfers=self.ledger.take_transfers(),
+            round_steps=self.cfg.decode_steps,
+        )
         for req in batch.reqs:
             req.stale = None  # the plan re-points the row
             req.penalties_seeded = True  # and loads its token counts, if it has penalties
@@ -140,7 +143,7 @@ class Scheduler:
         return n
 
     def _max_new(self, req: Request) -> int:
-        return min(req.params.max_new_tokens - len(req.output), CLIP_MAX_NEW_TOKENS)
+        return min(req.params.max_tokens - len(req.output), CLIP_MAX_NEW_TOKENS)
 
     def admit(self, req: Request, budget: Budget) -> int:
         """Match, check both budgets, lock; the first chunk's length, or 0 to stop admitting."""

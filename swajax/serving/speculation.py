@@ -28,7 +28,7 @@ from swajax.serving.request import Request
 def kept(req: Request, tokens) -> int:
     """How many of a round's new tokens the request keeps: up to and including the first stop
     token, and no more than its length limit allows."""
-    room = req.params.max_new_tokens - len(req.output)
+    room = req.params.max_tokens - len(req.output)
     for i, token in enumerate(tokens[:room]):
         if token in req.params.stop_token_ids:
             return i + 1

@@ -32,7 +32,7 @@ MAX_RUNNING = 256
 def mean_sequence_length(workload: Workload) -> float:
     """Prompt plus output tokens of the requests that arrive first (follow-up turns are longer
     still, so this errs towards a higher minimum ratio)."""
-    lengths = [len(a.prompt) + a.params.max_new_tokens for a in workload.initial]
+    lengths = [len(a.prompt) + a.params.max_tokens for a in workload.initial]
     return sum(lengths) / max(len(lengths), 1)
 
 
@@ -94,8 +94,9 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype,
-         host_cache_gib=0.0) -> Candidate:  # fmt: skip
+def _run(
+    cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype, host_cache_gib=0.0
+) -> Candidate:
     from swajax.simulator.run import run_workload
 
     if ratio is None:
@@ -110,8 +111,16 @@ def _run(cfg, budget, workload_factory, timer, *, ratio, chunk, page_size, dtype
     import jax
 
     jax.clear_caches()
-    return Candidate(ratio, chunk, run.tokens_per_s, run.ttft_s, run.itl_s,
-                     run.peak_concurrency, run.steps, run.loaded_tokens_per_s)  # fmt: skip
+    return Candidate(
+        ratio,
+        chunk,
+        run.tokens_per_s,
+        run.ttft_s,
+        run.itl_s,
+        run.peak_concurrency,
+        run.steps,
+        run.loaded_tokens_per_s,
+    )
 
 
 def plan(
@@ -136,16 +145,26 @@ def plan(
     by = "loaded_tokens_per_s" if loaded else "tokens_per_s"
     mean_len = mean_sequence_length(workload_factory())
     min_ratio = max(
-        corrected_min_ratio(cfg, budget_bytes, mean_len=mean_len, chunk=c, page_size=page_size,
-                            dtype=dtype)
+        corrected_min_ratio(
+            cfg, budget_bytes, mean_len=mean_len, chunk=c, page_size=page_size, dtype=dtype
+        )
         for c in chunks
-    )  # fmt: skip
+    )
     first = -(-min_ratio * 100 // 1) / 100  # the minimum, rounded up to a hundredth
     grid = sorted({r for r in ratios if r >= min_ratio} | {min(first, 1.0)})
-    run = run_fn or (lambda ratio, chunk: _run(
-        cfg, budget_bytes, workload_factory, timer, ratio=ratio, chunk=chunk,
-        page_size=page_size, dtype=dtype, host_cache_gib=host_cache_gib,
-    ))  # fmt: skip
+    run = run_fn or (
+        lambda ratio, chunk: _run(
+            cfg,
+            budget_bytes,
+            workload_factory,
+            timer,
+            ratio=ratio,
+            chunk=chunk,
+            page_size=page_size,
+            dtype=dtype,
+            host_cache_gib=host_cache_gib,
+        )
+    )
     candidates = tuple(run(r, c) for c in chunks for r in grid)
     singles = [run(None, c) for c in chunks]
     default_chunk = chunks[len(chunks) // 2] if len(chunks) > 1 else chunks[0]
@@ -162,13 +181,18 @@ def plan(
 
 def format_plan(p: Plan) -> str:
     loaded = p.by == "loaded_tokens_per_s"
-    rows = [f"{'ratio':>8}{'chunk':>8}{'tokens/s':>12}" + (f"{'loaded':>12}" if loaded else "")
-            + f"{'TTFT s':>10}{'ITL ms':>9}{'peak':>7}"]  # fmt: skip
+    rows = [
+        f"{'ratio':>8}{'chunk':>8}{'tokens/s':>12}"
+        + (f"{'loaded':>12}" if loaded else "")
+        + f"{'TTFT s':>10}{'ITL ms':>9}{'peak':>7}"
+    ]
     for c in p.candidates + (p.single,):
         name = "one pool" if c.ratio is None else f"{c.ratio:g}"
-        rows.append(f"{name:>8}{c.chunk:>8}{c.tokens_per_s:>12,.0f}"
-                    + (f"{c.loaded_tokens_per_s:>12,.0f}" if loaded else "")
-                    + f"{c.ttft_s:>10.2f}{c.itl_s * 1e3:>9.2f}{c.peak_concurrency:>7}")  # fmt: skip
+        rows.append(
+            f"{name:>8}{c.chunk:>8}{c.tokens_per_s:>12,.0f}"
+            + (f"{c.loaded_tokens_per_s:>12,.0f}" if loaded else "")
+            + f"{c.ttft_s:>10.2f}{c.itl_s * 1e3:>9.2f}{c.peak_concurrency:>7}"
+        )
     b, key = p.best, (lambda c: getattr(c, p.by))
     what = "loaded tokens/s (up to the last request sent)" if loaded else "tokens/s"
     rows += [

@@ -214,9 +214,14 @@ def simulate(
     hybrid = sizing.size_hybrid(cfg, budget_bytes, ratio=ratio, **kw)
     hybrid = sizing.with_host_tier(hybrid, cfg, host_cache_gib, dtype, draft)
     single = sizing.size_single_pool(cfg, budget_bytes, **kw)
-    options = EngineOptions(max_running=max_running, max_context=33_792, chunk_size=chunk_size,
-                            cache_policy=cache_policy, tail_rebuild=tail_rebuild,
-                            num_speculative_tokens=speculative_tokens)  # fmt: skip
+    options = EngineOptions(
+        max_running=max_running,
+        max_context=33_792,
+        chunk_size=chunk_size,
+        cache_policy=cache_policy,
+        tail_rebuild=tail_rebuild,
+        num_speculative_tokens=speculative_tokens,
+    )
     runs = {
         name: run_workload(
             cfg,
@@ -226,7 +231,7 @@ def simulate(
             progress=progress,
             timer=timer,
             acceptance=acceptance,
-        )  # fmt: skip
+        )
         for name, sizes in (("hybrid", hybrid), ("single", single))
     }
     h, s = runs["hybrid"], runs["single"]

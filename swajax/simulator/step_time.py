@@ -111,9 +111,11 @@ class StepTimeModel:
         for layer in self.cfg.layers:
             shape = self.cfg.swa_attention if layer.kind.is_local else self.cfg.full_attention
             per_pair = 2 * shape.num_heads * (shape.head_dim + shape.v_head_dim)
-            per_key = 0.0 if layer.kv_source is not None else (
-                s_bytes if layer.kind.is_local else f_bytes
-            )  # fmt: skip
+            per_key = (
+                0.0
+                if layer.kv_source is not None
+                else (s_bytes if layer.kind.is_local else f_bytes)
+            )
             key = (layer.kind, layer.window, per_pair, per_key, self._compressed(layer, shape))
             groups[key] = groups.get(key, 0) + 1
         return tuple((*key, count) for key, count in groups.items())

@@ -43,7 +43,7 @@ def long_context(rng, n: int, vocab: int) -> list[Arrival]:
     return [
         Arrival(
             _tokens(rng, int(rng.integers(16_384, 32_769)), vocab),
-            SamplingParams(max_new_tokens=int(rng.integers(64, 257))),
+            SamplingParams(temperature=0.0, seed=0, max_tokens=int(rng.integers(64, 257))),
         )
         for _ in range(n)
     ]
@@ -55,7 +55,7 @@ def reasoning(rng, n: int, vocab: int) -> list[Arrival]:
     return [
         Arrival(
             _tokens(rng, int(rng.integers(128, 1025)), vocab),
-            SamplingParams(max_new_tokens=int(rng.integers(8_192, 32_769))),
+            SamplingParams(temperature=0.0, seed=0, max_tokens=int(rng.integers(8_192, 32_769))),
         )
         for _ in range(n)
     ]
@@ -70,7 +70,7 @@ def shared_prefix(rng, n: int, vocab: int) -> list[Arrival]:
         Arrival(
             prefixes[int(rng.integers(len(prefixes)))]
             + _tokens(rng, int(rng.integers(16, 97)), vocab),
-            SamplingParams(max_new_tokens=int(rng.integers(16, 129))),
+            SamplingParams(temperature=0.0, seed=0, max_tokens=int(rng.integers(16, 129))),
         )
         for _ in range(n)
     ]
@@ -97,7 +97,9 @@ def make_workload(name: str, n: int, seed: int = 0, vocab: int = 1024) -> Worklo
     def chat_turn(history: list[int], conversation: int) -> Arrival:
         prompt = history + _tokens(rng, int(rng.integers(32, 257)), vocab)
         return Arrival(
-            prompt, SamplingParams(max_new_tokens=int(rng.integers(64, 513))), conversation
+            prompt,
+            SamplingParams(temperature=0.0, seed=0, max_tokens=int(rng.integers(64, 513))),
+            conversation,
         )
 
     def follow_up(arrival: Arrival, output: list[int]) -> Arrival | None:
@@ -123,7 +125,7 @@ def document_chats(documents: int, conversations: int, turns: int, doc: int, see
 
     def turn(history, chat):
         prompt = history + rng.integers(0, vocab, int(rng.integers(32, 257))).tolist()
-        params = SamplingParams(max_new_tokens=int(rng.integers(64, 513)))
+        params = SamplingParams(temperature=0.0, seed=0, max_tokens=int(rng.integers(64, 513)))
         return Arrival(prompt, params, chat)
 
     initial = []
@@ -175,7 +177,11 @@ def from_file(path: str | Path, vocab: int = 1024, seed: int = 0) -> Workload:
         if len(stream) < prompt_len:
             stream += _tokens(rng, prompt_len - len(stream), vocab)
         arrivals.append(
-            Arrival(stream[:prompt_len], SamplingParams(max_new_tokens=output_len), at=float(at))
+            Arrival(
+                stream[:prompt_len],
+                SamplingParams(temperature=0.0, seed=0, max_tokens=output_len),
+                at=float(at),
+            )
         )
     if not arrivals:
         raise ValueError(f"the workload file {path} holds no request")

@@ -61,8 +61,10 @@ class PageMap:
                 self.fwd[rp], self.back[ap] = ap, rp
                 self.stale.pop(rp, None)
             elif self.fwd.get(rp) != ap:
-                raise Divergence(f"slot {a} continues page {ap}, the recorded slot {r} page "
-                                 f"{rp}, which pairs with {self.fwd.get(rp)}")  # fmt: skip
+                raise Divergence(
+                    f"slot {a} continues page {ap}, the recorded slot {r} page "
+                    f"{rp}, which pairs with {self.fwd.get(rp)}"
+                )
 
     def to_backend(self, slots) -> list[int]:
         out = []

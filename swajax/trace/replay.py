@@ -67,13 +67,24 @@ def replay(path: str | Path, backend=swajax_backend, answers: list | None = None
             if "slots" in actual and line["op"].startswith("alloc") and actual["status"] == 0:
                 pages.pair(expected.get("slots", []), actual["slots"])
         except Divergence as e:
-            return dict(ok=False, op_number=number, op=line["op"], fields=["slots"],
-                        expected=None, actual=None, reason=str(e))  # fmt: skip
+            return dict(
+                ok=False,
+                op_number=number,
+                op=line["op"],
+                fields=["slots"],
+                expected=None,
+                actual=None,
+                reason=str(e),
+            )
         keys = [
-            k for k in expected
-            if not (pages.same(expected[k], actual.get(k)) if k in SLOT_OUTPUTS
-                    else expected[k] == actual.get(k))
-        ]  # fmt: skip
+            k
+            for k in expected
+            if not (
+                pages.same(expected[k], actual.get(k))
+                if k in SLOT_OUTPUTS
+                else expected[k] == actual.get(k)
+            )
+        ]
         if keys:
             return dict(
                 ok=False,
@@ -105,8 +116,10 @@ def read_lines(path: str | Path) -> list[dict]:
             f"{lines[0].get('ops')!r} operations"
         )
     if end.get("ops") != lines[0].get("ops"):
-        raise TraceError(f"{path}: the footer counts {end.get('ops')!r} operations, the header "
-                         f"{lines[0].get('ops')!r}")  # fmt: skip
+        raise TraceError(
+            f"{path}: the footer counts {end.get('ops')!r} operations, the header "
+            f"{lines[0].get('ops')!r}"
+        )
     return [lines[0], *codec.decode_lines(lines[1:-1], str(path))]
 
 

@@ -11,7 +11,7 @@ GOOD_CONFIG = json.loads((FIXTURES / "mistral" / "config.json").read_text())
 PLAN = ["plan", "--kv-budget-gib", "1"]
 MIMO = ["--preset", "mimo-v2-flash"]
 SIM = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.01", "--workload", "mixed"]
-GEN = ["generate", "--max-new-tokens", "2"]
+GEN = ["generate", "--max-tokens", "2"]
 
 
 def write_config(tmp, name, **changes):
@@ -183,7 +183,7 @@ CASES = [
     (GEN + ["--top-p", "2"], "--top-p"),
     (GEN + ["--temperature", "-1"], "--temperature"),
     (GEN + ["--temperature", "nan"], "--temperature"),
-    (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "--max-tokens", "0"], "--max-tokens"),
     (GEN + ["--model", "{no_config}/nowhere"], "--model must be 'tiny' or a checkpoint directory"),
     (GEN + ["--attention", "cuda"], "invalid choice: 'cuda'"),
     (GEN + ["--prompts-file", "{p_string}"], "p_string.jsonl:1: each line must be an object"),

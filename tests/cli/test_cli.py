@@ -122,8 +122,9 @@ def test_console_entry_point_runs():
     assert json.loads(result.stdout)["mode"] == "hybrid"
 
 
-@pytest.mark.parametrize("preset", ["gemma-4-31b", "gemma-4-26b-a4b", "step-3.5-flash",
-                                    "deepseek-v4-flash"])  # fmt: skip
+@pytest.mark.parametrize(
+    "preset", ["gemma-4-31b", "gemma-4-26b-a4b", "step-3.5-flash", "deepseek-v4-flash"]
+)
 def test_plan_reads_the_new_families_published_configs(cli, tmp_path, preset):
     """`plan --hf-config` on the published configs' attention fields (the presets, written out
     as config.json) gives what the preset gives."""
@@ -139,9 +140,20 @@ def test_plan_reads_the_new_families_published_configs(cli, tmp_path, preset):
 
 
 def test_plan_with_a_draft_model(cli):
-    code, out, _ = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40", "--ratio",
-                       "0.5", "--draft-preset", "gpt-oss-20b", "--json")  # fmt: skip
+    code, out, _ = cli(
+        "plan",
+        "--preset",
+        "gpt-oss-120b",
+        "--kv-budget-gib",
+        "40",
+        "--ratio",
+        "0.5",
+        "--draft-preset",
+        "gpt-oss-20b",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["full_tokens"] == 466_033  # tests/test_sizing.py
-    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40",
-                       "--draft-preset", "nope")  # fmt: skip
+    code, _, err = cli(
+        "plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40", "--draft-preset", "nope"
+    )
     assert code == 2 and "unknown preset 'nope'" in err

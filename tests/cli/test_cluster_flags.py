@@ -12,16 +12,22 @@ from swajax.cluster import Cluster
     "flags, message",
     [
         (["--num-processes", "2"], "--num-processes and --process-id need --coordinator"),
-        (["--coordinator", "nohost", "--num-processes", "2", "--process-id", "0"],
-         "--coordinator must be HOST:PORT, got 'nohost'"),
-        (["--coordinator", "h:70000", "--num-processes", "2", "--process-id", "0"],
-         "--coordinator must be HOST:PORT"),
+        (
+            ["--coordinator", "nohost", "--num-processes", "2", "--process-id", "0"],
+            "--coordinator must be HOST:PORT, got 'nohost'",
+        ),
+        (
+            ["--coordinator", "h:70000", "--num-processes", "2", "--process-id", "0"],
+            "--coordinator must be HOST:PORT",
+        ),
         (["--coordinator", "h:1234"], "--coordinator needs --num-processes N and --process-id I"),
-        (["--coordinator", "h:1234", "--num-processes", "2", "--process-id", "2"],
-         "--process-id must be in [0, 2) for --num-processes 2, got 2"),
+        (
+            ["--coordinator", "h:1234", "--num-processes", "2", "--process-id", "2"],
+            "--process-id must be in [0, 2) for --num-processes 2, got 2",
+        ),
         (["--distributed", "--process-id", "1"], "--distributed auto takes the coordinator"),
     ],
-)  # fmt: skip
+)
 def test_bad_cluster_flags_are_one_line(cli, flags, message):
     code, out, err = cli("generate", *flags)
     assert code == 2 and out == ""
@@ -37,20 +43,21 @@ def test_no_flags_is_one_process():
 def test_launch_local_needs_a_joinable_command(cli):
     code, _, err = cli("launch-local", "--num-processes", "2", "--", "plan")
     assert code == 2 and "launch-local runs one of generate, logits" in err
-    code, _, err = cli("launch-local", "--num-processes", "2", "--", "generate",
-                       "--process-id", "1")  # fmt: skip
+    code, _, err = cli(
+        "launch-local", "--num-processes", "2", "--", "generate", "--process-id", "1"
+    )
     assert code == 2 and "launch-local sets --coordinator" in err
 
 
 def test_tensor_parallel_beyond_the_visible_devices_is_one_line(cli):
-    code, out, err = cli("generate", "--tensor-parallel", "8", "--max-new-tokens", "1")
+    code, out, err = cli("generate", "--tensor-parallel", "8", "--max-tokens", "1")
     assert code == 2 and out == ""
     assert "tensor_parallel=8 needs that many devices; 4 are visible" in err
 
 
 def test_the_demo_splits_over_two_devices(cli):
     """`--tensor-parallel 2` on the embedded demo (2 KV heads): the same tokens as one device."""
-    argv = ("generate", "--prompt-ids", "100,101,32,102", "--max-new-tokens", "4", "--json")
+    argv = ("generate", "--prompt-ids", "100,101,32,102", "--max-tokens", "4", "--json")
     _, one, _ = cli(*argv)
     code, two, err = cli(*argv, "--tensor-parallel", "2")
     assert code == 0, err

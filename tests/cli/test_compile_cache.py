@@ -15,16 +15,16 @@ from swajax.serving.sampling_params import SamplingParams
 def test_a_second_engine_compiles_nothing_new():
     decoder, setup = demo_decoder(), EngineSpec.of()
     prompts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
-    generate(make_engine(decoder, setup), prompts, SamplingParams(max_new_tokens=6))
+    generate(make_engine(decoder, setup), prompts, SamplingParams(temperature=0.0, max_tokens=6))
     second = make_engine(decoder, setup)
-    generate(second, prompts, SamplingParams(max_new_tokens=6))
+    generate(second, prompts, SamplingParams(temperature=0.0, max_tokens=6))
     assert second.metrics[-1].compilations == 0
 
 
 def test_a_second_cli_run_compiles_fewer_programs(tmp_path):
     env = dict(os.environ, SWAJAX_COMPILE_CACHE=str(tmp_path / "cache"))
     argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3"]
-    argv += ["--max-new-tokens", "3", "--json"]
+    argv += ["--max-tokens", "3", "--json"]
 
     def run():
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
@@ -49,7 +49,7 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 
 def _generate(env, *extra):
     argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3"]
-    argv += ["--max-new-tokens", "3", "--json", *extra]
+    argv += ["--max-tokens", "3", "--json", *extra]
     return subprocess.run(argv, env=env, capture_output=True, text=True)
 
 
@@ -89,9 +89,11 @@ def test_a_corrupt_entry_is_ignored_and_replaced(tmp_path):
 def test_two_processes_sharing_one_cache_never_fail(tmp_path):
     env = dict(os.environ, SWAJAX_COMPILE_CACHE=str(tmp_path / "shared"))
     argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3"]
-    argv += ["--max-new-tokens", "3", "--json"]
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]  # fmt: skip
+    argv += ["--max-tokens", "3", "--json"]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     assert outs[0][0].splitlines()[0] == outs[1][0].splitlines()[0]

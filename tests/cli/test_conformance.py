@@ -27,8 +27,10 @@ def kit(tmp_path_factory):
     from swajax.cli.main import main
 
     folder = tmp_path_factory.mktemp("kit")
-    assert main(["conformance", "export", str(folder), "--force",
-                 "--models", str(FIXTURES / "qwen3")]) == 0  # fmt: skip
+    assert (
+        main(["conformance", "export", str(folder), "--force", "--models", str(FIXTURES / "qwen3")])
+        == 0
+    )
     return folder
 
 
@@ -43,7 +45,9 @@ def test_manifest_and_files(kit):
     assert kinds.count("ops") == len(kit_lib.OPS) and kinds.count("attention") == len(CASES)
     assert manifest["cache_policy"] == "lean"
     assert {c["name"] for c in manifest["cases"] if c["kind"] == "logits"} == {
-        "logits_demo", "logits_qwen3"}  # fmt: skip
+        "logits_demo",
+        "logits_qwen3",
+    }
     import numpy as np
 
     case = np.load(kit / "attention" / "sliding_decode.npz")
@@ -67,8 +71,13 @@ def test_the_pallas_kernels_pass_the_attention_cases(tmp_path):
 
 
 def test_an_independent_allocator_passes_the_operation_cases(cli, kit):
-    code, out, _ = cli("conformance", "run", str(kit), "--adapter",
-                       "helpers.conformance_adapters:PythonModelAdapter")  # fmt: skip
+    code, out, _ = cli(
+        "conformance",
+        "run",
+        str(kit),
+        "--adapter",
+        "helpers.conformance_adapters:PythonModelAdapter",
+    )
     assert code == 0 and f"{len(kit_lib.OPS)} ok, 0 failed" in out  # the table's last line
     rows = [line.split() for line in out.splitlines()[:-1]]
     assert {r[0] for r in rows if r[1] == "ops"} == {"OK"}
@@ -83,8 +92,9 @@ def test_a_broken_adapter_fails_exactly_where_it_is_wrong(cli, kit):
 
 
 def test_bad_kits(cli, kit, tmp_path):
-    code, _, err = cli("conformance", "run", str(tmp_path), "--adapter",
-                       "swajax.conformance.adapter:SwajaxAdapter")  # fmt: skip
+    code, _, err = cli(
+        "conformance", "run", str(tmp_path), "--adapter", "swajax.conformance.adapter:SwajaxAdapter"
+    )
     assert code == 2 and "is not a conformance kit" in err
     code, _, err = cli("conformance", "export", str(kit))
     assert code == 2 and "not empty" in err
@@ -165,17 +175,25 @@ def test_a_checker_written_from_the_protocol_alone(kit, tmp_path):
     assert run.returncode == 1 and "operation 100 (" in run.stdout and "[available]" in run.stdout
 
 
-@pytest.mark.parametrize("backend, ok", [("python_model", True),
-                                         ("mutant_insert_leaks_duplicates", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend, ok", [("python_model", True), ("mutant_insert_leaks_duplicates", False)]
+)
 def test_an_adapter_written_from_the_protocol_alone(kit, tmp_path, backend, ok):
     """examples/kit_adapter.py (standard library only, written from the protocol document)
     drives a backend through every operation case; the checker accepts a correct backend's
     answers and refuses a buggy one's."""
     answers = tmp_path / "answers"
-    adapter = [sys.executable, str(EXAMPLES / "kit_adapter.py"), str(kit), str(answers),
-               "--backend", f"helpers.op_backend:{backend}"]  # fmt: skip
-    subprocess.run(adapter, check=True, capture_output=True, cwd=EXAMPLES.parent / "tests",
-                   timeout=300)  # fmt: skip
+    adapter = [
+        sys.executable,
+        str(EXAMPLES / "kit_adapter.py"),
+        str(kit),
+        str(answers),
+        "--backend",
+        f"helpers.op_backend:{backend}",
+    ]
+    subprocess.run(
+        adapter, check=True, capture_output=True, cwd=EXAMPLES.parent / "tests", timeout=300
+    )
     checker = [sys.executable, str(EXAMPLES / "kit_checker.py"), str(kit), str(answers)]
     run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
     assert (run.returncode == 0) is ok, run.stdout

@@ -12,7 +12,7 @@ IDS = ",".join(map(str, CASE["prompt"]))
 
 
 def test_embedded_default_generates_and_reports_memory(cli):
-    code, out, _ = cli("generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "100")
+    code, out, _ = cli("generate", "--prompt", "def fibonacci(n):", "--max-tokens", "100")
     assert code == 0
     assert "memory: peak full" in out and "SWA KV freed" in out
     freed = int(out.split("SWA KV freed ")[1].split()[0])
@@ -40,7 +40,7 @@ def test_checkpoint_greedy_matches_transformers(cli, flags):
         str(FIXTURE),
         "--prompt-ids",
         IDS,
-        "--max-new-tokens",
+        "--max-tokens",
         "8",
         "--json",
         *flags,
@@ -65,7 +65,7 @@ def test_batched_prompts_file(cli, tmp_path):
         str(FIXTURE),
         "--prompts-file",
         str(path),
-        "--max-new-tokens",
+        "--max-tokens",
         "8",
         "--json",
     )
@@ -87,7 +87,7 @@ def test_logits_match_the_fixture(cli, tmp_path):
         (["--prompt", "a", "--prompt-ids", "1"], "one of"),
         (["--prompt-ids", "1,x"], "must be an integer, got 'x'"),
         (["--model", "no/such/dir"], "checkpoint directory"),
-        (["--max-new-tokens", "0"], "--max-new-tokens: must be an integer in [1,"),
+        (["--max-tokens", "0"], "--max-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
         (["--num-speculative-tokens", "2"], "--num-speculative-tokens needs --draft-model"),
         (["--decode-steps", "0"], "--decode-steps: must be an integer in [1,"),
@@ -129,7 +129,7 @@ def _with_tokenizer(tmp_path, template=True):
 
 def test_chat_template_wraps_a_text_prompt(cli, tmp_path):
     folder = _with_tokenizer(tmp_path)
-    args = ["generate", "--model", folder, "--max-new-tokens", "2", "--json"]
+    args = ["generate", "--model", folder, "--max-tokens", "2", "--json"]
     code, out, _ = cli(*args, "--prompt", "hello sliding windows")
     assert code == 0 and json.loads(out.splitlines()[0])["prompt_ids"] == [1, 2, 3]
     code, out, _ = cli(*args, "--prompt", "hello sliding windows", "--chat")
@@ -155,10 +155,30 @@ def test_a_missing_hf_extra_is_named(cli, tmp_path, monkeypatch):
 
 def test_sampling_flags_reach_every_sample(cli):
     """--n samples per prompt (sharing its prefill), --stop cuts the text, --logprobs ranks."""
-    code, out, _ = cli("generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "24",
-                       "--temperature", "0.9", "--top-k", "30", "--min-p", "0.01",
-                       "--repetition-penalty", "1.2", "--frequency-penalty", "0.3", "--n", "3",
-                       "--stop", "\n\n", "--logprobs", "2", "--json")  # fmt: skip
+    code, out, _ = cli(
+        "generate",
+        "--prompt",
+        "def fibonacci(n):",
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "30",
+        "--min-p",
+        "0.01",
+        "--repetition-penalty",
+        "1.2",
+        "--frequency-penalty",
+        "0.3",
+        "--n",
+        "3",
+        "--stop",
+        "\n\n",
+        "--logprobs",
+        "2",
+        "--json",
+    )
     assert code == 0
     *lines, summary = [json.loads(x) for x in out.splitlines()]
     assert [x["sample"] for x in lines] == [0, 1, 2]
@@ -167,7 +187,7 @@ def test_sampling_flags_reach_every_sample(cli):
         assert "\n\n" not in line["text"]
         assert len(line["top_logprobs"]) == len(line["tokens"])
         assert all(len(top) == 2 for top in line["top_logprobs"])
-    code, out, _ = cli("generate", "--prompt", "x", "--n", "2", "--max-new-tokens", "2")
+    code, out, _ = cli("generate", "--prompt", "x", "--n", "2", "--max-tokens", "2")
     assert code == 0 and "=== prompt 1 of 1, sample 2 of 2 ===" in out
 
 

@@ -27,7 +27,7 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_logging_levels(cli):
-    argv = ("generate", "--prompt-ids", "1,2", "--max-new-tokens", "1")
+    argv = ("generate", "--prompt-ids", "1,2", "--max-tokens", "1")
     _, _, quiet = cli("-q", *argv)
     _, _, default = cli(*argv)
     _, _, verbose = cli("-v", *argv)

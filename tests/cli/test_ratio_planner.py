@@ -30,13 +30,15 @@ def test_sweep_starts_at_the_corrected_minimum_and_picks_the_fastest():
         speed = 50.0 if ratio is None else 100 - 100 * abs(ratio - 0.3)
         return Candidate(ratio, chunk, speed, 1.0, 0.01, 4, 100)
 
-    p = ratio_planner.plan(cfg, BUDGET, factory, _timer("gpt-oss-120b"), chunks=(2048, 8192),
-                           run_fn=fake)  # fmt: skip
+    p = ratio_planner.plan(
+        cfg, BUDGET, factory, _timer("gpt-oss-120b"), chunks=(2048, 8192), run_fn=fake
+    )
     floor = max(
-        corrected_min_ratio(cfg, BUDGET, mean_len=mean_sequence_length(factory()), chunk=c,
-                            page_size=16)
+        corrected_min_ratio(
+            cfg, BUDGET, mean_len=mean_sequence_length(factory()), chunk=c, page_size=16
+        )
         for c in (2048, 8192)
-    )  # fmt: skip
+    )
     assert p.min_ratio == floor
     hybrid = [r for r, _ in seen if r is not None]
     assert min(hybrid) >= floor and 1.0 in hybrid and 0.3 in hybrid
@@ -66,9 +68,24 @@ def test_a_closed_loop_plan_picks_by_throughput_up_to_the_last_send():
 
 
 def test_plan_cli_with_clients_runs_a_closed_loop(cli):
-    code, out, _ = cli("plan", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
-                       "--workload", "shared-prefix", "--requests", "8", "--clients", "2",
-                       "--accelerator", "h200", "--page-size", "4", "--json")  # fmt: skip
+    code, out, _ = cli(
+        "plan",
+        "--preset",
+        "tiny-hybrid",
+        "--kv-budget-gib",
+        "0.002",
+        "--workload",
+        "shared-prefix",
+        "--requests",
+        "8",
+        "--clients",
+        "2",
+        "--accelerator",
+        "h200",
+        "--page-size",
+        "4",
+        "--json",
+    )
     assert code == 0
     p = json.loads(out)
     assert p["by"] == "loaded_tokens_per_s"
@@ -77,8 +94,9 @@ def test_plan_cli_with_clients_runs_a_closed_loop(cli):
 
 
 def test_plan_cli_names_what_it_needs(cli, tmp_path):
-    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
-                       "--workload", "multi-turn")  # fmt: skip
+    code, _, err = cli(
+        "plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16", "--workload", "multi-turn"
+    )
     assert code == 2 and "give --accelerator" in err
     unbuilt = tmp_path / "config.json"  # attention fields plan reads, of no family swajax builds
     unbuilt.write_text(
@@ -94,11 +112,29 @@ def test_plan_cli_names_what_it_needs(cli, tmp_path):
             }
         )
     )
-    code, _, err = cli("plan", "--hf-config", str(unbuilt), "--kv-budget-gib", "1",
-                       "--workload", "multi-turn", "--accelerator", "h200")  # fmt: skip
+    code, _, err = cli(
+        "plan",
+        "--hf-config",
+        str(unbuilt),
+        "--kv-budget-gib",
+        "1",
+        "--workload",
+        "multi-turn",
+        "--accelerator",
+        "h200",
+    )
     assert code == 2 and "weight bytes need a model swajax builds" in err
-    code, _, err = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "16",
-                       "--workload", "nowhere.jsonl", "--accelerator", "h200")  # fmt: skip
+    code, _, err = cli(
+        "plan",
+        "--preset",
+        "gpt-oss-120b",
+        "--kv-budget-gib",
+        "16",
+        "--workload",
+        "nowhere.jsonl",
+        "--accelerator",
+        "h200",
+    )
     assert code == 2 and "JSON-lines file" in err
 
 
@@ -109,9 +145,22 @@ PRESETS = ["gpt-oss-20b", "gpt-oss-120b", "mimo-v2-flash", "llama-4-scout", "gem
 @pytest.mark.parametrize("workload", ["long-context", "multi-turn", "mixed"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_planned_ratio_never_loses_to_one_pool(cli, preset, workload):
-    code, out, _ = cli("plan", "--preset", preset, "--kv-budget-gib", "16", "--workload", workload,
-                       "--requests", "12", "--accelerator", "h200", "--ratios", "0.1,0.3,1",
-                       "--json")  # fmt: skip
+    code, out, _ = cli(
+        "plan",
+        "--preset",
+        preset,
+        "--kv-budget-gib",
+        "16",
+        "--workload",
+        workload,
+        "--requests",
+        "12",
+        "--accelerator",
+        "h200",
+        "--ratios",
+        "0.1,0.3,1",
+        "--json",
+    )
     assert code == 0
     p = json.loads(out)
     assert p["best"]["tokens_per_s"] >= p["single"]["tokens_per_s"] * (1 - 1e-9)

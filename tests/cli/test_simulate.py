@@ -95,8 +95,18 @@ def test_simulate_models_time_on_an_accelerator(cli, tmp_path):
         {"prompt_len": 900, "output_len": 20, "prefix_id": "sys", "arrival": 30.0}
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code, out, _ = cli("simulate", "--preset", "gpt-oss-20b", "--kv-budget-gib", "1",
-                       "--workload", str(path), "--accelerator", "h200", "--json")  # fmt: skip
+    code, out, _ = cli(
+        "simulate",
+        "--preset",
+        "gpt-oss-20b",
+        "--kv-budget-gib",
+        "1",
+        "--workload",
+        str(path),
+        "--accelerator",
+        "h200",
+        "--json",
+    )
     assert code == 0
     report = json.loads(out)
     for name in ("hybrid", "single"):
@@ -109,12 +119,35 @@ def test_simulate_models_time_on_an_accelerator(cli, tmp_path):
 
 def test_simulate_with_an_emulated_draft_and_no_tail_rebuild(cli):
     """A draft in the cell shrinks the pools; its emulated rounds lose nothing."""
-    base = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002", "--ratio",
-            "0.3", "--page-size", "4", "--workload", "multi-turn", "--requests", "4",
-            "--json"]  # fmt: skip
+    base = [
+        "simulate",
+        "--preset",
+        "tiny-hybrid",
+        "--kv-budget-gib",
+        "0.002",
+        "--ratio",
+        "0.3",
+        "--page-size",
+        "4",
+        "--workload",
+        "multi-turn",
+        "--requests",
+        "4",
+        "--json",
+    ]
     reports = []
-    for extra in ([], ["--draft-preset", "tiny-hybrid", "--num-speculative-tokens", "3",
-                       "--acceptance", "0.5", "--no-tail-rebuild"]):  # fmt: skip
+    for extra in (
+        [],
+        [
+            "--draft-preset",
+            "tiny-hybrid",
+            "--num-speculative-tokens",
+            "3",
+            "--acceptance",
+            "0.5",
+            "--no-tail-rebuild",
+        ],
+    ):
         code, out, _ = cli(*base, *extra)
         assert code == 0
         reports.append(json.loads(out))
@@ -129,9 +162,20 @@ def test_simulate_sizes_fp8_pools_at_one_byte(cli):
     """--dtype fp8_e4m3: the same budget holds twice the tokens of bf16, in both pools."""
     sizes = {}
     for dtype in ("bf16", "fp8_e4m3"):
-        code, out, _ = cli("simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
-                           "--workload", "multi-turn", "--requests", "4", "--dtype", dtype,
-                           "--json")  # fmt: skip
+        code, out, _ = cli(
+            "simulate",
+            "--preset",
+            "tiny-hybrid",
+            "--kv-budget-gib",
+            "0.002",
+            "--workload",
+            "multi-turn",
+            "--requests",
+            "4",
+            "--dtype",
+            dtype,
+            "--json",
+        )
         assert code == 0
         hybrid = json.loads(out)["hybrid"]
         sizes[dtype] = (hybrid["full_tokens"], hybrid["swa_tokens"])
@@ -145,27 +189,51 @@ def test_reasoning_workload_is_short_prompts_and_long_generations():
     w = make_workload("reasoning", 40, seed=3)
     assert w.total == len(w.initial) == 40
     assert all(128 <= len(a.prompt) <= 1024 for a in w.initial)
-    assert all(8_192 <= a.params.max_new_tokens <= 32_768 for a in w.initial)
+    assert all(8_192 <= a.params.max_tokens <= 32_768 for a in w.initial)
     assert w.follow_up(w.initial[0], [1, 2]) is None
-    assert len({a.params.max_new_tokens for a in w.initial}) > 20  # spread over the range
+    assert len({a.params.max_tokens for a in w.initial}) > 20  # spread over the range
 
 
 def test_simulate_and_plan_report_a_host_tier(cli):
     """`--host-cache-gib`: the hybrid run gets the tier (one pool has no second lifetime), and
     its capacity and traffic are reported; `plan` prints the stores' tokens."""
     code, out, _ = cli(
-        "simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.001", "--ratio", "0.3",
-        "--page-size", "4", "--workload", "multi-turn", "--requests", "8",
-        "--host-cache-gib", "0.004", "--accelerator", "h200", "--json",
-    )  # fmt: skip
+        "simulate",
+        "--preset",
+        "tiny-hybrid",
+        "--kv-budget-gib",
+        "0.001",
+        "--ratio",
+        "0.3",
+        "--page-size",
+        "4",
+        "--workload",
+        "multi-turn",
+        "--requests",
+        "8",
+        "--host-cache-gib",
+        "0.004",
+        "--accelerator",
+        "h200",
+        "--json",
+    )
     assert code == 0
     report = json.loads(out)
     hybrid, single = report["hybrid"], report["single"]
     assert hybrid["host_tokens"][0] > 0 and hybrid["host_tokens"][1] > 0
     assert single["host_tokens"] == [0, 0] and hybrid["lost"] == 0
     assert sum(hybrid["host_saved_tokens"]) > 0  # the device evicted to the host
-    code, out, _ = cli("plan", "--preset", "gpt-oss-120b", "--kv-budget-gib", "40",
-                       "--ratio", "0.1", "--host-cache-gib", "160")  # fmt: skip
+    code, out, _ = cli(
+        "plan",
+        "--preset",
+        "gpt-oss-120b",
+        "--kv-budget-gib",
+        "40",
+        "--ratio",
+        "0.1",
+        "--host-cache-gib",
+        "160",
+    )
     assert code == 0 and "host tier tokens full|SWA" in out
 
 
@@ -175,13 +243,13 @@ def test_closed_loop_keeps_n_requests_outstanding_and_sends_each_once():
     from swajax.simulator.workloads import closed_loop, make_workload
 
     plain = make_workload("reasoning", 7, seed=1)
-    lengths = [a.params.max_new_tokens for a in plain.initial]
+    lengths = [a.params.max_tokens for a in plain.initial]
     loop = closed_loop(make_workload("reasoning", 7, seed=1), 3)
-    assert loop.total == 7 and [a.params.max_new_tokens for a in loop.initial] == lengths[:3]
+    assert loop.total == 7 and [a.params.max_tokens for a in loop.initial] == lengths[:3]
     sent = list(loop.initial)
     while (nxt := loop.follow_up(sent[len(sent) - 3], [1])) is not None:
         sent.append(nxt)
-    assert [a.params.max_new_tokens for a in sent] == lengths
+    assert [a.params.max_tokens for a in sent] == lengths
     chats = closed_loop(make_workload("multi-turn", 8, seed=1), 1)  # two 4-turn chats
     first = chats.initial[0]
     turn = chats.follow_up(first, [5, 6])
@@ -194,9 +262,24 @@ def test_closed_loop_keeps_n_requests_outstanding_and_sends_each_once():
 def test_simulate_with_clients_never_runs_more_than_them(cli):
     """`--clients 3` over 10 requests: at most 3 run at once in either run, all finish, and the
     throughput up to the last send is reported (0 for a workload that all arrives at once)."""
-    base = ["simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002", "--ratio", "0.3",
-            "--page-size", "4", "--workload", "shared-prefix", "--requests", "10",
-            "--accelerator", "h200", "--json"]  # fmt: skip
+    base = [
+        "simulate",
+        "--preset",
+        "tiny-hybrid",
+        "--kv-budget-gib",
+        "0.002",
+        "--ratio",
+        "0.3",
+        "--page-size",
+        "4",
+        "--workload",
+        "shared-prefix",
+        "--requests",
+        "10",
+        "--accelerator",
+        "h200",
+        "--json",
+    ]
     code, out, _ = cli(*base, "--clients", "3")
     assert code == 0
     report = json.loads(out)
@@ -223,9 +306,22 @@ def test_a_closed_loop_client_goes_on_after_a_refused_request(cli, tmp_path):
     rows = [{"prompt_len": 50, "output_len": 8}] * 5
     rows[0] = rows[2] = {"prompt_len": 200_000, "output_len": 8}
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code, out, _ = cli("simulate", "--preset", "tiny-hybrid", "--kv-budget-gib", "0.002",
-                       "--ratio", "0.3", "--page-size", "4", "--workload", str(path),
-                       "--clients", "1", "--json")  # fmt: skip
+    code, out, _ = cli(
+        "simulate",
+        "--preset",
+        "tiny-hybrid",
+        "--kv-budget-gib",
+        "0.002",
+        "--ratio",
+        "0.3",
+        "--page-size",
+        "4",
+        "--workload",
+        str(path),
+        "--clients",
+        "1",
+        "--json",
+    )
     assert code == 0
     for name in ("hybrid", "single"):
         r = json.loads(out)[name]

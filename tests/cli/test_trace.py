@@ -95,7 +95,9 @@ def _trace_bytes(prompt_len, tmp_path):
     sizes = sizing.solve_pool_sizes(cfg, 20_000, ratio=0.5, page_size=4)
     engine = engine_for(cfg, NullModel(), sizes, EngineOptions(chunk_size=256, max_context=20_000))
     tracer = Tracer(engine)
-    engine.add_request([7 + i % 900 for i in range(prompt_len)], SamplingParams(max_new_tokens=4))
+    engine.add_request(
+        [7 + i % 900 for i in range(prompt_len)], SamplingParams(temperature=0.0, max_tokens=4)
+    )
     engine.run()
     path = tmp_path / f"{prompt_len}.jsonl"
     tracer.write(path)
@@ -187,8 +189,24 @@ def test_record_replay_round_trip(preset, profile, tmp_path):
     default, the rest with -m slow): the replay rebuilds the recorded profile's cache."""
     path = tmp_path / "t.jsonl.gz"
     budget = "0.002" if preset.startswith("tiny") else "8"  # Llama 4: chunk 8192
-    assert main(["record", "--preset", preset, "--requests", "6", "--cache-policy", profile,
-                 "--kv-budget-gib", budget, "--out", str(path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "record",
+                "--preset",
+                preset,
+                "--requests",
+                "6",
+                "--cache-policy",
+                profile,
+                "--kv-budget-gib",
+                budget,
+                "--out",
+                str(path),
+            ]
+        )
+        == 0
+    )
     from swajax.trace.replay import read_lines
 
     assert read_lines(path)[0]["profile"] == profile

@@ -53,8 +53,7 @@ def test_record_says_what_ran_and_replays(tmp_path, capsys, flags, overlap, k):
 def null_engine(overlap, steps=1, tokens=600):
     cfg = load_preset("tiny-hybrid")
     sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=0.5, page_size=4)  # tight: evictions
-    options = EngineOptions(chunk_size=16, max_context=400, eviction_interval=1,
-                            decode_steps=steps)  # fmt: skip
+    options = EngineOptions(chunk_size=16, max_context=400, eviction_interval=1, decode_steps=steps)
     return engine_for(cfg, NullModel(overlap=overlap), sizes, options)
 
 
@@ -65,7 +64,7 @@ def test_the_null_models_overlap_changes_no_token():
     stop = ()
     for steps, overlap in ((1, False), (1, True), (8, False), (8, True)):
         engine = null_engine(overlap, steps, tokens=600 if steps == 1 else 1600)
-        params = SamplingParams(max_new_tokens=30, stop_token_ids=stop)
+        params = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=stop)
         rids = [engine.add_request(p * 4, params) for p in PROMPTS]
         engine.run()
         check_clean(engine)
@@ -81,13 +80,27 @@ def test_the_null_models_overlap_changes_no_token():
 
 @pytest.mark.parametrize(
     "ran, message",
-    [([], "ran must be an object"), ({"overlap": 1}, "ran.overlap must be true or false"),
-     ({"launched_ahead": -1}, "ran.launched_ahead must be an integer"),
-     ({"warp": True}, "fields among")],
-)  # fmt: skip
+    [
+        ([], "ran must be an object"),
+        ({"overlap": 1}, "ran.overlap must be true or false"),
+        ({"launched_ahead": -1}, "ran.launched_ahead must be an integer"),
+        ({"warp": True}, "fields among"),
+    ],
+)
 def test_a_malformed_ran_is_refused(ran, message):
-    init = dict(op="init", version=3, profile="lean", page_size=4, full_size=64, swa_size=64,
-                mode="hybrid", window=8, cap_leaf_to_window=True, ops=0, ran=ran)  # fmt: skip
+    init = dict(
+        op="init",
+        version=3,
+        profile="lean",
+        page_size=4,
+        full_size=64,
+        swa_size=64,
+        mode="hybrid",
+        window=8,
+        cap_leaf_to_window=True,
+        ops=0,
+        ran=ran,
+    )
     with pytest.raises(InputError, match=message):
         check_header(init, "t.jsonl")
 

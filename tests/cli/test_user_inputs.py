@@ -19,8 +19,17 @@ MIMO_IDS = ",".join(map(str, MIMO_CASE["prompt"]))
 
 
 def _generate(cli, folder, *flags):
-    code, out, err = cli("generate", "--model", folder, "--prompt-ids", MIMO_IDS,
-                         "--max-new-tokens", "8", "--json", *flags)  # fmt: skip
+    code, out, err = cli(
+        "generate",
+        "--model",
+        folder,
+        "--prompt-ids",
+        MIMO_IDS,
+        "--max-tokens",
+        "8",
+        "--json",
+        *flags,
+    )
     assert code == 0, err
     return json.loads(out.splitlines()[0])
 
@@ -74,8 +83,17 @@ def test_a_4096_token_prompt_runs_with_default_flags(cli, tmp_path):
     prompts = tmp_path / "p.jsonl"
     ids = [(7 * i) % 200 + 20 for i in range(4096)]
     prompts.write_text(json.dumps({"prompt_ids": ids}) + "\n")
-    code, out, err = cli("generate", "--model", folder, "--prompts-file", prompts,
-                         "--max-new-tokens", "4", "--json", "--ignore-eos")  # fmt: skip
+    code, out, err = cli(
+        "generate",
+        "--model",
+        folder,
+        "--prompts-file",
+        prompts,
+        "--max-tokens",
+        "4",
+        "--json",
+        "--ignore-eos",
+    )
     assert code == 0, err
     line = json.loads(out.splitlines()[0])
     assert len(line["tokens"]) == 4 and line["finish_reason"] == "length"
@@ -86,12 +104,34 @@ def test_the_context_limit_is_the_models_and_names_its_flag(cli, tmp_path):
     ids = ",".join(["20"] * 100)
     code, _, err = cli("generate", "--model", folder, "--prompt-ids", ids)
     assert code == 2 and "exceeds the context limit 96" in err and "--max-context" in err
-    code, out, err = cli("generate", "--model", folder, "--prompt-ids", ids,
-                         "--max-context", "110", "--max-new-tokens", "2", "--json")  # fmt: skip
+    code, out, err = cli(
+        "generate",
+        "--model",
+        folder,
+        "--prompt-ids",
+        ids,
+        "--max-context",
+        "110",
+        "--max-tokens",
+        "2",
+        "--json",
+    )
     assert code == 0, err
-    code, _, err = cli("generate", "--model", folder, "--prompt-ids", ids, "--max-context",
-                       "110", "--max-new-tokens", "2", "--kv-budget-gib", "0.00023", "--ratio",
-                       "1")  # fmt: skip
+    code, _, err = cli(
+        "generate",
+        "--model",
+        folder,
+        "--prompt-ids",
+        ids,
+        "--max-context",
+        "110",
+        "--max-tokens",
+        "2",
+        "--kv-budget-gib",
+        "0.00023",
+        "--ratio",
+        "1",
+    )
     assert code == 2 and "cannot fit in the KV pools" in err and "--kv-budget-gib" in err
 
 
@@ -129,7 +169,7 @@ def _reading(command: str, path) -> list:
             "0.01",
             "--workload",
             str(path),
-        ],  # fmt: skip
+        ],
         "replay": ["replay", str(path)],
     }[command]
 
@@ -160,8 +200,9 @@ def test_an_oversized_line_exits_in_seconds_under_a_memory_limit(tmp_path, comma
     limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
     code = limit + "import sys; from swajax.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = dict(os.environ, SWAJAX_COMPILE_CACHE="off")
-    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.returncode == 2, done.stderr
     assert "big.jsonl:1: the line is longer than" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

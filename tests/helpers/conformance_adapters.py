@@ -61,12 +61,17 @@ class ModelReleaser:
 
 class PythonModelAdapter:
     def allocator_and_cache(self, header):
-        alloc = ModelReleaser(header["full_size"], header["swa_size"], header["page_size"],
-                              header["mode"])  # fmt: skip
-        cache = RadixCache(alloc, page_size=header["page_size"], window=header["window"],
-                           pool_mode=header["mode"],
-                           cap_leaf_to_window=header["cap_leaf_to_window"],
-                           policy=policy_of(header.get("profile", "swajax")))  # fmt: skip
+        alloc = ModelReleaser(
+            header["full_size"], header["swa_size"], header["page_size"], header["mode"]
+        )
+        cache = RadixCache(
+            alloc,
+            page_size=header["page_size"],
+            window=header["window"],
+            pool_mode=header["mode"],
+            cap_leaf_to_window=header["cap_leaf_to_window"],
+            policy=policy_of(header.get("profile", "swajax")),
+        )
         return alloc, cache
 
     def attention(self, case):

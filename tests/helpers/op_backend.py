@@ -60,16 +60,24 @@ class OpBackend:
 
     def cache_unfinished(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock):
         return self.cache.cache_unfinished(
-            tokens, np.asarray(slots, np.int32), cache_protected_len=cache_protected_len,
-            swa_evicted_seqlen=swa_evicted_seqlen, handle=lock,
-        )  # fmt: skip
+            tokens,
+            np.asarray(slots, np.int32),
+            cache_protected_len=cache_protected_len,
+            swa_evicted_seqlen=swa_evicted_seqlen,
+            handle=lock,
+        )
 
-    def cache_finished(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock,
-                       insert=True):  # fmt: skip
+    def cache_finished(
+        self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, insert=True
+    ):
         self.cache.cache_finished(
-            tokens, np.asarray(slots, np.int32), cache_protected_len=cache_protected_len,
-            swa_evicted_seqlen=swa_evicted_seqlen, handle=lock, insert=insert,
-        )  # fmt: skip
+            tokens,
+            np.asarray(slots, np.int32),
+            cache_protected_len=cache_protected_len,
+            swa_evicted_seqlen=swa_evicted_seqlen,
+            handle=lock,
+            insert=insert,
+        )
 
 
 def swajax(header):

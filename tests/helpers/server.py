@@ -9,10 +9,22 @@ import urllib.request
 
 import swajax.demo
 
-TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
-SETTINGS = ["--max-running", "16", "--page-size", "4", "--kv-budget-gib", "0.05",
-            "--max-context", "512", "--host-cache-gib", "0.05"]  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SETTINGS = [
+    "--max-running",
+    "16",
+    "--page-size",
+    "4",
+    "--kv-budget-gib",
+    "0.05",
+    "--max-context",
+    "512",
+    "--host-cache-gib",
+    "0.05",
+]
 
 
 def demo_folder(path):

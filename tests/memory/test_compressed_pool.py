@@ -12,11 +12,19 @@ from swajax.memory.compressed_pool import CompressedPools
 from swajax.memory.pool import bytes_allocated, init_pools
 
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
-BASE = {"model_type": "deepseek_v4", "num_hidden_layers": 4, "hidden_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
-        "sliding_window": 10, "index_head_dim": 8, "vocab_size": 128,
-        "layer_types": ["sliding_attention", CSA, HCA, CSA],
-        "compress_rates": {CSA: 3, HCA: 6}}  # fmt: skip
+BASE = {
+    "model_type": "deepseek_v4",
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "sliding_window": 10,
+    "index_head_dim": 8,
+    "vocab_size": 128,
+    "layer_types": ["sliding_attention", CSA, HCA, CSA],
+    "compress_rates": {CSA: 3, HCA: 6},
+}
 
 
 def store(rate: int, page_size: int) -> CompressedPools:
@@ -74,6 +82,13 @@ def test_deepseek_v4_defaults_to_its_own_ratio_and_page_size():
     assert sizing.resolve_ratio(cfg, None, 0.8) == 0.1
     assert sizing.resolve_ratio(cfg, 0.3, 0.8) == 0.3
     assert sizing.resolve_page_size(cfg, None, 1) == 64
-    qwen = parse_hf_config({"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64,
-                            "num_attention_heads": 4, "num_key_value_heads": 2})  # fmt: skip
+    qwen = parse_hf_config(
+        {
+            "model_type": "qwen3",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        }
+    )
     assert sizing.resolve_ratio(qwen, None, 0.8) == 0.8

@@ -14,8 +14,13 @@ pop = jax.jit(PageStack.pop)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, PAGES), min_size=6, max_size=6)),
-                min_size=1, max_size=8))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, PAGES), min_size=6, max_size=6)),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_push_and_pop_follow_a_list_model(ops):
     """Pushes of candidates with repeats, page 0 and pages already free (a double free is
     ignored; the lowest new page ends on top), pops of the top pages."""

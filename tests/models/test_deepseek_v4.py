@@ -45,12 +45,15 @@ def fixture(request):
     return load_decoder(path), case, np.load(path / "logits.npy"), BETWEEN[request.param]
 
 
-def run(decoder, spec, prompts, max_new_tokens=8):
+def run(decoder, spec, prompts, max_tokens=8):
     engine = make_engine(decoder, spec)
     rids = []
     for prompt in prompts:  # one after the other: a later one may hit an earlier one's prefix
-        rids.append(engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens),
-                                       keep_logits=True))  # fmt: skip
+        rids.append(
+            engine.add_request(
+                prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), keep_logits=True
+            )
+        )
         engine.run()
     return engine, [engine.requests[r] for r in rids]
 
@@ -116,8 +119,10 @@ def test_retraction_and_abort_keep_other_requests_exact(fixture):
     decoder, case, _, _ = fixture
     prompt = case["prompt"]
     engine = make_engine(decoder, SPEC.replace(decode_steps=1))  # (a round would finish it)
-    rids = [engine.add_request(p, SamplingParams(max_new_tokens=n))
-            for p, n in ((prompt, 8), (prompt[3:60], 12), (prompt[::-1], 12))]  # fmt: skip
+    rids = [
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=n))
+        for p, n in ((prompt, 8), (prompt[3:60], 12), (prompt[::-1], 12))
+    ]
     req = engine.requests[rids[0]]
     engine.step()
     engine.abort(rids[1])
@@ -141,8 +146,9 @@ def test_tensor_parallel_over_four_devices():
     path = FIXTURES / "deepseek_v4_odd"
     case = json.loads((path / "greedy.json").read_text())
     mesh = kv_mesh(4)
-    engine, (req,) = run(load_decoder(path, mesh=mesh), SPEC.replace(tensor_parallel=4),
-                         [case["prompt"]])  # fmt: skip
+    engine, (req,) = run(
+        load_decoder(path, mesh=mesh), SPEC.replace(tensor_parallel=4), [case["prompt"]]
+    )
     assert req.output == case["greedy"]
     expected = np.load(path / "logits.npy")
     assert rel_err(np.stack(req.logits[: len(case["prompt"])]), expected) <= 1e-4
@@ -170,7 +176,7 @@ def test_a_hit_from_the_host_tier_matches_transformers():
     def evicted_then_hit(zero_compressed=False):
         engine = make_engine(decoder, spec)
         for first in (shared + [9, 10, 11, 12, 13, 14], shared + [5, 6, 7, 8]):  # a branch
-            engine.add_request(first, SamplingParams(max_new_tokens=2))
+            engine.add_request(first, SamplingParams(temperature=0.0, max_tokens=2))
             engine.run()
         engine.cache.evict(10**9, 10**9)
         if zero_compressed:
@@ -179,7 +185,9 @@ def test_a_hit_from_the_host_tier_matches_transformers():
             for stores in engine.runner.host_kv.stores.values():
                 for store in stores[2:]:  # after K and V: the compressed stores
                     store[...] = 0
-        rid = engine.add_request(prompt, SamplingParams(max_new_tokens=8), keep_logits=True)
+        rid = engine.add_request(
+            prompt, SamplingParams(temperature=0.0, max_tokens=8), keep_logits=True
+        )
         engine.run()
         return engine, engine.requests[rid]
 
@@ -275,7 +283,7 @@ def test_multi_step_decode_and_speculation_give_transformers_tokens(fixture, set
         engine, (req,) = run(decoder, SPEC.replace(decode_steps=4), [case["prompt"]])
     else:
         engine = make_engine(decoder, SPEC.replace(num_speculative_tokens=3), draft=decoder)
-        rid = engine.add_request(case["prompt"], SamplingParams(max_new_tokens=8))
+        rid = engine.add_request(case["prompt"], SamplingParams(temperature=0.0, max_tokens=8))
         engine.run()
         req = engine.requests[rid]
     assert req.output == case["greedy"]

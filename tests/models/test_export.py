@@ -44,8 +44,7 @@ def test_quantized_weights_come_back_dequantized_on_request():
 
 def test_a_sharded_export_loads_back(tmp_path):
     decoder = load_decoder(FIXTURES / "qwen3")
-    save_hf(decoder, FIXTURES / "qwen3", tmp_path / "out", dtype="float32",
-            max_shard_bytes=100_000)  # fmt: skip
+    save_hf(decoder, FIXTURES / "qwen3", tmp_path / "out", dtype="float32", max_shard_bytes=100_000)
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
     again = hf_tensors(load_decoder(tmp_path / "out"))
@@ -67,12 +66,15 @@ def test_cli_round_trip_keeps_the_logits(cli, tmp_path, dequantize):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert ("quantization_config" in config) != dequantize and config["dtype"] == "float32"
     ids = ",".join(map(str, case["prompt"]))
-    code, _, _ = cli("logits", "--model", tmp_path / "hf", "--prompt-ids", ids,
-                     "--out", tmp_path / "l.npy")  # fmt: skip
+    code, _, _ = cli(
+        "logits", "--model", tmp_path / "hf", "--prompt-ids", ids, "--out", tmp_path / "l.npy"
+    )
     assert code == 0
-    np.testing.assert_allclose(np.load(tmp_path / "l.npy"), np.load(fixture / "logits.npy"),
-                               atol=1e-4, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        np.load(tmp_path / "l.npy"), np.load(fixture / "logits.npy"), atol=1e-4, rtol=0
+    )
     if not dequantize:
-        code, _, err = cli("convert", tmp_path / "orbax", tmp_path / "again", "--to", "hf",
-                           "--dequantize-weights")  # fmt: skip
+        code, _, err = cli(
+            "convert", tmp_path / "orbax", tmp_path / "again", "--to", "hf", "--dequantize-weights"
+        )
         assert code == 2 and "dequantize them when converting" in err

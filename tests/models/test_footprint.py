@@ -45,8 +45,9 @@ def test_quantized_presets_hold_their_published_bytes():
 def test_plan_budgets_what_the_weights_leave(cli):
     runs = {}
     for kv in ("bf16", "fp8_e4m3"):
-        code, out, err = cli("plan", "--preset", "gpt-oss-120b", "--accelerator", "h100",
-                             "--dtype", kv, "--json")  # fmt: skip
+        code, out, err = cli(
+            "plan", "--preset", "gpt-oss-120b", "--accelerator", "h100", "--dtype", kv, "--json"
+        )
         assert code == 0, err
         runs[kv] = json.loads(out)
     weights = config_footprint(hf_preset("gpt-oss-120b")).weight_bytes
@@ -55,6 +56,7 @@ def test_plan_budgets_what_the_weights_leave(cli):
     assert runs["fp8_e4m3"]["full_tokens"] == pytest.approx(2 * runs["bf16"]["full_tokens"], 1e-3)
     code, _, err = cli("plan", "--preset", "mimo-v2-flash", "--accelerator", "h200")
     assert code == 2 and "310.2 GB" in err and "--devices" in err
-    code, out, _ = cli("plan", "--preset", "mimo-v2-flash", "--accelerator", "h200",
-                       "--devices", "4")  # fmt: skip
+    code, out, _ = cli(
+        "plan", "--preset", "mimo-v2-flash", "--accelerator", "h200", "--devices", "4"
+    )
     assert code == 0 and "4 x H200 / 310.2 GB" in out

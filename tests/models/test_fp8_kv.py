@@ -32,8 +32,10 @@ def test_scaled_fp8_pools_against_the_float64_oracle(dtype, implementation):
     for prefix, seq in (([8, 19], [9, 20]), ([0, 5], [26, 30])):  # decode, then extend
         case = make_case(rng, ps=4, prefix=prefix, seq=seq, hq=4, hkv=2)
         k_pages, v_pages = case.pages["swa"]
-        stored = [(p.astype(jnp.float32) / s).astype(fp8) for p, s in
-                  ((k_pages, k_scale), (v_pages, v_scale))]  # fmt: skip
+        stored = [
+            (p.astype(jnp.float32) / s).astype(fp8)
+            for p, s in ((k_pages, k_scale), (v_pages, v_scale))
+        ]
         rows = [p.reshape(1, -1, *p.shape[2:]) for p in stored]
         empty = rows[0][:0]
         pools = KVPools(empty, empty, rows[0], rows[1], ((0, True),), 4, PoolMode.HYBRID)
@@ -45,9 +47,18 @@ def test_scaled_fp8_pools_against_the_float64_oracle(dtype, implementation):
         case.values = [held(v, v_scale) for v in case.values]
         sinks = rng.normal(size=4).astype(np.float32)
         mode = AttentionMode(implementation, interpret=implementation == "pallas")
-        out = paged_attention(case.q, pools, 0, case.meta, layer, mode,
-                              kv_scales=(jnp.float32(k_scale), jnp.float32(v_scale)), scale=0.3,
-                              sinks=jnp.asarray(sinks), soft_cap=5.0)  # fmt: skip
+        out = paged_attention(
+            case.q,
+            pools,
+            0,
+            case.meta,
+            layer,
+            mode,
+            kv_scales=(jnp.float32(k_scale), jnp.float32(v_scale)),
+            scale=0.3,
+            sinks=jnp.asarray(sinks),
+            soft_cap=5.0,
+        )
         check(case, layer, out, scale=0.3, sinks=sinks, soft_cap=5.0)
 
 

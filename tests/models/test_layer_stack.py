@@ -40,15 +40,19 @@ def test_runs_take_the_pattern_that_covers_most():
     gemma3 = ([s] * 5 + [f]) * 4 + [s, s]  # 26 layers: five sliding, one full, x 4, then two
     assert layer_stack.runs(gemma3) == (Segment(0, 6, 4), Segment(24, 1, 2))
     assert layer_stack.runs([f, s, f, s, f, s, s]) == (Segment(0, 2, 3), Segment(6, 1, 1))
-    assert layer_stack.runs([s, f, f, s]) == (Segment(0, 1, 1), Segment(1, 1, 2),
-                                              Segment(3, 1, 1))  # fmt: skip
+    assert layer_stack.runs([s, f, f, s]) == (Segment(0, 1, 1), Segment(1, 1, 2), Segment(3, 1, 1))
 
 
 def demo_spec(depth: int, **changes):
     config = json.loads((DEMO_DIR / "config.json").read_text())
     kinds = ["sliding_attention", "sliding_attention", "full_attention"]
-    config = dict(config, num_hidden_layers=depth, layer_types=(kinds * depth)[:depth],
-                  mlp_layer_types=["dense"] * depth, **changes)  # fmt: skip
+    config = dict(
+        config,
+        num_hidden_layers=depth,
+        layer_types=(kinds * depth)[:depth],
+        mlp_layer_types=["dense"] * depth,
+        **changes,
+    )
     return decoder_spec(config)
 
 
@@ -59,8 +63,13 @@ def test_segments_of_a_spec_follow_everything_a_layer_reads():
     scales = tuple(2.0 if i == 7 else x for i, x in enumerate(spec.scales))
     odd = dataclasses.replace(spec, scales=scales)
     assert layer_stack.segments(odd) == (
-        Segment(0, 3, 2), Segment(6, 1, 1), Segment(7, 1, 1), Segment(8, 1, 1), Segment(9, 1, 2),
-        Segment(11, 1, 1))  # fmt: skip
+        Segment(0, 3, 2),
+        Segment(6, 1, 1),
+        Segment(7, 1, 1),
+        Segment(8, 1, 1),
+        Segment(9, 1, 2),
+        Segment(11, 1, 1),
+    )
 
 
 def test_kv_shared_models_are_not_scanned():
@@ -73,7 +82,9 @@ def serve(model, prompt, new=4):
     sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=4)
     options = EngineOptions(max_running=2, max_context=64, chunk_size=8, eviction_interval=1)
     engine = engine_for(cfg, model, sizes, options)
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=new), keep_logits=True)
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=new), keep_logits=True
+    )
     engine.run()
     req = engine.requests[rid]
     check_clean(engine)
@@ -118,8 +129,16 @@ def test_engine_spec_decides_scanning(scan):
     from swajax.cli.generate import engine_fields
     from swajax.cli.main import build_parser
 
-    argv = ["generate", "--model", str(FIXTURES / "gpt_oss"), "--kv-budget-gib", "0.01",
-            "--max-context", "64", *([] if scan else ["--unroll-layers"])]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(FIXTURES / "gpt_oss"),
+        "--kv-budget-gib",
+        "0.01",
+        "--max-context",
+        "64",
+        *([] if scan else ["--unroll-layers"]),
+    ]
     spec = EngineSpec.of(**engine_fields(build_parser().parse_args(argv)))
     assert spec.scan_layers is scan
     engine = make_engine(load_decoder(FIXTURES / "gpt_oss"), spec)

@@ -164,28 +164,41 @@ def test_a_large_checkpoint_loads_one_tensor_at_a_time(tmp_path):
     reading the files whole, as the loader once did, would add the whole checkpoint again."""
     hidden, vocab, layers = 1024, 32768, 8
     cfg = json.loads((FIXTURES / "mistral" / "config.json").read_text())
-    cfg.update(hidden_size=hidden, intermediate_size=4096, vocab_size=vocab,
-               num_hidden_layers=layers, head_dim=64, num_attention_heads=16,
-               num_key_value_heads=4)  # fmt: skip
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=4096,
+        vocab_size=vocab,
+        num_hidden_layers=layers,
+        head_dim=64,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+    )
     warm = tmp_path / "warm"
     shutil.copytree(FIXTURES / "mistral", warm)
     big = tmp_path / "big"
     big.mkdir()
     (big / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(0)
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
-              "lm_head.weight": (vocab, hidden)}  # fmt: skip
+    shapes = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (hidden,),
-                       p + "post_attention_layernorm.weight": (hidden,),
-                       p + "self_attn.q_proj.weight": (1024, hidden),
-                       p + "self_attn.k_proj.weight": (256, hidden),
-                       p + "self_attn.v_proj.weight": (256, hidden),
-                       p + "self_attn.o_proj.weight": (hidden, 1024),
-                       p + "mlp.gate_proj.weight": (4096, hidden),
-                       p + "mlp.up_proj.weight": (4096, hidden),
-                       p + "mlp.down_proj.weight": (hidden, 4096)})  # fmt: skip
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (1024, hidden),
+                p + "self_attn.k_proj.weight": (256, hidden),
+                p + "self_attn.v_proj.weight": (256, hidden),
+                p + "self_attn.o_proj.weight": (hidden, 1024),
+                p + "mlp.gate_proj.weight": (4096, hidden),
+                p + "mlp.up_proj.weight": (4096, hidden),
+                p + "mlp.down_proj.weight": (hidden, 4096),
+            }
+        )
     names = sorted(shapes)
     files = {f"model-{k + 1:05d}-of-00004.safetensors": names[k::4] for k in range(4)}
     for file, keys in files.items():

@@ -16,8 +16,11 @@ from swajax.config import LayerKind, parse_hf_config
 
 MINIMAL = FIXTURES / "minimal"
 FAMILIES = sorted(p.name for p in MINIMAL.iterdir())
-KINDS = {"sliding_attention": LayerKind.SLIDING, "full_attention": LayerKind.FULL,
-         "chunked_attention": LayerKind.CHUNKED}  # fmt: skip
+KINDS = {
+    "sliding_attention": LayerKind.SLIDING,
+    "full_attention": LayerKind.FULL,
+    "chunked_attention": LayerKind.CHUNKED,
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -23,8 +23,18 @@ from swajax.serving.sampling_params import SamplingParams
 
 FAMILIES = ["gpt_oss", "mimo_v2_flash", "llama4", "gemma3", "qwen3", "mistral"]
 # Further families and the quantized forms the hub ships a family in (tools/make_fixtures.py).
-FORMS = ["qwen2", "olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "gemma4_unshared", "step3p7",
-         "gpt_oss_mxfp4", "mimo_v2_flash_fp8"]  # fmt: skip
+FORMS = [
+    "qwen2",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+    "gemma4",
+    "gemma4_e",
+    "gemma4_unshared",
+    "step3p7",
+    "gpt_oss_mxfp4",
+    "mimo_v2_flash_fp8",
+]
 # The published multimodal wrappers (*ForConditionalGeneration, tiny vision / audio towers):
 # the hub's `language_model.model.*` layout (Gemma 3, Llama 4) and transformers 5's
 # `model.language_model.*` (Gemma 4, and Gemma 3 rewritten so).
@@ -34,12 +44,24 @@ WRAPPERS = ["gemma3_vl", "gemma3_vl_modules", "llama4_vl", "gemma4_vl"]
 LEGACY = {"gemma3_legacy": "gemma3", "gpt_oss_legacy": "gpt_oss"}
 
 
-def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32", kv="fp32",
-               attention="xla", dequantize_weights=False, mesh=None, scan=True):  # fmt: skip
+def run_engine(
+    path,
+    *,
+    hybrid_memory=True,
+    page_size=4,
+    chunk=8,
+    dtype="float32",
+    kv="fp32",
+    attention="xla",
+    dequantize_weights=False,
+    mesh=None,
+    scan=True,
+):
     pallas = attention == "pallas"
     decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights, mesh=mesh)
-    model = HybridLM(decoder, dtype=kv, implementation=attention, interpret=pallas, mesh=mesh,
-                     scan_layers=scan)  # fmt: skip
+    model = HybridLM(
+        decoder, dtype=kv, implementation=attention, interpret=pallas, mesh=mesh, scan_layers=scan
+    )
     cfg = model.spec.hybrid
     if hybrid_memory and cfg.layer_mix != "full_only":
         sizes = sizing.solve_pool_sizes(cfg, 256, ratio=0.5, page_size=page_size)
@@ -52,7 +74,9 @@ def run_engine(path, *, hybrid_memory=True, page_size=4, chunk=8, dtype="float32
         EngineOptions(max_running=4, max_context=64, chunk_size=chunk, eviction_interval=1),
     )
     case = json.loads((path / "greedy.json").read_text())
-    rid = engine.add_request(case["prompt"], SamplingParams(max_new_tokens=8), keep_logits=True)
+    rid = engine.add_request(
+        case["prompt"], SamplingParams(temperature=0.0, max_tokens=8), keep_logits=True
+    )
     engine.run()
     req = engine.requests[rid]
     return np.stack(req.logits[: len(case["prompt"])]), req.output, case["greedy"], engine
@@ -71,16 +95,33 @@ def default_run(family):
 
 def grouped(families, slow=()):
     """Parameters that run on the family's worker (`default_run` is computed there once)."""
-    return [pytest.param(f, marks=[pytest.mark.xdist_group(f"family-{f}")]
-                         + ([pytest.mark.slow] if f in slow else []))
-            for f in families]  # fmt: skip
+    return [
+        pytest.param(
+            f,
+            marks=[pytest.mark.xdist_group(f"family-{f}")]
+            + ([pytest.mark.slow] if f in slow else []),
+        )
+        for f in families
+    ]
 
 
 # Every family again with its window (or attention chunk) widened to 16 tokens: wider than the
 # chunks (8) and pages (4) of these runs and two thirds of the prompt, where the base fixtures'
 # windows (5-6) are narrower than all of them (tools/make_fixtures.py, WIDE).
-WIDE = ["qwen3", "qwen2", "mistral", "gpt_oss", "gemma3", "olmo3", "exaone4", "cohere2",
-        "mimo_v2_flash", "step3p7", "gemma4_e", "llama4"]  # fmt: skip
+WIDE = [
+    "qwen3",
+    "qwen2",
+    "mistral",
+    "gpt_oss",
+    "gemma3",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+    "mimo_v2_flash",
+    "step3p7",
+    "gemma4_e",
+    "llama4",
+]
 WIDE_DEFAULT = {"gpt_oss", "mimo_v2_flash", "llama4", "gemma4_e"}
 WIDE_SLOW = {f"{f}_wide" for f in WIDE if f not in WIDE_DEFAULT}
 
@@ -105,8 +146,9 @@ def test_matches_transformers_inside_the_engine(family):
 def test_legacy_config_forms_read_as_the_current_form(legacy, current):
     from swajax.models.loading import spec_of
 
-    assert np.array_equal(np.load(FIXTURES / legacy / "logits.npy"),
-                          np.load(FIXTURES / current / "logits.npy"))  # fmt: skip
+    assert np.array_equal(
+        np.load(FIXTURES / legacy / "logits.npy"), np.load(FIXTURES / current / "logits.npy")
+    )
     assert spec_of(FIXTURES / legacy) == spec_of(FIXTURES / current)
 
 
@@ -118,8 +160,13 @@ def test_step3_hub_config_form_reads_as_the_converted_form():
     from swajax.models.family_specs import model_spec
 
     cfg = json.loads((FIXTURES / "step3p7" / "config.json").read_text())
-    converted = ("rope_parameters", "per_layer_config", "num_key_value_heads",
-                 "num_sliding_attention_heads", "mlp_layer_types")  # fmt: skip
+    converted = (
+        "rope_parameters",
+        "per_layer_config",
+        "num_key_value_heads",
+        "num_sliding_attention_heads",
+        "mlp_layer_types",
+    )
     hub = {k: v for k, v in cfg["text_config"].items() if k not in converted}
     hub.update(
         rope_theta=[5e6, 1e4, 1e4, 5e6],
@@ -179,8 +226,19 @@ def test_hybrid_memory_off_gives_the_same_logits(family):
 
 # Every family with its layers scanned (the default run) and unrolled. Where a family's layers
 # repeat, the scan runs them with a traced pool slot: the same logits and tokens either way.
-SCANNED = ["gpt_oss", "llama4", "mimo_v2_flash", "gemma4_unshared", "gemma3", "qwen3", "mistral",
-           "qwen2", "olmo3", "exaone4", "cohere2"]  # fmt: skip
+SCANNED = [
+    "gpt_oss",
+    "llama4",
+    "mimo_v2_flash",
+    "gemma4_unshared",
+    "gemma3",
+    "qwen3",
+    "mistral",
+    "qwen2",
+    "olmo3",
+    "exaone4",
+    "cohere2",
+]
 SCAN_SLOW = {"gemma3", "qwen3", "mistral", "qwen2", "olmo3", "exaone4", "cohere2"}
 # Never scanned: KV-shared layers or per-layer inputs (Gemma 4 E), layers that never repeat
 # (Step 3.x's fixture), DeepSeek-V4 (its layers' stores differ).
@@ -367,8 +425,9 @@ def test_convert_keeps_the_checkpoints_files_and_dtype(tmp_path, cli):
     assert not (demo / "__init__.py").exists()
 
 
-@pytest.mark.parametrize("stray", ["language_model.model.layers.0.stray.weight",
-                                   "vision_tower_extra.weight"])  # fmt: skip
+@pytest.mark.parametrize(
+    "stray", ["language_model.model.layers.0.stray.weight", "vision_tower_extra.weight"]
+)
 def test_a_wrapper_tensor_no_list_names_is_still_an_error(tmp_path, stray):
     from swajax.models.checkpoint import Checkpoint
     from swajax.models.export import write_safetensors

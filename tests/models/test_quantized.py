@@ -27,8 +27,9 @@ def test_mxfp4_every_code_and_scale_equals_the_load_path():
     np.testing.assert_allclose(got, x.astype(np.float64) @ want[2], rtol=1e-5, atol=1e-30)
 
 
-@pytest.mark.parametrize("shape, block", [((48, 32), (16, 16)), ((40, 24), (16, 16)),
-                                          ((24, 20), (24, 20))])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape, block", [((48, 32), (16, 16)), ((40, 24), (16, 16)), ((24, 20), (24, 20))]
+)
 def test_block_fp8_equals_the_load_path(shape, block):
     """[out, in] float8 with a (bm, bn) grid, blocks that do not divide evenly included."""
     rng = np.random.default_rng(1)

@@ -98,12 +98,23 @@ def test_a_plain_tensor_where_the_config_says_fp8_is_named(tmp_path):
 
 
 MID_SIZE = {
-    "gpt_oss_mxfp4": dict(hidden_size=512, intermediate_size=512, num_local_experts=16,
-                          num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                          vocab_size=2048),
-    "mimo_v2_flash_fp8": dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
-                              n_routed_experts=16, vocab_size=2048),
-}  # fmt: skip
+    "gpt_oss_mxfp4": dict(
+        hidden_size=512,
+        intermediate_size=512,
+        num_local_experts=16,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=2048,
+    ),
+    "mimo_v2_flash_fp8": dict(
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        n_routed_experts=16,
+        vocab_size=2048,
+    ),
+}
 
 
 def _random_like(path, x, rng):
@@ -135,10 +146,11 @@ def test_a_mid_size_checkpoint_holds_its_published_bytes(tmp_path, name):
     tensors = hf_tensors(nnx.merge(graphdef, state))
     quantized_dtypes = (np.uint8, ml_dtypes.float8_e4m3fn)
     tensors = {
-        n: v if v.dtype in quantized_dtypes or n.endswith("scale_inv") else
-        v.astype(ml_dtypes.bfloat16)
+        n: v
+        if v.dtype in quantized_dtypes or n.endswith("scale_inv")
+        else v.astype(ml_dtypes.bfloat16)
         for n, v in tensors.items()
-    }  # fmt: skip
+    }
     folder = tmp_path / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -167,8 +179,17 @@ def test_generate_reports_the_bytes_it_holds(cli):
     path's, with the same greedy tokens."""
     runs = []
     for flags in ([], ["--dequantize-weights"]):
-        code, out, _ = cli("generate", "--model", FIXTURES / "gpt_oss_mxfp4", "--prompt-ids",
-                           "1,2,3,4,5", "--max-new-tokens", "4", "--json", *flags)  # fmt: skip
+        code, out, _ = cli(
+            "generate",
+            "--model",
+            FIXTURES / "gpt_oss_mxfp4",
+            "--prompt-ids",
+            "1,2,3,4,5",
+            "--max-tokens",
+            "4",
+            "--json",
+            *flags,
+        )
         assert code == 0
         lines = [json.loads(line) for line in out.splitlines()]
         runs.append((lines[0]["tokens"], lines[-1]["summary"]["weight_bytes"]))

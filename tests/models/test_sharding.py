@@ -30,7 +30,9 @@ def run(path, mesh, attention="xla"):
         EngineOptions(max_running=4, max_context=64, chunk_size=8, eviction_interval=1),
     )
     prompt = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 45]
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=6), keep_logits=True)
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=6), keep_logits=True
+    )
     engine.run()
     req = engine.requests[rid]
     return req.output, np.stack(req.logits), engine.runner.pools
@@ -100,7 +102,7 @@ def test_a_steady_sharded_decode_compiles_nothing_new():
     sizes = sizing.solve_pool_sizes(cfg, 512, ratio=0.5, page_size=4)
     options = EngineOptions(max_running=2, max_context=128, eviction_interval=1)
     engine = engine_for(cfg, model, sizes, options)
-    engine.add_request([5, 17, 99, 3, 42], SamplingParams(max_new_tokens=40))
+    engine.add_request([5, 17, 99, 3, 42], SamplingParams(temperature=0.0, max_tokens=40))
     for _ in range(8):  # prefill, then the decode program and its eviction rounds
         engine.step()
     before = engine.runner.compilations()
@@ -114,11 +116,17 @@ def test_multi_step_decode_runs_under_a_mesh():
     from swajax.api import LLM
 
     prompts = [[5, 17, 99, 3, 42, 64, 8, 120, 33, 71], [9, 4, 77, 31, 100, 6]]
-    params = SamplingParams(max_new_tokens=12)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
     runs = {}
     for split, steps in ((1, 1), (4, 4)):
-        llm = LLM(str(FIXTURES / "gpt_oss_kv4"), ignore_eos=True, tensor_parallel=split,
-                  decode_steps=steps, max_running=2, max_context=64)  # fmt: skip
+        llm = LLM(
+            str(FIXTURES / "gpt_oss_kv4"),
+            ignore_eos=True,
+            tensor_parallel=split,
+            decode_steps=steps,
+            max_running=2,
+            max_context=64,
+        )
         runs[split] = ([o.token_ids for o in llm.generate(prompts, params)], llm.summary())
     assert runs[4][0] == runs[1][0]
     assert runs[4][1]["steps"] < runs[1][1]["steps"]
@@ -131,11 +139,10 @@ def test_speculative_decoding_runs_under_a_mesh():
     from swajax.api import LLM
 
     prompts = [[100, 101, 32, 102], [40, 41, 42]]
-    params = SamplingParams(max_new_tokens=10)
+    params = SamplingParams(temperature=0.0, max_tokens=10)
     runs = []
     for split in (1, 2):
-        llm = LLM("tiny", draft_model="tiny", tensor_parallel=split, max_running=2,
-                  max_context=128)  # fmt: skip
+        llm = LLM("tiny", draft_model="tiny", tensor_parallel=split, max_running=2, max_context=128)
         outs = [o.token_ids for o in llm.generate(prompts, params)]
         runs.append((outs, llm.summary()["draft_tokens_accepted"]))
     assert runs[0] == runs[1] and runs[0][1] > 0
@@ -147,10 +154,14 @@ def test_the_engines_model_keeps_the_parameters_split(scan_layers):
     split there, scanned stacks included. (An `nnx.State` path ends at `.value`: the rules once
     matched none of them, so every device held every weight whole.)"""
     mesh = kv_mesh(2)
-    model = HybridLM(load_decoder(FIXTURES / "llama4", mesh=mesh), mesh=mesh,
-                     scan_layers=scan_layers)  # fmt: skip
-    split = [x for x in jax.tree.leaves(model.state) if len(x.sharding.device_set) == 2
-             and x.addressable_shards[0].data.shape != x.shape]  # fmt: skip
+    model = HybridLM(
+        load_decoder(FIXTURES / "llama4", mesh=mesh), mesh=mesh, scan_layers=scan_layers
+    )
+    split = [
+        x
+        for x in jax.tree.leaves(model.state)
+        if len(x.sharding.device_set) == 2 and x.addressable_shards[0].data.shape != x.shape
+    ]
     assert len(split) >= 4  # q / k / v / o projections and the experts, at least
     if not scan_layers:
         q = model.decoder.layers[0].self_attn.q_proj.kernel[...]

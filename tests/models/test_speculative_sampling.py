@@ -91,9 +91,7 @@ def sampled_run(decoder, draft, k):
     engine = engine_for(
         cfg, lm, sizes, options, draft=HybridLM(draft, dtype="fp32") if draft else None
     )
-    params = [
-        SamplingParams(max_new_tokens=12, temperature=0.8, top_k=20, seed=s) for s in range(3)
-    ]
+    params = [SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=s) for s in range(3)]
     rids = [engine.add_request([3, 1, 4, 1, 5, 9, 2, 6][: 5 + s], p) for s, p in enumerate(params)]
     engine.run()
     return [engine.requests[r].output for r in rids], engine

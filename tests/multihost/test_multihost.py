@@ -40,10 +40,20 @@ def _env() -> dict[str, str]:
 
 
 def _start(port: int, i: int, *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, str(WORKER), "--coordinator", f"127.0.0.1:{port}",
-            "--num-processes", str(PROCESSES), "--process-id", str(i), *extra]  # fmt: skip
-    return subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        str(WORKER),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        str(PROCESSES),
+        "--process-id",
+        str(i),
+        *extra,
+    ]
+    return subprocess.Popen(
+        argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _joined(procs, tmp_path, fixture: str, attention: str, hybrid: bool) -> list[dict]:
@@ -118,7 +128,7 @@ def test_a_killed_process_stops_the_other_within_the_bound(procs, victim):
             os.devnull,
             "--heartbeat",
             str(heartbeat),
-        )  # fmt: skip
+        )
         for i in range(PROCESSES)
     ]
     for p in procs:
@@ -137,8 +147,20 @@ def test_an_unreachable_coordinator_is_an_error_naming_it(cli):
     """Process 1 of 2 with nobody at the coordinator's address: an error line within the join
     timeout, naming the address and the bound."""
     port = _port()
-    argv = [sys.executable, "-m", "swajax", "generate", "--coordinator", f"127.0.0.1:{port}",
-            "--num-processes", "2", "--process-id", "1", "--join-timeout", "3"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "generate",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        "1",
+        "--join-timeout",
+        "3",
+    ]
     start = time.monotonic()
     done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
@@ -152,9 +174,26 @@ def test_launch_local_prints_process_zeros_results(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_ids": workload.A}) + "\n")
     model = str(FIXTURES / "qwen3_kv4")
-    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
-            "--cpu-devices", "2", "--", "generate", "--model", model, "--prompts-file",
-            str(prompts), "--max-new-tokens", "5", "--json", "--ignore-eos"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "launch-local",
+        "--num-processes",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--",
+        "generate",
+        "--model",
+        model,
+        "--prompts-file",
+        str(prompts),
+        "--max-tokens",
+        "5",
+        "--json",
+        "--ignore-eos",
+    ]
     done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(x) for x in done.stdout.splitlines()]
@@ -162,7 +201,9 @@ def test_launch_local_prints_process_zeros_results(tmp_path):
     from swajax.api import LLM
     from swajax.serving.sampling_params import SamplingParams
 
-    one = LLM(model, ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
+    one = LLM(model, ignore_eos=True).generate(
+        [workload.A], SamplingParams(temperature=0.0, max_tokens=5)
+    )
     assert lines[0]["tokens"] == one[0].token_ids
 
 
@@ -173,15 +214,40 @@ def test_launch_local_logits_are_written_once_and_match_one_device(tmp_path):
     out = tmp_path / "joined.npy"
     model = str(FIXTURES / "gpt_oss_kv4")
     ids = ",".join(map(str, workload.A))
-    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
-            "--cpu-devices", "2", "--", "logits", "--model", model, "--prompt-ids", ids,
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "launch-local",
+        "--num-processes",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--",
+        "logits",
+        "--model",
+        model,
+        "--prompt-ids",
+        ids,
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrote") == 1
     one = tmp_path / "one.npy"
-    single = [sys.executable, "-m", "swajax", "logits", "--model", model, "--prompt-ids", ids,
-              "--out", str(one)]  # fmt: skip
+    single = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "logits",
+        "--model",
+        model,
+        "--prompt-ids",
+        ids,
+        "--out",
+        str(one),
+    ]
     subprocess.run(single, env=_env(), check=True, capture_output=True, timeout=600)
     np.testing.assert_allclose(np.load(out), np.load(one), rtol=1e-5, atol=1e-5)
 
@@ -196,14 +262,32 @@ def test_an_orbax_folder_restores_into_each_processes_shards(tmp_path):
 
     source = FIXTURES / "qwen3_kv4"
     save_orbax(load_decoder(source), source, tmp_path / "orbax")
-    argv = [sys.executable, "-m", "swajax", "launch-local", "--num-processes", "2",
-            "--cpu-devices", "2", "--", "generate", "--model", str(tmp_path / "orbax"),
-            "--prompt-ids", ",".join(map(str, workload.A)), "--max-new-tokens", "5", "--json",
-            "--ignore-eos"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "launch-local",
+        "--num-processes",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--",
+        "generate",
+        "--model",
+        str(tmp_path / "orbax"),
+        "--prompt-ids",
+        ",".join(map(str, workload.A)),
+        "--max-tokens",
+        "5",
+        "--json",
+        "--ignore-eos",
+    ]
     done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     tokens = json.loads(done.stdout.splitlines()[0])["tokens"]
-    one = LLM(str(source), ignore_eos=True).generate([workload.A], SamplingParams(max_new_tokens=5))
+    one = LLM(str(source), ignore_eos=True).generate(
+        [workload.A], SamplingParams(temperature=0.0, max_tokens=5)
+    )
     assert tokens == one[0].token_ids
 
 
@@ -217,8 +301,8 @@ def _joining(port: int, i: int, *extra: str) -> subprocess.Popen:
 def test_processes_given_different_arguments_are_refused_naming_the_difference(procs):
     port = _port()
     procs += [
-        _joining(port, 0, "--max-new-tokens", "4"),
-        _joining(port, 1, "--max-new-tokens", "5"),
+        _joining(port, 0, "--max-tokens", "4"),
+        _joining(port, 1, "--max-tokens", "5"),
     ]
     start = time.monotonic()
     for p in procs:

@@ -23,8 +23,9 @@ def main() -> None:
     p.add_argument("--die-after-join", action="store_true")
     p.add_argument("--hybrid-off", action="store_true")
     a = p.parse_args()
-    join(Cluster(a.coordinator, a.num_processes, a.process_id, timeout_s=60,
-                 heartbeat_s=a.heartbeat))  # fmt: skip
+    join(
+        Cluster(a.coordinator, a.num_processes, a.process_id, timeout_s=60, heartbeat_s=a.heartbeat)
+    )
     print("joined", flush=True)
     if a.die_after_join:
         os._exit(7)  # no shutdown, no goodbye: as a crash would

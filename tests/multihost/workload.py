@@ -11,26 +11,35 @@ A = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 4
 B = [9, 4, 77, 31, 100, 6, 58, 23, 14, 87, 40, 2, 66, 19, 120, 35, 8, 51, 72]
 
 
-def run(path: str, tensor_parallel: int | None, attention: str = "xla",
-        hybrid_memory: bool = True) -> dict:  # fmt: skip
+def run(
+    path: str, tensor_parallel: int | None, attention: str = "xla", hybrid_memory: bool = True
+) -> dict:
     from helpers.engine_checks import check_clean
 
-    llm = LLM(path, tensor_parallel=tensor_parallel, attention=attention, ignore_eos=True,
-              max_running=4, max_context=64, chunk_size=8, eviction_interval=1,
-              hybrid_memory=hybrid_memory)  # fmt: skip
-    greedy = SamplingParams(max_new_tokens=6)
-    sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    llm = LLM(
+        path,
+        tensor_parallel=tensor_parallel,
+        attention=attention,
+        ignore_eos=True,
+        max_running=4,
+        max_context=64,
+        chunk_size=8,
+        eviction_interval=1,
+        hybrid_memory=hybrid_memory,
+    )
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
     first = llm.generate([A, B], greedy) + llm.generate([B], sampled)
     # A again, longer: its cached prefix is hit (with its window live) and extended.
     second = llm.generate([A + [7, 93, 44, 12, 5]], greedy)
     # More than the pools hold at once (two 64-token contexts): requests are retracted and
     # resumed. One more request is aborted after a few steps.
     engine = llm.engine
-    doomed = engine.add_request(B[::-1], SamplingParams(max_new_tokens=30))
+    doomed = engine.add_request(B[::-1], SamplingParams(temperature=0.0, max_tokens=30))
     for _ in range(3):
         engine.step()
     engine.abort(doomed)
-    third = llm.generate([A, B, A[::-1], B[3:]], SamplingParams(max_new_tokens=40))
+    third = llm.generate([A, B, A[::-1], B[3:]], SamplingParams(temperature=0.0, max_tokens=40))
     check_clean(engine)  # every request ended; both pools free once the cache is flushed
     outs = first + second + third
     return dict(

@@ -69,14 +69,25 @@ class Allocator:
         ps = header["page_size"]
         self.ps = ps
         pool = SWAKVPool(
-            size=header["full_size"], size_swa=header["swa_size"], page_size=ps,
-            dtype=torch.bfloat16, head_num=1, head_dim=4,
-            swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
-        )  # fmt: skip
+            size=header["full_size"],
+            size_swa=header["swa_size"],
+            page_size=ps,
+            dtype=torch.bfloat16,
+            head_num=1,
+            head_dim=4,
+            swa_attention_layer_ids=[0],
+            full_attention_layer_ids=[1],
+            device="cpu",
+        )
         self.sg = SWATokenToKVPoolAllocator(
-            size=header["full_size"], size_swa=header["swa_size"], page_size=ps,
-            dtype=torch.bfloat16, device="cpu", kvcache=pool, need_sort=False,
-        )  # fmt: skip
+            size=header["full_size"],
+            size_swa=header["swa_size"],
+            page_size=ps,
+            dtype=torch.bfloat16,
+            device="cpu",
+            kvcache=pool,
+            need_sort=False,
+        )
 
     def available(self):
         return int(self.sg.full_available_size()), int(self.sg.swa_available_size())
@@ -130,14 +141,17 @@ class Cache:
     def __init__(self, header: dict, alloc: Allocator):
         ps = header["page_size"]
         self.ps, self.window, self.alloc = ps, header["window"], alloc
-        self.pool = ReqToTokenPool(size=4, max_context_len=MAX_CONTEXT, device="cpu",
-                                   enable_memory_saver=False)  # fmt: skip
+        self.pool = ReqToTokenPool(
+            size=4, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
+        )
         params = CacheInitParams(
-            disable=False, req_to_token_pool=self.pool,
-            token_to_kv_pool_allocator=alloc.sg, page_size=ps,
+            disable=False,
+            req_to_token_pool=self.pool,
+            token_to_kv_pool_allocator=alloc.sg,
+            page_size=ps,
             sliding_window_size=header["window"],
             tree_components=(ComponentType.FULL, ComponentType.SWA),
-        )  # fmt: skip
+        )
         self.sg = UnifiedRadixCache(params)
         self.root = self.sg.root_node_handle()
         self._wrapped: dict[int, Handle] = {}
@@ -190,11 +204,15 @@ class Cache:
         r = self.sg.evict(EvictParams(num_tokens=int(full_tokens), swa_num_tokens=int(swa_tokens)))
         return int(r.num_tokens_evicted), int(r.swa_num_tokens_evicted)
 
-    def insert(self, tokens, slots, prev_prefix_len=0, swa_evicted_seqlen=0,
-               keep_tombstone_leaf=False):  # fmt: skip
+    def insert(
+        self, tokens, slots, prev_prefix_len=0, swa_evicted_seqlen=0, keep_tombstone_leaf=False
+    ):
         key = _key(tokens).page_aligned(self.ps)
-        params = InsertParams(key=key, value=torch.as_tensor(np.asarray(slots[: len(key)],
-                              np.int64)), prev_prefix_len=int(prev_prefix_len))  # fmt: skip
+        params = InsertParams(
+            key=key,
+            value=torch.as_tensor(np.asarray(slots[: len(key)], np.int64)),
+            prev_prefix_len=int(prev_prefix_len),
+        )
         params.set_evicted_seqlen(ComponentType.SWA, int(swa_evicted_seqlen))
         return int(self.sg.insert(params).prefix_len)
 
@@ -202,8 +220,12 @@ class Cache:
     def _request(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, handle):
         self._rid += 1
         ids = array("q", [int(t) for t in tokens])
-        req = Req(rid=f"trace-{self._rid}", origin_input_text="", origin_input_ids=ids,
-                  sampling_params=SamplingParams(temperature=0, max_new_tokens=1))  # fmt: skip
+        req = Req(
+            rid=f"trace-{self._rid}",
+            origin_input_text="",
+            origin_input_ids=ids,
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=1),
+        )
         self.pool.alloc([req])
         row = torch.as_tensor(np.asarray(slots, np.int64)[: len(tokens)], dtype=torch.int32)
         self.pool.write((req.kv.req_pool_idx, slice(0, len(row))), row)
@@ -218,8 +240,7 @@ class Cache:
         req.swa_branching_seqlen = None
         return req
 
-    def cache_unfinished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen,
-                         handle):  # fmt: skip
+    def cache_unfinished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle):
         req = self._request(tokens, slots, cache_protected_len, swa_evicted_seqlen, handle)
         self.sg.checkpoint(req, up_to=len(tokens))
         n = req.kv.cache_protected_len
@@ -228,8 +249,9 @@ class Cache:
         self.pool.free(req)
         return prefix, new
 
-    def cache_finished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen,
-                       handle, insert=True):  # fmt: skip
+    def cache_finished(
+        self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle, insert=True
+    ):
         req = self._request(tokens, slots, cache_protected_len, swa_evicted_seqlen, handle)
         req.finished_reason = FINISH_LENGTH(length=0)
         n = len(tokens)
@@ -253,8 +275,10 @@ class SGLangAdapter:
 
     def allocator_and_cache(self, header: dict):
         if header["mode"] != "hybrid":
-            raise NotImplementedError(f"pool mode {header['mode']!r}: SGLang's unified tree "
-                                      "with FULL + SWA components is the hybrid case")  # fmt: skip
+            raise NotImplementedError(
+                f"pool mode {header['mode']!r}: SGLang's unified tree "
+                "with FULL + SWA components is the hybrid case"
+            )
         set_global_server_args_for_scheduler(
             ServerArgs(model_path="dummy", page_size=header["page_size"])
         )

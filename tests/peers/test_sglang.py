@@ -29,17 +29,22 @@ SGLANG_PYTHON = Path(os.environ.get("SWAJAX_SGLANG_PYTHON", DEFAULT_ENV / "bin" 
 # size but 1, tiny-mimo's 8 divides 1 and 4, gpt-oss-120b's 127 none; 0.0005 GiB oversubscribes
 # the tiny presets (LRU eviction, retraction, tombstones, revival), 0.002 does not.
 CASES = [
-    *[(p, ps, "multi-turn", gib, 12, seed)
-      for p in ("tiny-hybrid", "tiny-mimo") for ps in (1, 4, 16, 64)
-      for gib, seed in ((0.002, 0), (0.0005, 0), (0.0005, 1))],
+    *[
+        (p, ps, "multi-turn", gib, 12, seed)
+        for p in ("tiny-hybrid", "tiny-mimo")
+        for ps in (1, 4, 16, 64)
+        for gib, seed in ((0.002, 0), (0.0005, 0), (0.0005, 1))
+    ],
     ("tiny-hybrid", 4, "long-context", 0.05, 3, 0),  # 16-32K prompts in 64-token chunks
     ("tiny-mimo", 64, "long-context", 0.05, 3, 0),
     ("tiny-hybrid", 16, "mixed", 0.05, 8, 2),
     ("tiny-hybrid", 4, "shared-prefix", 0.0005, 40, 0),  # full eviction with leaves to choose
     ("tiny-mimo", 16, "shared-prefix", 0.0005, 40, 1),
-    *[("gpt-oss-120b", ps, "multi-turn", gib, 12, 0)
-      for ps, gib in ((1, 0.1), (4, 0.1), (16, 0.1), (64, 0.05))],
-]  # fmt: skip
+    *[
+        ("gpt-oss-120b", ps, "multi-turn", gib, 12, 0)
+        for ps, gib in ((1, 0.1), (4, 0.1), (16, 0.1), (64, 0.05))
+    ],
+]
 # Recorded with overlap scheduling and with speculative rounds (k + 1 positions, rejected pages
 # freed): the allocations where the device made them, the same calls SGLang's objects take.
 SPEC = ("--num-speculative-tokens", "3", "--acceptance", "0.6")
@@ -48,7 +53,7 @@ CASES += [
     ("tiny-mimo", 1, "shared-prefix", 0.0005, 40, 0, ("--overlap",)),
     ("tiny-hybrid", 16, "multi-turn", 0.0005, 12, 1, SPEC),
     ("tiny-mimo", 4, "multi-turn", 0.002, 12, 2, ("--overlap", *SPEC)),
-]  # fmt: skip
+]
 
 
 def _name(case) -> str:
@@ -62,12 +67,33 @@ def _record(folder: Path, case) -> Path:
     preset, ps, workload, gib, n, seed, *flags = case
     out = folder / f"{_name(case)}.jsonl.gz"
     subprocess.run(
-        [sys.executable, "-m", "swajax", "record", "--preset", preset, "--page-size", str(ps),
-         "--workload", workload, "--kv-budget-gib", str(gib), "--requests", str(n),
-         "--seed", str(seed), "--cache-policy", "sglang-0.5.23", "--out", str(out),
-         *(flags[0] if flags else ())],
-        check=True, capture_output=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "swajax",
+            "record",
+            "--preset",
+            preset,
+            "--page-size",
+            str(ps),
+            "--workload",
+            workload,
+            "--kv-budget-gib",
+            str(gib),
+            "--requests",
+            str(n),
+            "--seed",
+            str(seed),
+            "--cache-policy",
+            "sglang-0.5.23",
+            "--out",
+            str(out),
+            *(flags[0] if flags else ()),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     return out
 
 
@@ -80,8 +106,10 @@ def sglang_results(tmp_path_factory) -> dict[str, dict]:
         traces = list(pool.map(lambda case: _record(folder, case), CASES))
     run = subprocess.run(
         [str(SGLANG_PYTHON), str(HERE / "replay_in_sglang.py"), *map(str, traces)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     results = {}
     for line in run.stdout.splitlines():
         if line.startswith("{"):
@@ -105,15 +133,35 @@ def test_the_example_adapter_drives_sglang_through_the_kit(tmp_path):
     if not SGLANG_PYTHON.exists():
         pytest.skip(f"no SGLang environment at {SGLANG_PYTHON}: bash tests/peers/setup_sglang.sh")
     kit, answers, examples = tmp_path / "kit", tmp_path / "answers", HERE.parents[1] / "examples"
-    export = [sys.executable, "-m", "swajax", "conformance", "export", str(kit),
-              "--cache-policy", "sglang-0.5.23"]  # fmt: skip
+    export = [
+        sys.executable,
+        "-m",
+        "swajax",
+        "conformance",
+        "export",
+        str(kit),
+        "--cache-policy",
+        "sglang-0.5.23",
+    ]
     subprocess.run(export, check=True, capture_output=True)
     subprocess.run(
-        [str(SGLANG_PYTHON), str(examples / "kit_adapter.py"), str(kit), str(answers),
-         "--backend", "peers.sglang_adapter:op_backend"],
-        check=True, capture_output=True, cwd=HERE.parent, timeout=900,
-    )  # fmt: skip
-    run = subprocess.run([sys.executable, str(examples / "kit_checker.py"), str(kit), str(answers)],
-                         capture_output=True, text=True)  # fmt: skip
+        [
+            str(SGLANG_PYTHON),
+            str(examples / "kit_adapter.py"),
+            str(kit),
+            str(answers),
+            "--backend",
+            "peers.sglang_adapter:op_backend",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=HERE.parent,
+        timeout=900,
+    )
+    run = subprocess.run(
+        [sys.executable, str(examples / "kit_checker.py"), str(kit), str(answers)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("OK") == 4 and run.stdout.count("SKIP") == 1, run.stdout  # all-SWA

@@ -51,9 +51,13 @@ class HostTierMachine(RuleBasedStateMachine):
         self.full, self.swa = 40 * ps, 24 * ps
         self.alloc = HostModelAllocator(self.full, self.swa, ps)
         self.cache = RadixCache(
-            self.alloc, page_size=ps, window=window, cap_leaf_to_window=cap,
-            policy=PROFILES[policy], host_tier=(host[0] * ps, host[1] * ps),
-        )  # fmt: skip
+            self.alloc,
+            page_size=ps,
+            window=window,
+            cap_leaf_to_window=cap,
+            policy=PROFILES[policy],
+            host_tier=(host[0] * ps, host[1] * ps),
+        )
         self.reqs = []
 
     def _pick(self, data):

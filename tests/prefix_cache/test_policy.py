@@ -38,7 +38,9 @@ def test_profiles():
 def _prefill(policy, prompt_len=64):
     """One request through its chunked prefill; stop at its first decode step."""
     e = engine(policy)
-    rid = e.add_request(list(range(1, prompt_len + 1)), SamplingParams(max_new_tokens=8))
+    rid = e.add_request(
+        list(range(1, prompt_len + 1)), SamplingParams(temperature=0.0, max_tokens=8)
+    )
     _step_until_decoding(e, rid)
     return e, e.requests[rid]
 
@@ -84,8 +86,9 @@ def test_frontier_ceil_align(ps, pre, expected):
 
 def _tree(policy, ps=1, window=4, cap=True):
     alloc = ModelAllocator(256, 256, ps)
-    return alloc, RadixCache(alloc, page_size=ps, window=window, policy=policy,
-                             cap_leaf_to_window=cap)  # fmt: skip
+    return alloc, RadixCache(
+        alloc, page_size=ps, window=window, policy=policy, cap_leaf_to_window=cap
+    )
 
 
 def _insert(alloc, cache, tokens, evicted=0):
@@ -145,11 +148,11 @@ def test_branch_insert_stops_checkpoints_at_the_full_match():
     for policy in (fallback, CachePolicy("branch_insert", branch_insert=True, fallback_only=True)):
         e = engine(policy)
         a = list(range(1, 97))
-        e.add_request(a, SamplingParams(max_new_tokens=1))
+        e.add_request(a, SamplingParams(temperature=0.0, max_tokens=1))
         e.run()
         e.cache.evict(0, 80)  # tombstone the path up to 80 (its least recent nodes)
         b = a[:80] + list(range(500, 560))
-        rid = e.add_request(b, SamplingParams(max_new_tokens=1))
+        rid = e.add_request(b, SamplingParams(temperature=0.0, max_tokens=1))
         _step_until_decoding(e, rid)
         req = e.requests[rid]
         protected[policy.name] = (req.cache_protected_len, req.swa_branching_seqlen)
@@ -212,8 +215,9 @@ def test_relock_checkpoint():
         match = cache.match(tokens + [0])
         handle = cache.lock(match.node)
         cache.release_swa(handle)
-        prefix, new = cache.cache_unfinished(tokens, match.slots, cache_protected_len=8,
-                                             swa_evicted_seqlen=0, handle=handle)  # fmt: skip
+        prefix, new = cache.cache_unfinished(
+            tokens, match.slots, cache_protected_len=8, swa_evicted_seqlen=0, handle=handle
+        )
         assert (new is handle) is same and list(prefix) == list(match.slots)
         assert cache.swa_protected == pinned and cache.full_protected == 8
         check_invariants(cache)
@@ -228,9 +232,13 @@ def test_a_tombstone_leaf_outlives_its_lock_when_childless_tombstones_stay():
         _, slots, _ = alloc.alloc_extend([0], [8], [-1])
         alloc.free_swa(slots)
         full_free = alloc.available()[0]
-        _, handle = cache.cache_unfinished(tokens, np.asarray(slots, np.int32),
-                                           cache_protected_len=0, swa_evicted_seqlen=8,
-                                           handle=None)  # fmt: skip
+        _, handle = cache.cache_unfinished(
+            tokens,
+            np.asarray(slots, np.int32),
+            cache_protected_len=0,
+            swa_evicted_seqlen=8,
+            handle=None,
+        )
         cache.unlock(handle)
         assert bool(cache.root.children) is kept
         assert alloc.available()[0] - full_free == (0 if kept else 8)

@@ -26,9 +26,13 @@ class CacheMachine(RuleBasedStateMachine):
         self.full, self.swa = 40 * ps, (40 if mode == "all_swa" else 24) * ps
         self.alloc = ModelAllocator(self.full, self.swa, ps, mode)
         self.cache = RadixCache(
-            self.alloc, page_size=ps, window=window, pool_mode=mode, cap_leaf_to_window=cap,
+            self.alloc,
+            page_size=ps,
+            window=window,
+            pool_mode=mode,
+            cap_leaf_to_window=cap,
             policy=PROFILES[policy],
-        )  # fmt: skip
+        )
         self.reqs = []
 
     def _pick(self, data):
@@ -176,8 +180,9 @@ def _rule_holds(path, window) -> bool:
 )
 def test_hit_rule_sound_and_maximal(ps, window, ops, extra, policy):
     alloc = ModelAllocator(512, 512, ps)
-    cache = RadixCache(alloc, page_size=ps, window=window, cap_leaf_to_window=False,
-                       policy=PROFILES[policy])  # fmt: skip
+    cache = RadixCache(
+        alloc, page_size=ps, window=window, cap_leaf_to_window=False, policy=PROFILES[policy]
+    )
     for tokens, evicted, swa_evict in ops:
         n = len(tokens)
         evicted = min(evicted, n) // ps * ps

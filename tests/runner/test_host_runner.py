@@ -25,8 +25,13 @@ class FailsOnce(NullModel):
 def test_a_failed_step_gives_its_pages_back(tiny_engine):
     engine = tiny_engine(model=None)
     engine.model = engine.runner.model = FailsOnce(fail_at=1)  # a prefill: it took fresh pages
-    rids = [engine.add_request([(3 * i + j) % 50 + 1 for j in range(20)],
-                               SamplingParams(max_new_tokens=12)) for i in range(3)]  # fmt: skip
+    rids = [
+        engine.add_request(
+            [(3 * i + j) % 50 + 1 for j in range(20)],
+            SamplingParams(temperature=0.0, max_tokens=12),
+        )
+        for i in range(3)
+    ]
     engine.run()
     assert any("mid-step" in str(e) for e in engine.errors)
     engine.flush()

@@ -78,7 +78,7 @@ def test_without_a_folder_programs_are_plain_jit_calls():
 def test_a_warm_cli_run_loads_its_step_programs_and_generates_the_same(tmp_path):
     env = dict(os.environ, SWAJAX_COMPILE_CACHE=str(tmp_path / "cache"))
     argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3,4,5"]
-    argv += ["--max-new-tokens", "12", "--json"]
+    argv += ["--max-tokens", "12", "--json"]
 
     def run():
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)

@@ -19,8 +19,19 @@ def model(tmp_path_factory):
 def server(model, tmp_path_factory):
     port = free_port()
     main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port),
-           "--max-waiting", "64", *SETTINGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        main,
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--max-waiting",
+        "64",
+        *SETTINGS,
+    ]
     log = tmp_path_factory.mktemp("server") / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

@@ -9,7 +9,7 @@ from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
 
 
 def job(prompt: bytes, max_tokens: int, loop) -> Job:
-    params = swajax.SamplingParams(max_new_tokens=max_tokens)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=max_tokens)
     return Job([list(prompt)], params, keep_logits=False, loop=loop)
 
 
@@ -34,8 +34,9 @@ def test_queue_bound_cancel_and_shutdown():
         engine_loop.start()
         done = await asyncio.gather(finish(first), finish(second))
         assert all(m[0][0] == "accepted" and m[-1][0] == "done" for m in done)
-        tokens = sum(len(e) for m in done for kind, *rest in m if kind == "tokens"
-                     for e in [rest[1]])  # fmt: skip
+        tokens = sum(
+            len(e) for m in done for kind, *rest in m if kind == "tokens" for e in [rest[1]]
+        )
         assert tokens == 8
         long = engine_loop.submit(job(b"import os\n", 400, loop))
         assert (await long.queue.get())[0] == "accepted"

@@ -50,16 +50,35 @@ def test_lm_eval_gets_the_python_apis_loglikelihoods(server, model, tmp_path):
     if not harness or not os.path.exists(harness):
         pytest.skip("set SWAJAX_LM_EVAL to an lm_eval executable (see the module docstring)")
     data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps(dict(question=q, choices=c, answer=0)) + "\n"
-                            for q, c in ITEMS))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps(dict(question=q, choices=c, answer=0)) + "\n" for q, c in ITEMS)
+    )
     (tmp_path / "task.yaml").write_text(TASK.format(data=data))
-    args = (f"base_url={server}/v1/completions,tokenizer={model},"
-            "tokenizer_backend=huggingface,num_concurrent=4,max_retries=1")  # fmt: skip
+    args = (
+        f"base_url={server}/v1/completions,tokenizer={model},"
+        "tokenizer_backend=huggingface,num_concurrent=4,max_retries=1"
+    )
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    subprocess.run([harness, "--model", "local-completions", "--model_args", args,
-                    "--tasks", "swajax_tiny_mc", "--include_path", str(tmp_path),
-                    "--output_path", str(tmp_path / "out"), "--log_samples"],
-                   check=True, env=env, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [
+            harness,
+            "--model",
+            "local-completions",
+            "--model_args",
+            args,
+            "--tasks",
+            "swajax_tiny_mc",
+            "--include_path",
+            str(tmp_path),
+            "--output_path",
+            str(tmp_path / "out"),
+            "--log_samples",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
     (samples,) = (tmp_path / "out").rglob("samples_*.jsonl")
     llm = swajax.LLM(str(model), max_context=512)
     checked = 0

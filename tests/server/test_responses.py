@@ -20,10 +20,16 @@ def test_a_failed_sample_is_an_error_with_its_reason():
     body = CompletionRequest(prompt=["ab", "cd"], n=1, max_tokens=2)
     shape = Completion(decode, "m", body, [[97, 98], [99, 100]], echo_only=False)
     ok, bad = Sample(0, 0), Sample(1, 0)
-    shape.take(("tokens", ok, [TokenEvent(120, -0.1, None, "x", None),
-                               TokenEvent(121, -0.2, None, "y", "length")]))  # fmt: skip
-    chunks = shape.chunks(("done", [(ok, "length", None),
-                                    (bad, "abort: error: ValueError: boom", None)]))  # fmt: skip
+    shape.take(
+        (
+            "tokens",
+            ok,
+            [TokenEvent(120, -0.1, None, "x", None), TokenEvent(121, -0.2, None, "y", "length")],
+        )
+    )
+    chunks = shape.chunks(
+        ("done", [(ok, "length", None), (bad, "abort: error: ValueError: boom", None)])
+    )
     assert shape.failure() == "abort: error: ValueError: boom"
     assert chunks[-1]["error"]["message"] == "abort: error: ValueError: boom"
     whole = shape.body()

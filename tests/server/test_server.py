@@ -22,8 +22,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def llm(model):
-    return swajax.LLM(str(model), max_running=16, page_size=4, kv_budget_gib=0.05,
-                      max_context=512)  # fmt: skip
+    return swajax.LLM(str(model), max_running=16, page_size=4, kv_budget_gib=0.05, max_context=512)
 
 
 def client(base):
@@ -34,16 +33,20 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n"]
 
 
 def test_completions_equal_the_python_api(server, llm):
-    expected = llm.generate(PROMPTS, swajax.SamplingParams(max_new_tokens=12, logprobs=2))
-    got = client(server).completions.create(model="demo", prompt=PROMPTS, max_tokens=12,
-                                            temperature=0, logprobs=2)  # fmt: skip
+    expected = llm.generate(
+        PROMPTS, swajax.SamplingParams(temperature=0.0, max_tokens=12, logprobs=2)
+    )
+    got = client(server).completions.create(
+        model="demo", prompt=PROMPTS, max_tokens=12, temperature=0, logprobs=2
+    )
     assert [c.text for c in got.choices] == [e.text for e in expected]
     for c, e in zip(got.choices, expected):
         np.testing.assert_allclose(c.logprobs.token_logprobs, e.logprobs, atol=1e-5)
         assert c.finish_reason == "length"
     assert got.usage.completion_tokens == 24
-    stream = client(server).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=12,
-                                               temperature=0, logprobs=1, stream=True)  # fmt: skip
+    stream = client(server).completions.create(
+        model="demo", prompt=PROMPTS[0], max_tokens=12, temperature=0, logprobs=1, stream=True
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == expected[0].text
     lps = [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs]
@@ -52,19 +55,23 @@ def test_completions_equal_the_python_api(server, llm):
 
 def test_sampling_options_reach_the_engine(server, llm):
     params = dict(temperature=0.9, top_p=0.9, seed=4, stop=["\n\n"], presence_penalty=0.5)
-    (expected,) = llm.generate(PROMPTS[0], swajax.SamplingParams(max_new_tokens=40, **params))
+    (expected,) = llm.generate(PROMPTS[0], swajax.SamplingParams(max_tokens=40, **params))
     got = client(server).completions.create(
-        model="demo", prompt=PROMPTS[0], max_tokens=40, **params,
+        model="demo",
+        prompt=PROMPTS[0],
+        max_tokens=40,
+        **params,
         extra_body=dict(top_k=40, min_p=0.0, repetition_penalty=1.0),
-    )  # fmt: skip
+    )
     assert got.choices[0].text == expected.text
     assert got.choices[0].finish_reason == expected.finish_reason
 
 
 def test_echo_gives_the_prompt_logprobs(server, llm):
     prompt = list(b"def add(a, b):\n    return")
-    got = client(server).completions.create(model="demo", prompt=prompt, max_tokens=0,
-                                            echo=True, logprobs=1, temperature=0)  # fmt: skip
+    got = client(server).completions.create(
+        model="demo", prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
     lps = got.choices[0].logprobs.token_logprobs
     assert len(lps) == len(prompt) and lps[0] is None
     from swajax.api.generation import teacher_forced_logits
@@ -76,20 +83,31 @@ def test_echo_gives_the_prompt_logprobs(server, llm):
 
 
 def test_chat_uses_the_template(server, model):
-    chat_llm = swajax.LLM(str(model), chat=True, max_running=16, page_size=4,
-                          kv_budget_gib=0.05, max_context=512)  # fmt: skip
-    (expected,) = chat_llm.generate("write a loop", swajax.SamplingParams(max_new_tokens=10))
+    chat_llm = swajax.LLM(
+        str(model), chat=True, max_running=16, page_size=4, kv_budget_gib=0.05, max_context=512
+    )
+    (expected,) = chat_llm.generate(
+        "write a loop", swajax.SamplingParams(temperature=0.0, max_tokens=10)
+    )
     got = client(server).chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "write a loop"}], max_tokens=10,
-        temperature=0, logprobs=True, top_logprobs=2,
-    )  # fmt: skip
+        model="demo",
+        messages=[{"role": "user", "content": "write a loop"}],
+        max_tokens=10,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     assert got.choices[0].message.content == expected.text
-    np.testing.assert_allclose([t.logprob for t in got.choices[0].logprobs.content],
-                               expected.logprobs, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        [t.logprob for t in got.choices[0].logprobs.content], expected.logprobs, atol=1e-5
+    )
     stream = client(server).chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "write a loop"}], max_tokens=10,
-        temperature=0, stream=True,
-    )  # fmt: skip
+        model="demo",
+        messages=[{"role": "user", "content": "write a loop"}],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream) == expected.text
 
 
@@ -100,11 +118,17 @@ def metrics(base) -> dict[str, float]:
 
 def test_concurrent_streams_and_disconnects_leave_the_pools_free(server):
     async def one(i):
-        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="none",
-                                      max_retries=0) as api:  # fmt: skip
-            stream = await api.completions.create(model="demo", prompt=f"# task {i}\ndef f",
-                                                  max_tokens=40, temperature=0.7, seed=i,
-                                                  stream=True)  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url=f"{server}/v1", api_key="none", max_retries=0
+        ) as api:
+            stream = await api.completions.create(
+                model="demo",
+                prompt=f"# task {i}\ndef f",
+                max_tokens=40,
+                temperature=0.7,
+                seed=i,
+                stream=True,
+            )
             text = ""
             async for chunk in stream:
                 text += chunk.choices[0].text

@@ -11,7 +11,7 @@ def test_a_600_token_generation_compiles_a_bounded_number_of_programs(tiny_engin
     engine = tiny_engine(
         full=1024, ps=4, chunk=64, model=HybridLM(demo_decoder()), max_context=700, max_running=2
     )
-    rid = engine.add_request(list(range(10, 30)), SamplingParams(max_new_tokens=600))
+    rid = engine.add_request(list(range(10, 30)), SamplingParams(temperature=0.0, max_tokens=600))
     engine.run()
     assert len(engine.requests[rid].output) == 600
     compiled = [m.compilations for m in engine.metrics]

@@ -104,7 +104,7 @@ def workload(engine, n, seed=0, shared=24):
     return [
         engine.add_request(
             system + rng.integers(0, 1000, rng.integers(1, 60)).tolist(),
-            SamplingParams(max_new_tokens=int(rng.integers(1, 40))),
+            SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 40))),
         )
         for _ in range(n)
     ]
@@ -135,7 +135,7 @@ def test_oversubscribed_run_equals_unconstrained(prefix_cache, ps, chunk):
 def test_abort_at_every_stage_leaks_nothing(stage):
     engine = make_engine(1024, chunk=8)
     others = workload(engine, 4, seed=3)
-    rid = engine.add_request(list(range(100, 140)), SamplingParams(max_new_tokens=20))
+    rid = engine.add_request(list(range(100, 140)), SamplingParams(temperature=0.0, max_tokens=20))
     req = engine.requests[rid]
     wanted = {
         "waiting": lambda: True,
@@ -171,17 +171,17 @@ def test_bad_requests_are_rejected_and_the_rest_finish():
     with pytest.raises(RequestError, match="empty"):
         engine.add_request([])
     with pytest.raises(RequestError, match="600 exceeds the context limit 512"):
-        engine.add_request([1] * 500, SamplingParams(max_new_tokens=100))
+        engine.add_request([1] * 500, SamplingParams(temperature=0.0, max_tokens=100))
     with pytest.raises(RequestError, match=r"cannot fit in the KV pools \(128 tokens"):
-        engine.add_request([1] * 200, SamplingParams(max_new_tokens=10))
+        engine.add_request([1] * 200, SamplingParams(temperature=0.0, max_tokens=10))
     with pytest.raises(RequestError, match="outside the vocabulary"):
         engine.add_request([5, 100000])
     with pytest.raises(RequestError, match="temperature"):
         engine.add_request([1, 2], SamplingParams(temperature=-1.0))
     with pytest.raises(RequestError, match="top_p"):
-        engine.add_request([1, 2], SamplingParams(top_p=0.0))
-    with pytest.raises(RequestError, match="max_new_tokens"):
-        engine.add_request([1, 2], SamplingParams(max_new_tokens=0))
+        engine.add_request([1, 2], SamplingParams(temperature=0.0, top_p=0.0))
+    with pytest.raises(RequestError, match="max_tokens"):
+        engine.add_request([1, 2], SamplingParams(temperature=0.0, max_tokens=0))
     drain(engine)
     assert all(engine.requests[r].status is Status.FINISHED for r in good)
 
@@ -195,7 +195,7 @@ def test_sampling_is_reproducible_under_retraction():
         ids = [
             engine.add_request(
                 rng.integers(0, 1000, 30).tolist(),
-                SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=i),
+                SamplingParams(max_tokens=30, temperature=0.8, top_p=0.9, seed=i),
             )
             for i in range(20)
         ]
@@ -207,7 +207,7 @@ def test_sampling_is_reproducible_under_retraction():
 def test_token_slice_agrees_with_the_token_list():
     from swajax.serving.request import Request
 
-    req = Request(0, [1, 2, 3, 4], SamplingParams())
+    req = Request(0, [1, 2, 3, 4], SamplingParams(temperature=0.0))
     req.output += [5, 6, 7]
     for start in range(8):
         for end in range(start, 8):

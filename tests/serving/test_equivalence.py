@@ -68,7 +68,9 @@ def run(decoder, setup):
     engine = make_engine(decoder, setup)
     outputs = []
     for prompt in (PROMPT, SECOND):  # the second request finds the first's prefix cached
-        rid = engine.add_request(prompt, SamplingParams(max_new_tokens=12), keep_logits=True)
+        rid = engine.add_request(
+            prompt, SamplingParams(temperature=0.0, max_tokens=12), keep_logits=True
+        )
         engine.run()
         req = engine.requests[rid]
         outputs.append((req.output, np.stack(req.logits)))

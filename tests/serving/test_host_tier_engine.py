@@ -25,7 +25,7 @@ SETUP = EngineSpec.of(
 SHARED = [(7 * i + 3) % 120 + 1 for i in range(80)]
 FIRST, OTHER = SHARED + [5, 6, 7, 8, 9, 10, 11, 12], SHARED + [15, 16, 17, 18]
 SECOND = SHARED + [11, 45, 90, 2, 67, 31, 8, 100]
-PARAMS = SamplingParams(max_new_tokens=6)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 
 
 def _run(engine, prompt):
@@ -103,13 +103,14 @@ B = A + list(range(500, 540))  # a later turn: the hit ends where A's window was
 def null_engine(host=2048, **changes):
     options = dict(chunk_size=8, max_context=512, eviction_interval=1) | changes
     sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.5, page_size=4)
-    sizes = sizing.PoolSizes(**{**sizes.__dict__, "host_full_tokens": host,
-                                "host_swa_tokens": host // 2})  # fmt: skip
+    sizes = sizing.PoolSizes(
+        **{**sizes.__dict__, "host_full_tokens": host, "host_swa_tokens": host // 2}
+    )
     return engine_for(CFG, NullModel(), sizes, EngineOptions(**options))
 
 
 def cached_on_host(engine):
-    engine.add_request(A, SamplingParams(max_new_tokens=4))
+    engine.add_request(A, SamplingParams(temperature=0.0, max_tokens=4))
     engine.run()
     engine.cache.evict(10**9, 10**9)
     assert engine.cache.tier.full.used > 0
@@ -120,10 +121,10 @@ def test_outputs_do_not_depend_on_the_tier():
     outputs = []
     for host in (0, 2048):
         engine = null_engine(host) if host else null_engine(4)
-        engine.add_request(A, SamplingParams(max_new_tokens=4))
+        engine.add_request(A, SamplingParams(temperature=0.0, max_tokens=4))
         engine.run()
         engine.cache.evict(10**9, 10**9)
-        rid = engine.add_request(B, SamplingParams(max_new_tokens=8))
+        rid = engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=8))
         engine.run()
         outputs.append((engine.requests[rid].output, engine.requests[rid].cached_tokens))
         check_clean(engine)
@@ -133,7 +134,7 @@ def test_outputs_do_not_depend_on_the_tier():
 @pytest.mark.parametrize("how", ["abort", "retract"])
 def test_an_interrupted_load_leaks_nothing(how):
     engine = cached_on_host(null_engine())
-    rid = engine.add_request(B, SamplingParams(max_new_tokens=4))
+    rid = engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=4))
     engine.step()  # admitted: the hit was loaded back in this step
     req = engine.requests[rid]
     assert engine.cache.tier.loaded[0] == 96 and req.cached_tokens == 96
@@ -159,8 +160,9 @@ def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
     pages to more than the device: invariants after every step, nothing leaks anywhere."""
     rng = np.random.default_rng(seed)
     sizes = sizing.solve_pool_sizes(CFG, 1024, ratio=0.5, page_size=ps)
-    sizes = sizing.PoolSizes(**{**sizes.__dict__, "host_full_tokens": host,
-                                "host_swa_tokens": host // 2})  # fmt: skip
+    sizes = sizing.PoolSizes(
+        **{**sizes.__dict__, "host_full_tokens": host, "host_swa_tokens": host // 2}
+    )
     options = EngineOptions(chunk_size=max(chunk, ps) if chunk else None, max_context=512)
     engine = engine_for(CFG, NullModel(), sizes, options)
     systems = [rng.integers(0, 1000, 72).tolist() for _ in range(3)]
@@ -169,7 +171,9 @@ def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
             systems[rng.integers(3)][: rng.integers(24, 73)]
             + rng.integers(0, 1000, rng.integers(1, 40)).tolist()
         )
-        engine.add_request(prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 12))))
+        engine.add_request(
+            prompt, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 12)))
+        )
     for _ in range(5000):
         if rng.random() < 0.3:
             engine.cache.evict(int(rng.integers(0, 64)), int(rng.integers(0, 64)))
@@ -226,8 +230,9 @@ def test_a_hit_that_holds_all_the_evictable_room_waits_instead_of_cycling():
     from swajax.simulator.run import run_workload
     from swajax.simulator.workloads import workload_of
 
-    sizes = sizing.size_hybrid(CFG, sizing.gib_to_bytes(0.001), ratio=0.3, page_size=4,
-                               dtype="bf16")  # fmt: skip
+    sizes = sizing.size_hybrid(
+        CFG, sizing.gib_to_bytes(0.001), ratio=0.3, page_size=4, dtype="bf16"
+    )
     sizes = sizing.with_host_tier(sizes, CFG, 0.004, "bf16")
     options = EngineOptions(max_running=256, max_context=33_792, chunk_size=8192)
 
@@ -240,8 +245,14 @@ def test_a_hit_that_holds_all_the_evictable_room_waits_instead_of_cycling():
 
         engine.step = counted
 
-    run = run_workload(CFG, sizes, workload_of("multi-turn", 16, 0), options=options,
-                       progress=False, on_engine=bounded)  # fmt: skip
+    run = run_workload(
+        CFG,
+        sizes,
+        workload_of("multi-turn", 16, 0),
+        options=options,
+        progress=False,
+        on_engine=bounded,
+    )
     assert run.lost == 0 and run.retractions == 0 and sum(run.host_loaded_tokens) > 0
 
 
@@ -256,9 +267,9 @@ def test_a_window_saved_while_a_step_runs_ahead_comes_back_exact(gpt_oss):
     runs = []
     for host in (0.0, 0.001):
         engine = make_engine(decoder, SETUP.replace(host_cache_gib=host, decode_steps=1))
-        engine.add_request(first, SamplingParams(max_new_tokens=2))
+        engine.add_request(first, SamplingParams(temperature=0.0, max_tokens=2))
         engine.run()
-        engine.add_request(first + [77], SamplingParams(max_new_tokens=24))
+        engine.add_request(first + [77], SamplingParams(temperature=0.0, max_tokens=24))
         engine.run()
         assert engine.launched_ahead > 0
         if host:

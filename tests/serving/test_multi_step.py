@@ -29,8 +29,12 @@ PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
 
 
 def params(stop=()):
-    return [SamplingParams(max_new_tokens=9 + 5 * i, temperature=0.9 * (i % 2), seed=11 + i,
-                           stop_token_ids=stop) for i in range(len(PROMPTS))]  # fmt: skip
+    return [
+        SamplingParams(
+            max_tokens=9 + 5 * i, temperature=0.9 * (i % 2), seed=11 + i, stop_token_ids=stop
+        )
+        for i in range(len(PROMPTS))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +44,10 @@ def lm():
 
 def run(lm, steps, stop=(), trace=None):
     cfg = lm.spec.hybrid
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=4,
-                               dtype="fp32")  # fmt: skip
-    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256,
-                            decode_steps=steps)  # fmt: skip
+    sizes = sizing.size_hybrid(
+        cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=4, dtype="fp32"
+    )
+    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256, decode_steps=steps)
     engine = engine_for(cfg, lm, sizes, options)
     tracer = Tracer(engine) if trace is not None else None
     rids = [engine.add_request(p, q) for p, q in zip(PROMPTS, params(stop))]
@@ -80,10 +84,11 @@ def test_one_request_through_a_model():
     decoder = load_decoder(DEMO_DIR, dtype="float32")
     outputs = []
     for steps in (1, 4):
-        setup = EngineSpec.of(kv_budget_gib=0.01, page_size=16, max_running=1, max_context=96,
-                              decode_steps=steps)  # fmt: skip
+        setup = EngineSpec.of(
+            kv_budget_gib=0.01, page_size=16, max_running=1, max_context=96, decode_steps=steps
+        )
         engine = make_engine(decoder, setup)
-        (req,), _ = generate(engine, [PROMPTS[1]], SamplingParams(max_new_tokens=10))
+        (req,), _ = generate(engine, [PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=10))
         outputs.append((req.output, req.logprobs, len(engine.metrics)))
         check_clean(engine)
     (tokens_a, logprobs_a, steps_a), (tokens_b, logprobs_b, steps_b) = outputs
@@ -104,8 +109,12 @@ def null_engine(steps, *, logprobs=0):
         return dispatch(plan, *args, **kwargs)
 
     engine.runner.dispatch = seen
-    rids = [engine.add_request(p * 3, SamplingParams(max_new_tokens=20 + 3 * i, logprobs=logprobs))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    rids = [
+        engine.add_request(
+            p * 3, SamplingParams(temperature=0.0, max_tokens=20 + 3 * i, logprobs=logprobs)
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
     engine.run()
     check_clean(engine)
     return [engine.requests[r].output for r in rids], engine
@@ -143,7 +152,9 @@ def test_a_round_that_does_not_fit_runs_as_one_step_not_a_retraction():
     for steps in (1, 16):  # (without the shrink, N = 16 retracts one request here)
         options = EngineOptions(max_context=480, decode_steps=steps, prefix_cache=False)
         engine = engine_for(cfg, NullModel(), sizes, options)
-        rids = [engine.add_request(p, SamplingParams(max_new_tokens=200)) for p in prompts]
+        rids = [
+            engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=200)) for p in prompts
+        ]
         engine.run()
         check_clean(engine)
         runs.append(([engine.requests[r].output for r in rids], engine.scheduler.retractions))
@@ -160,8 +171,12 @@ def test_rounds_resume_after_overlapped_plain_steps():
     for steps in (1, 8):
         options = EngineOptions(max_context=1000, decode_steps=steps)
         engine = engine_for(cfg, NullModel(overlap=True), sizes, options)
-        rids = [engine.add_request(list(range(1, 30)), SamplingParams(10, logprobs=1)),
-                engine.add_request(list(range(1, 20)), SamplingParams(100))]  # fmt: skip
+        rids = [
+            engine.add_request(
+                list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=10, logprobs=1)
+            ),
+            engine.add_request(list(range(1, 20)), SamplingParams(temperature=0.0, max_tokens=100)),
+        ]
         engine.run()
         check_clean(engine)
         outputs.append([engine.requests[r].output for r in rids])
@@ -178,11 +193,13 @@ def test_an_arrival_waits_at_most_the_round_in_flight():
     sizes = sizing.solve_pool_sizes(cfg, 4000, ratio=0.5, page_size=16)
     options = EngineOptions(max_context=1000, decode_steps=8)
     engine = engine_for(cfg, NullModel(overlap=True), sizes, options)
-    engine.add_request(list(range(1, 30)), SamplingParams(200))
+    engine.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=200))
     while engine.launched_ahead == 0:
         engine.step()
     assert engine._launched is not None and engine._launched.plan.lookahead == 7
-    late = engine.requests[engine.add_request(list(range(1, 20)), SamplingParams(5))]
+    late = engine.requests[
+        engine.add_request(list(range(1, 20)), SamplingParams(temperature=0.0, max_tokens=5))
+    ]
     engine.step()  # reads the round in flight; plans nothing ahead while a request waits
     engine.step()
     assert late.output  # admitted and prefilled

@@ -28,10 +28,10 @@ PROMPTS.append(PROMPTS[3][:30] + [4, 5, 6])  # a prefix hit
 def overlap_engine(decoder, overlap, *, gib=0.002, steps=1):
     """Plain steps unless `steps` (multi-step decode's N: rounds planned ahead of rounds)."""
     cfg = decoder.spec.hybrid
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(gib), ratio=0.5, page_size=4,
-                               dtype="fp32")  # fmt: skip
-    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap,
-                            decode_steps=steps)  # fmt: skip
+    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(gib), ratio=0.5, page_size=4, dtype="fp32")
+    options = EngineOptions(
+        chunk_size=16, eviction_interval=1, max_context=256, overlap=overlap, decode_steps=steps
+    )
     return engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options)
 
 
@@ -42,7 +42,9 @@ def run(decoder, overlap, stop, *, gib=0.002, abort_at=6, check=None, trace=None
         engine.instrument = check(engine)
     tracer = Tracer(engine) if trace is not None else None
     rids = [
-        engine.add_request(p, SamplingParams(max_new_tokens=10 + 2 * i, stop_token_ids=stop))
+        engine.add_request(
+            p, SamplingParams(temperature=0.0, max_tokens=10 + 2 * i, stop_token_ids=stop)
+        )
         for i, p in enumerate(PROMPTS)
     ]
     steps = 0
@@ -110,7 +112,10 @@ def test_overlap_with_retraction(decoder):
     for overlap in (False, True):
         engine = overlap_engine(decoder, overlap, gib=0.00015)
         rids = [
-            engine.add_request([(3 * i + j) % 100 + 1 for i in range(8)], SamplingParams(60))
+            engine.add_request(
+                [(3 * i + j) % 100 + 1 for i in range(8)],
+                SamplingParams(temperature=0.0, max_tokens=60),
+            )
             for j in range(4)
         ]
         engine.run()
@@ -182,7 +187,7 @@ def test_no_launched_step_reads_a_released_slot(decoder, stop):
 def test_the_instrument_catches_a_premature_release(decoder):
     engine = overlap_engine(decoder, True)
     instrument = ReadAfterFree(engine)
-    engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=8))
+    engine.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=8))
     engine.step()
     req = engine.scheduler.running[0]
     engine.ledger.free_swa(req.slots[-1:])  # a bug: the next step still reads this slot
@@ -205,8 +210,10 @@ def _run_with_faulty_collect(decoder, should_fail, trace=None):
         return collect(step)
 
     engine.runner.collect = faulty
-    rids = [engine.add_request(p, SamplingParams(max_new_tokens=10 + 2 * i))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    rids = [
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=10 + 2 * i))
+        for i, p in enumerate(PROMPTS)
+    ]
     engine.run()
     if tracer is not None:
         check_replays(tracer, trace)

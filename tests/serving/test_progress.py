@@ -74,7 +74,9 @@ def run_random_workload(full, ratio, ps, chunk, interval, prefix_cache, seed, po
             0, 1000, int(rng.integers(1, 120))
         ).tolist()
         try:
-            engine.add_request(prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 60))))
+            engine.add_request(
+                prompt, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 60)))
+            )
         except RequestError as e:
             assert "cannot fit" in str(e) or "exceeds" in str(e)
     for _ in range(20_000):
@@ -99,7 +101,10 @@ def test_issue_stall_cases_finish():
     requests in flight and no reason given."""
     sizes = sizing.solve_pool_sizes(CFG, 2048, ratio=0.02, page_size=4)  # 40 SWA tokens
     engine = engine_for(CFG, NullModel(), sizes, EngineOptions(chunk_size=16))
-    rids = [engine.add_request([7] * 100, SamplingParams(max_new_tokens=40)) for _ in range(2)]
+    rids = [
+        engine.add_request([7] * 100, SamplingParams(temperature=0.0, max_tokens=40))
+        for _ in range(2)
+    ]
     engine.run()
     assert [engine.requests[r].status for r in rids] == [Status.FINISHED] * 2
     assert all(len(engine.requests[r].output) == 40 for r in rids)
@@ -135,7 +140,9 @@ def test_a_transient_fault_loses_nothing(fail_at):
     for engine in (clean, faulty):
         rng = np.random.default_rng(0)
         for _ in range(5):
-            engine.add_request(rng.integers(1, 900, 40).tolist(), SamplingParams(12))
+            engine.add_request(
+                rng.integers(1, 900, 40).tolist(), SamplingParams(temperature=0.0, max_tokens=12)
+            )
         engine.run()
         check_clean(engine)
         outputs.append([r.output for r in engine.requests.values()])
@@ -145,8 +152,11 @@ def test_a_transient_fault_loses_nothing(fail_at):
 
 def test_a_persistent_fault_fails_only_its_request():
     engine = flaky_engine(Flaky(poison=999))
-    good = [engine.add_request([1, 2, 3, 4 + i] * 5, SamplingParams(10)) for i in range(4)]
-    bad = engine.add_request([5, 999, 6] * 5, SamplingParams(10))
+    good = [
+        engine.add_request([1, 2, 3, 4 + i] * 5, SamplingParams(temperature=0.0, max_tokens=10))
+        for i in range(4)
+    ]
+    bad = engine.add_request([5, 999, 6] * 5, SamplingParams(temperature=0.0, max_tokens=10))
     engine.run()
     check_clean(engine)
     assert all(engine.requests[r].status is Status.FINISHED for r in good)
@@ -159,7 +169,7 @@ def test_bad_sampling_params_are_refused_with_the_limit():
         (dict(seed=-1), "seed"),
         (dict(seed=2**32), "seed"),
         (dict(seed=1.5), "seed"),
-        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_tokens=0), "max_tokens"),
         (dict(top_p=0.0), "top_p"),
         (dict(temperature=float("nan")), "temperature"),
         (dict(stop_token_ids=("a",)), "stop_token_ids"),
@@ -184,8 +194,8 @@ class NanLogits(NullModel):
 
 def test_nan_logits_fail_only_their_request_with_the_reason():
     engine = flaky_engine(NanLogits(poison=77))
-    ok = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=5))
-    bad = engine.add_request([4, 5, 77], SamplingParams(max_new_tokens=5))
+    ok = engine.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5))
+    bad = engine.add_request([4, 5, 77], SamplingParams(temperature=0.0, max_tokens=5))
     engine.run()
     assert engine.requests[ok].finish_reason == "length"
     assert engine.requests[bad].output == []

@@ -12,12 +12,25 @@ from swajax.serving.request import Status
 from swajax.serving.sampling_params import SamplingParams
 
 VALID_PROMPT = [5, 17, 99, 3, 42, 64, 8, 120]
-VALID = SamplingParams(max_new_tokens=6)
+VALID = SamplingParams(temperature=0.0, max_tokens=6)
 
 # Values at and beyond every limit the step's int32 / float32 / uint32 packing has.
 EDGES_INT = [-1, 0, 1, 2, 255, 256, 2**31 - 1, 2**31, 2**32, 2**63, 10**12, -(2**31)]
-EDGES_FLOAT = [0.0, -0.0, 1e-45, 0.5, 1.0, 2.0, 1e4, 3.4e38, 1e39, -1e39, float("inf"),
-               float("nan"), -2.0]  # fmt: skip
+EDGES_FLOAT = [
+    0.0,
+    -0.0,
+    1e-45,
+    0.5,
+    1.0,
+    2.0,
+    1e4,
+    3.4e38,
+    1e39,
+    -1e39,
+    float("inf"),
+    float("nan"),
+    -2.0,
+]
 WRONG = [None, True, "1", [1], b"1"]
 
 
@@ -30,7 +43,7 @@ def values(kind):
 
 
 FIELDS = {
-    "max_new_tokens": "int",
+    "max_tokens": "int",
     "top_k": "int",
     "n": "int",
     "logprobs": "int",

@@ -62,8 +62,11 @@ def test_requests_are_changed_in_two_places_only():
                     targets = [node.func.value]
             for t in targets:
                 for sub in ast.walk(t):
-                    if (isinstance(sub, ast.Attribute) and sub.attr in fields
-                            and isinstance(sub.value, ast.Name)
-                            and sub.value.id in ("req", "r", "request")):  # fmt: skip
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and sub.attr in fields
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id in ("req", "r", "request")
+                    ):
                         writes.append(f"{path.name}:{sub.lineno} {sub.value.id}.{sub.attr}")
     assert not writes, writes

@@ -26,7 +26,7 @@ from swajax.serving.sampling_params import SamplingParams
 from swajax.trace.recorder import Tracer
 
 PROMPTS = [[(5 * i + 3 * j) % 120 + 1 for i in range(18 + 9 * j)] for j in range(3)]
-PARAMS = SamplingParams(max_new_tokens=14)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=14)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +38,20 @@ def run(decoder, k=0, draft=None, *, page_size=4, prefix_cache=True, trace=None)
     """`trace`: a path to record the run's allocator and cache calls to (then replayed)."""
     cfg = decoder.spec.hybrid
     sizes = sizing.size_hybrid(
-        cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=page_size, dtype="fp32",
+        cfg,
+        sizing.gib_to_bytes(0.002),
+        ratio=0.5,
+        page_size=page_size,
+        dtype="fp32",
         draft=draft.spec.hybrid if draft is not None else None,
-    )  # fmt: skip
-    options = EngineOptions(chunk_size=16, eviction_interval=1, max_context=256,
-                            num_speculative_tokens=k, prefix_cache=prefix_cache)  # fmt: skip
+    )
+    options = EngineOptions(
+        chunk_size=16,
+        eviction_interval=1,
+        max_context=256,
+        num_speculative_tokens=k,
+        prefix_cache=prefix_cache,
+    )
     draft_lm = HybridLM(draft, dtype="fp32") if draft is not None else None
     engine = engine_for(cfg, HybridLM(decoder, dtype="fp32"), sizes, options, draft=draft_lm)
     tracer = Tracer(engine) if trace is not None else None
@@ -71,8 +80,9 @@ def rotated(decoder):
     return decoder
 
 
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3,
-                               pytest.param(5, marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)]
+)
 def test_the_target_as_its_own_draft_accepts_everything(target, plain, k, tmp_path):
     outputs, engine = run(target, k, target, trace=tmp_path / "t.jsonl")
     assert outputs == plain
@@ -95,8 +105,9 @@ def test_another_family_as_draft(target, plain):
 
 def test_bad_speculative_setups_are_refused(target):
     cfg = target.spec.hybrid
-    sizes = sizing.size_hybrid(cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=4,
-                               dtype="fp32")  # fmt: skip
+    sizes = sizing.size_hybrid(
+        cfg, sizing.gib_to_bytes(0.002), ratio=0.5, page_size=4, dtype="fp32"
+    )
     model = HybridLM(target, dtype="fp32")
     with pytest.raises(ValueError, match="needs a draft model"):
         engine_for(cfg, model, sizes, EngineOptions(num_speculative_tokens=2))
@@ -107,7 +118,7 @@ def test_bad_speculative_setups_are_refused(target):
         with pytest.raises(RequestError, match="speculative decoding takes no penalties"):
             engine.add_request([1, 2, 3], SamplingParams(**bad))
     with pytest.raises(RequestError, match=r"\+ 2 speculative positions = 4097 exceeds"):
-        engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4092))
+        engine.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4092))
     assert not engine.requests  # refused: nothing queued, the engine serves the others
 
 
@@ -119,8 +130,13 @@ CFG = load_preset("tiny-hybrid")
 
 def null_engine(k, acceptance, *, ps=4, full=2048, ratio=0.5, chunk=16, prefix_cache=True):
     sizes = sizing.solve_pool_sizes(CFG, full, ratio=ratio, page_size=ps)
-    options = EngineOptions(chunk_size=chunk, max_context=512, num_speculative_tokens=k,
-                            prefix_cache=prefix_cache, eviction_interval=1)  # fmt: skip
+    options = EngineOptions(
+        chunk_size=chunk,
+        max_context=512,
+        num_speculative_tokens=k,
+        prefix_cache=prefix_cache,
+        eviction_interval=1,
+    )
     return engine_for(CFG, NullModel(acceptance=acceptance), sizes, options)
 
 
@@ -129,7 +145,7 @@ def test_rejected_positions_go_back_after_every_round():
     holds exactly its kept positions in the full pool (the k rejected ones went back)."""
     engine = null_engine(4, 0.0, ps=1, prefix_cache=False)
     for p in PROMPTS:
-        engine.add_request(p, SamplingParams(max_new_tokens=20))
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=20))
     while engine.step() is not None:
         full, _ = engine.ledger.available()
         held = sum(r.kv_len for r in engine.scheduler.running)
@@ -160,7 +176,7 @@ def test_speculation_never_changes_outputs_or_leaks(k, acceptance, ps, full, see
         rids = []
         for p, n in zip(prompts, lengths):
             try:
-                rids.append(engine.add_request(p, SamplingParams(max_new_tokens=n)))
+                rids.append(engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=n)))
             except RequestError:
                 rids.append(None)
         engine.run()
@@ -173,15 +189,17 @@ def test_speculation_never_changes_outputs_or_leaks(k, acceptance, ps, full, see
 
 def test_a_round_stops_at_the_length_limit_and_stop_tokens():
     engine = null_engine(5, 1.0)
-    rid = engine.add_request(list(range(1, 30)), SamplingParams(max_new_tokens=7))
+    rid = engine.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=7))
     engine.run()
     plain = null_engine(0, 1.0)
-    ref = plain.add_request(list(range(1, 30)), SamplingParams(max_new_tokens=40))
+    ref = plain.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=40))
     plain.run()
     assert engine.requests[rid].output == plain.requests[ref].output[:7]
     stop = plain.requests[ref].output[9]
     engine = null_engine(5, 1.0)
-    rid = engine.add_request(list(range(1, 30)), SamplingParams(40, stop_token_ids=(stop,)))
+    rid = engine.add_request(
+        list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(stop,))
+    )
     engine.run()
     out = engine.requests[rid].output
     assert out == plain.requests[ref].output[: out.index(stop) + 1]

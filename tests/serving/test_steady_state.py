@@ -17,8 +17,10 @@ def steady_compilations(engine, running, prompt, warm, tokens, *, from_start=Fal
     start = compilation_count()
     n = engine.scheduler.cfg.decode_steps
     for i in range(running):
-        engine.add_request([(7 * i + j) % 200 + 1 for j in range(prompt)],
-                           SamplingParams(max_new_tokens=warm + tokens + 2 * n))  # fmt: skip
+        engine.add_request(
+            [(7 * i + j) % 200 + 1 for j in range(prompt)],
+            SamplingParams(temperature=0.0, max_tokens=warm + tokens + 2 * n),
+        )
 
     def decode_to(length):
         while min(len(r.output) for r in engine.requests.values()) < length:
@@ -38,10 +40,10 @@ def steady_compilations(engine, running, prompt, warm, tokens, *, from_start=Fal
 def test_null_model_compiles_nothing(tiny_engine, running):
     """Prefill, decode and eviction rounds: not one program (what lets `plan` sweep pool
     sizes without a compile per size)."""
-    engine = tiny_engine(full=running * 256, ps=16, chunk=4096, max_running=running,
-                         eviction_interval=16)  # fmt: skip
-    compiled = steady_compilations(engine, running, prompt=32, warm=40, tokens=64,
-                                   from_start=True)  # fmt: skip
+    engine = tiny_engine(
+        full=running * 256, ps=16, chunk=4096, max_running=running, eviction_interval=16
+    )
+    compiled = steady_compilations(engine, running, prompt=32, warm=40, tokens=64, from_start=True)
     assert compiled == 0 and engine.runner.compilations() == 0
 
 
@@ -55,7 +57,14 @@ SLOW = pytest.mark.slow
 def test_model_steady_decode_compiles_nothing(tiny_engine, running, decode_steps):
     """The demo model (W = 64): prompts already past the window, so every eviction round
     releases about as many pages as the next; four rounds in the warm-up."""
-    engine = tiny_engine(full=running * 192 + 256, ps=4, chunk=4096, max_running=running,
-                         model=HybridLM(demo_decoder()), max_context=200,
-                         eviction_interval=16, decode_steps=decode_steps)  # fmt: skip
+    engine = tiny_engine(
+        full=running * 192 + 256,
+        ps=4,
+        chunk=4096,
+        max_running=running,
+        model=HybridLM(demo_decoder()),
+        max_context=200,
+        eviction_interval=16,
+        decode_steps=decode_steps,
+    )
     assert steady_compilations(engine, running, prompt=72, warm=64, tokens=48) == 0

@@ -26,7 +26,7 @@ def test_steady_decode_step_makes_one_upload_and_one_read(
 ):
     engine = tiny_engine(full=1024, model=tiny_model, chunk=None, decode_steps=decode_steps)
     for prompt in ([5, 6, 7, 8, 9], [1, 2, 3]):
-        engine.add_request(prompt, SamplingParams(max_new_tokens=120))
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=120))
     for _ in range(6):  # prefill, then decode steps until every program is compiled
         engine.step()
     calls = {"put": 0, "get": 0}
@@ -56,10 +56,12 @@ def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
     chunk re-points included)."""
     engine = tiny_engine(full=2048, ps=4, chunk=16, model=tiny_model, eviction_interval=8)
     system = list(range(100, 140))
-    engine.add_request(system + [1] * 40, SamplingParams(max_new_tokens=12))
+    engine.add_request(system + [1] * 40, SamplingParams(temperature=0.0, max_tokens=12))
     engine.run(max_steps=8)
-    engine.add_request(system + [2, 3], SamplingParams(max_new_tokens=12))  # a prefix hit
-    engine.add_request([7] * 5, SamplingParams(max_new_tokens=40))
+    engine.add_request(
+        system + [2, 3], SamplingParams(temperature=0.0, max_tokens=12)
+    )  # a prefix hit
+    engine.add_request([7] * 5, SamplingParams(temperature=0.0, max_tokens=40))
     runner = engine.runner
     while not engine.idle:
         m = engine.step()
@@ -77,7 +79,7 @@ def test_req_to_token_writes_do_not_grow_with_context(tiny_engine, tiny_model):
 
 def test_the_device_confirms_the_host_mirror(tiny_engine):
     engine = tiny_engine()
-    engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=3))
+    engine.add_request([1, 2, 3, 4, 5], SamplingParams(temperature=0.0, max_tokens=3))
     plan = engine.scheduler.schedule()
     result = engine.runner.run(plan)
     wrong = StepResult(

@@ -145,7 +145,7 @@ def test_workload_file(tmp_path):
     assert [a.at for a in w.initial] == [0.0, 0.0, 1.5]  # sorted by arrival
     second, third, first = w.initial
     assert second.prompt[:8] == first.prompt and len(second.prompt) == 12  # one stream
-    assert len(third.prompt) == 5 and third.params.max_new_tokens == 3 and w.total == 3
+    assert len(third.prompt) == 5 and third.params.max_tokens == 3 and w.total == 3
     path.write_text('{"prompt_len": 0, "output_len": 4}\n')
     with pytest.raises(ValueError, match=r"w.jsonl:1: 'prompt_len' must be an integer"):
         from_file(path)
@@ -162,13 +162,20 @@ def test_simulated_clock_submits_arrivals_on_time(tmp_path):
 
     cfg = load_preset("tiny-hybrid")
     path = tmp_path / "w.jsonl"
-    path.write_text('{"prompt_len": 40, "output_len": 5}\n'
-                    '{"prompt_len": 40, "output_len": 5, "arrival": 100}\n')  # fmt: skip
+    path.write_text(
+        '{"prompt_len": 40, "output_len": 5}\n{"prompt_len": 40, "output_len": 5, "arrival": 100}\n'
+    )
     acc = Accelerator("toy", hbm_bytes_per_s=1e6, bf16_flops=1e9, memory_bytes=1e9, overhead_s=0.1)
     timer = StepTimeModel(cfg, ModelCost(1e5, 1e5, 1e5), acc)
     sizes = sizing.solve_pool_sizes(cfg, 512, ratio=0.5, page_size=4)
-    run = run_workload(cfg, sizes, from_file(path), options=EngineOptions(chunk_size=16),
-                       progress=False, timer=timer)  # fmt: skip
+    run = run_workload(
+        cfg,
+        sizes,
+        from_file(path),
+        options=EngineOptions(chunk_size=16),
+        progress=False,
+        timer=timer,
+    )
     assert run.finished == 2 and run.lost == 0
     # each request: 3 prefill chunks then 4 decode steps, ~0.2 s each; the second starts at 100
     assert 100 < run.modeled_seconds < 103

@@ -28,7 +28,7 @@ SETUP = EngineSpec.of(
 )
 FIRST = [(7 * i + 3) % 120 + 1 for i in range(96)]
 SECOND = FIRST[:80] + [11, 45, 90, 2, 67, 31, 8, 100]
-PARAMS = SamplingParams(max_new_tokens=6)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 
 
 def _second(engine):
@@ -58,9 +58,23 @@ def with_tombstoned_prefix(decoder, **changes):
 # Default run: sinks + MoE, S first (gpt_oss); every other hybrid fixture (F first, chunked,
 # K=V full layers and KV-shared layers in gemma4, ...) with -m slow.
 DEFAULT = ("gpt_oss",)
-HYBRID = ("cohere2", "exaone4", "gemma3", "gemma3_legacy", "gemma4", "gemma4_e", "gpt_oss_legacy",
-          "gpt_oss_mxfp4", "llama4", "mimo_v2_flash", "mimo_v2_flash_fp8", "olmo3", "qwen2",
-          "qwen3", "step3p7")  # fmt: skip
+HYBRID = (
+    "cohere2",
+    "exaone4",
+    "gemma3",
+    "gemma3_legacy",
+    "gemma4",
+    "gemma4_e",
+    "gpt_oss_legacy",
+    "gpt_oss_mxfp4",
+    "llama4",
+    "mimo_v2_flash",
+    "mimo_v2_flash_fp8",
+    "olmo3",
+    "qwen2",
+    "qwen3",
+    "step3p7",
+)
 FAMILIES = [*DEFAULT, *(pytest.param(f, marks=pytest.mark.slow) for f in HYBRID)]
 
 
@@ -95,7 +109,7 @@ def null_engine(**changes):
 
 def tombstoned(engine):
     """A cached, then the SWA KV of its first 80 tokens evicted (the path becomes tombstones)."""
-    engine.add_request(A, SamplingParams(max_new_tokens=4))
+    engine.add_request(A, SamplingParams(temperature=0.0, max_tokens=4))
     engine.run()
     tombstone_path(engine.cache, A[:80])
     return engine
@@ -103,7 +117,7 @@ def tombstoned(engine):
 
 def test_rebuild_resumes_at_s0_and_revives_the_window():
     engine = tombstoned(null_engine())
-    rid = engine.add_request(B, SamplingParams(max_new_tokens=4))
+    rid = engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=4))
     engine.step()
     req, sched = engine.requests[rid], engine.scheduler
     assert req.rebuild is not None and (req.rebuild.start, req.rebuild.end) == (64, 80)
@@ -123,7 +137,7 @@ def test_rebuild_resumes_at_s0_and_revives_the_window():
 def test_no_tail_rebuild_falls_back():
     for options in (dict(tail_rebuild=False), dict(cache_policy="sglang-0.5.23")):
         engine = tombstoned(null_engine(**options))
-        engine.add_request(B, SamplingParams(max_new_tokens=4))
+        engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=4))
         engine.run()
         assert engine.scheduler.rebuilt_tokens == 0 and engine.scheduler.tail_miss_tokens > 0
         check_clean(engine)
@@ -133,7 +147,7 @@ def test_outputs_do_not_depend_on_rebuild():
     outputs = []
     for on in (True, False):
         engine = tombstoned(null_engine(tail_rebuild=on))
-        rid = engine.add_request(B, SamplingParams(max_new_tokens=8))
+        rid = engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=8))
         engine.run()
         outputs.append(engine.requests[rid].output)
     assert outputs[0] == outputs[1]
@@ -142,7 +156,7 @@ def test_outputs_do_not_depend_on_rebuild():
 @pytest.mark.parametrize("how", ["abort", "retract"])
 def test_an_interrupted_rebuild_leaks_nothing(how):
     engine = tombstoned(null_engine())
-    rid = engine.add_request(B, SamplingParams(max_new_tokens=4))
+    rid = engine.add_request(B, SamplingParams(temperature=0.0, max_tokens=4))
     engine.step()
     req = engine.requests[rid]
     assert req.rebuild is not None and req.kv_len < req.rebuild.end  # in the middle of it
@@ -177,7 +191,9 @@ def test_random_workloads_with_tombstoned_prefixes_stay_clean(ps, chunk, ratio, 
             systems[rng.integers(2)][: rng.integers(24, 73)]
             + rng.integers(0, 1000, rng.integers(1, 40)).tolist()
         )
-        engine.add_request(prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 12))))
+        engine.add_request(
+            prompt, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 12)))
+        )
     for _ in range(5000):
         if rng.random() < 0.3:
             engine.cache.evict(0, int(rng.integers(1, 64)))
