@@ -32,7 +32,7 @@ def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpt-oss-20b")
     ap.add_argument("--gib", type=float, default=0.5)
-    ap.add_argument("--ratio", type=float, default=0.3)
+    ap.add_argument("--swa-full-tokens-ratio", type=float, default=0.3)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--workloads", default="multi-turn,long-context")
     ap.add_argument("--chunk", type=int, default=512)

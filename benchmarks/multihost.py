@@ -61,15 +61,14 @@ def measure(path: str, batch: int, steps: int) -> dict:
     split = None if jax.process_count() > 1 else jax.device_count()
     llm = LLM(
         path,
-        ignore_eos=True,
-        max_running=batch,
-        max_context=steps + 64,
+        max_running_requests=batch,
+        max_model_len=steps + 64,
         kv_budget_gib=0.01,
-        tensor_parallel=split,
+        tensor_parallel_size=split,
     )
     log.removeHandler(seen)
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0.0, max_tokens=steps)
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     for _ in range(2):  # compile every program (the second run's prefix cache adds one)
         llm.generate([rng.integers(3, 100, 24).tolist() for _ in range(batch)], params)
     before = llm.summary()

@@ -36,7 +36,7 @@ def prompts(n: int) -> list[str]:
 def api_run(llm, texts, new: int):
     """(seconds, times to first token from submission): every prompt submitted at once to an
     engine that runs `max_running` (the concurrency) of them at a time."""
-    params = swajax.SamplingParams(temperature=0.0, max_tokens=new)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     ttft, seen, start = [], set(), time.perf_counter()
     for event in llm.stream(texts, params):
         if event.index not in seen:
@@ -115,7 +115,7 @@ def main(argv=None) -> int | None:
     try:
         rows = []
         for c in levels:
-            llm = swajax.LLM("tiny", ignore_eos=True, **dict(SETTINGS, max_running=c))
+            llm = swajax.LLM("tiny", **dict(SETTINGS, max_running_requests=c))
             # Warm-up: the first pass compiles the cold shapes, the second those of prefix hits
             # (the same prompts again), so the measured pass compiles nothing.
             for _ in range(0 if args.smoke else 2):

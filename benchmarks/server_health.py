@@ -23,8 +23,8 @@ import urllib.request
 
 import numpy as np
 
-SETTINGS = ["--max-running", "64", "--page-size", "16", "--kv-budget-gib", "0.1"]
-SETTINGS += ["--max-context", "512", "--max-waiting", "256"]
+SETTINGS = ["--max-running-requests", "64", "--page-size", "16", "--kv-budget-gib", "0.1"]
+SETTINGS += ["--context-length", "512", "--max-waiting", "256"]
 
 
 def start_server() -> tuple[subprocess.Popen, str]:

@@ -1,7 +1,8 @@
 """Exact SWA-tail rebuild vs SGLang's fallback, measured with the null-model engine (`swajax
 simulate`'s run) on a chat workload whose shared prefixes outlive their SWA KV.
 
-    python benchmarks/tail_rebuild.py [--preset gpt-oss-120b] [--gib 16] [--ratio 0.02]
+    python benchmarks/tail_rebuild.py [--preset gpt-oss-120b] [--gib 16]
+        [--swa-full-tokens-ratio 0.02]
 
 The workload: `--documents` long documents (`--doc` tokens each); every document has
 `--conversations` chats about it, `--turns` turns each (user turns of 32-256 tokens, replies of
@@ -33,13 +34,13 @@ def main(argv=None) -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpt-oss-120b")
     ap.add_argument("--gib", type=float, default=16.0)
-    ap.add_argument("--ratio", type=float, default=0.02)
+    ap.add_argument("--swa-full-tokens-ratio", type=float, default=0.02)
     ap.add_argument("--documents", type=int, default=4)
     ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--doc", type=int, default=8192)
     ap.add_argument("--chunk", type=int, default=8192)
-    ap.add_argument("--max-running", type=int, default=8)
+    ap.add_argument("--max-running-requests", type=int, default=8)
     ap.add_argument("--accelerator", default=None, help="e.g. h200: add modeled time")
     ap.add_argument("--cache-policy", default="lean")
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")

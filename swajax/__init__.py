@@ -1,7 +1,7 @@
 """swajax: hybrid sliding-window-attention KV memory management in JAX.
 
 The public names: `LLM` (build from a checkpoint folder or "tiny", then `generate` or
-`stream`), `SamplingParams`, `CompletionOutput` / `StreamEvent`, `EngineSpec` /
+`stream`), `SamplingParams`, `RequestOutput` / `CompletionOutput` / `StreamEvent`, `EngineSpec` /
 `EngineOptions` / `Engine` for those who drive the engine step by step, `InputError` (every
 error about a value given from outside), and the config readers. Names that need JAX load on
 first use, so `import swajax` stays cheap and host-only code never imports JAX.
@@ -25,6 +25,7 @@ from swajax.version import __version__ as __version__
 _LAZY = {
     "LLM": "swajax.api",
     "CompletionOutput": "swajax.api",
+    "RequestOutput": "swajax.api",
     "StreamEvent": "swajax.api",
     "EngineSpec": "swajax.api",
     "Engine": "swajax.serving.engine",

@@ -1,4 +1,5 @@
-"""A checkpoint's own stop tokens, as transformers' `generate` finds them.
+"""A checkpoint's own stop tokens, as transformers' `generate` finds them, and its sampling
+defaults, as vLLM's `--generation-config auto` takes them.
 
 `generation_config.json`'s `eos_token_id` when that file sets one, else `config.json`'s (at the
 top level or, in multimodal wrappers, under `text_config`). Either may be one id or a list.
@@ -51,3 +52,25 @@ def stop_token_ids(folder: str | Path) -> tuple[int, ...]:
     if ids is None and isinstance(text, dict):
         ids = _ids(text.get("eos_token_id"), str(folder / "config.json") + " text_config")
     return ids or ()
+
+
+# The fields of generation_config.json that become defaults for a request's unset sampling
+# fields (vLLM's set; `SamplingParams.NEUTRAL` names the same fields).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(folder: str | Path) -> dict:
+    """The checkpoint's sampling defaults from its generation_config.json (empty without one);
+    a value of the wrong type is an error naming the field."""
+    path = Path(folder) / "generation_config.json"
+    generation = _read(path) or {}
+    out = {}
+    for name in SAMPLING_FIELDS:
+        value = generation.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or (name == "top_k" and not isinstance(value, int)):
+            raise ConfigError(f"{path}: '{name}' must be a number, got {value!r}")
+        out[name] = value
+    return out

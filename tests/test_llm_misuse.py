@@ -16,17 +16,17 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Tree:", "# sort a
 
 @pytest.fixture(scope="module")
 def llm():
-    return swajax.LLM("tiny", ignore_eos=True, max_context=256)
+    return swajax.LLM("tiny", max_model_len=256)
 
 
 def sampled(i):
-    return SamplingParams(max_tokens=12, temperature=0.8, seed=i)
+    return SamplingParams(max_tokens=12, temperature=0.8, seed=i, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def alone(llm):
     """Each prompt's tokens when its call runs alone."""
-    return [llm.generate(p, sampled(i))[0].token_ids for i, p in enumerate(PROMPTS)]
+    return [llm.generate(p, sampled(i))[0].outputs[0].token_ids for i, p in enumerate(PROMPTS)]
 
 
 def nothing_held(llm):
@@ -39,7 +39,7 @@ def test_calls_from_several_threads_give_what_each_gives_alone(llm, alone):
 
     def call(i):
         barrier.wait()
-        got[i] = llm.generate(PROMPTS[i], sampled(i))[0].token_ids
+        got[i] = llm.generate(PROMPTS[i], sampled(i))[0].outputs[0].token_ids
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
@@ -77,7 +77,7 @@ def test_an_abandoned_stream_aborts_its_requests(llm, alone, abandon):
     assert mine and all(r.done for r in mine)
     assert any(r.finish_reason == "abort: the caller stopped reading" for r in mine)
     nothing_held(llm)
-    assert llm.generate(PROMPTS[1], sampled(1))[0].token_ids == alone[1]
+    assert llm.generate(PROMPTS[1], sampled(1))[0].outputs[0].token_ids == alone[1]
 
 
 def test_a_second_call_inside_an_open_stream_is_refused_with_the_reason(llm):
@@ -96,14 +96,18 @@ def test_a_second_call_inside_an_open_stream_is_refused_with_the_reason(llm):
         (b"abc", None, "prompts is bytes"),
         ([[1, 2], b"ab"], None, "prompt 1 must be text"),
         ([[True, 2]], None, "prompt 0 must be text"),
-        ([[1, 2]], SamplingParams(temperature=0.0, top_k=100000), "exceeds the vocabulary"),
+        (
+            [[1, 2]],
+            SamplingParams(temperature=0.0, top_k=100000, ignore_eos=True),
+            "exceeds the vocabulary",
+        ),
     ],
 )
 def test_wrong_arguments_are_clear_errors(llm, alone, prompts, sampling, needle):
     with pytest.raises(swajax.InputError, match=needle):
         llm.generate(prompts, sampling)
     nothing_held(llm)
-    assert llm.generate(PROMPTS[2], sampled(2))[0].token_ids == alone[2]
+    assert llm.generate(PROMPTS[2], sampled(2))[0].outputs[0].token_ids == alone[2]
 
 
 def test_a_call_failing_half_way_leaves_nothing_queued(llm, alone):
@@ -112,7 +116,7 @@ def test_a_call_failing_half_way_leaves_nothing_queued(llm, alone):
     with pytest.raises(swajax.InputError, match="context limit"):
         llm.generate([PROMPTS[0], PROMPTS[1], "x" * 300], sampled(0))
     nothing_held(llm)
-    assert llm.generate(PROMPTS[3], sampled(3))[0].token_ids == alone[3]
+    assert llm.generate(PROMPTS[3], sampled(3))[0].outputs[0].token_ids == alone[3]
 
 
 def test_sampling_values_beyond_the_steps_types_are_refused():

@@ -17,31 +17,41 @@ CASE = json.loads((FIXTURE / "greedy.json").read_text())
 
 @pytest.fixture(scope="module")
 def llm():
-    return swajax.LLM(str(FIXTURE), max_context=256)
+    return swajax.LLM(str(FIXTURE), max_model_len=256)
 
 
 def test_generate_matches_transformers_greedy(llm):
-    (out,) = llm.generate([CASE["prompt"]], swajax.SamplingParams(temperature=0.0, max_tokens=8))
+    (result,) = llm.generate(
+        [CASE["prompt"]], swajax.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    )
+    assert isinstance(result, swajax.RequestOutput) and result.finished
+    (out,) = result.outputs
     assert isinstance(out, swajax.CompletionOutput)
     assert out.token_ids == CASE["greedy"] and out.finish_reason == "length"
-    assert out.prompt_token_ids == CASE["prompt"] and len(out.logprobs) == 8
-    assert out.text is None  # the fixture has no tokenizer.json
+    assert result.prompt_token_ids == CASE["prompt"] and len(out.token_logprobs) == 8
+    assert out.cumulative_logprob == pytest.approx(sum(out.token_logprobs))
+    assert out.logprobs is None and out.stop_reason is None
+    assert out.text is None and result.prompt is None  # the fixture has no tokenizer.json
 
 
 def test_a_batch_keeps_its_order_and_a_repeat_hits_the_prefix_cache(llm):
     a, b = CASE["prompt"], CASE["prompt"][:9] + [3, 4]
-    outs = llm.generate([a, b, a], swajax.SamplingParams(temperature=0.0, max_tokens=3))
-    assert [o.index for o in outs] == [0, 1, 2] and outs[0].token_ids == CASE["greedy"][:3]
+    outs = llm.generate(
+        [a, b, a], swajax.SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    )
+    assert [o.prompt_token_ids for o in outs] == [a, b, a]
+    assert outs[0].outputs[0].token_ids == CASE["greedy"][:3]
     again = llm.generate(
-        a, swajax.SamplingParams(temperature=0.0, max_tokens=3)
+        a, swajax.SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     )  # one prompt, not a list
-    assert again[0].token_ids == outs[0].token_ids and again[0].cached_tokens > 0
+    assert again[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+    assert again[0].num_cached_tokens > 0
 
 
 def test_stream_yields_the_tokens_generate_gives():
-    llm = swajax.LLM("tiny", ignore_eos=True)
-    params = swajax.SamplingParams(temperature=0.0, max_tokens=12)
-    (expected,) = llm.generate("def fibonacci(n):", params)
+    llm = swajax.LLM("tiny")
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    (expected,) = llm.generate("def fibonacci(n):", params)[0].outputs
     events = list(llm.stream(["def fibonacci(n):", "import os"], params))
     mine = [e for e in events if e.index == 0]
     assert [e.token_id for e in mine] == expected.token_ids
@@ -56,8 +66,10 @@ def test_bad_input_is_one_error_type():
     for prompts in ([], [[1.5]], None):
         with pytest.raises(swajax.InputError):
             llm.generate(prompts)
-    with pytest.raises(swajax.InputError, match="--model must be 'tiny' or a checkpoint"):
-        swajax.LLM("no/such/folder")
+    with pytest.raises(swajax.InputError, match="not in the local Hugging Face cache"):
+        swajax.LLM("no/such-folder")
+    with pytest.raises(swajax.InputError, match="must be 'tiny', a checkpoint folder or a hub"):
+        swajax.LLM("./no/such/folder")
 
 
 def test_every_public_name_resolves_and_has_a_docstring():

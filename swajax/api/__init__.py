@@ -15,5 +15,6 @@ from swajax.api.generation import (
 from swajax.api.llm import (
     LLM as LLM,
     CompletionOutput as CompletionOutput,
+    RequestOutput as RequestOutput,
     StreamEvent as StreamEvent,
 )

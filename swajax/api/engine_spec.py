@@ -10,11 +10,13 @@ import os
 from pathlib import Path
 
 import jax
+from flax import nnx
 from jax.sharding import Mesh
 
 from swajax import sizing
+from swajax.api.hub import resolve_model
 from swajax.config import HybridConfig
-from swajax.demo import DEMO_DIR, demo_decoder
+from swajax.demo import demo_decoder
 from swajax.errors import InputError
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
@@ -42,6 +44,10 @@ class EngineSpec:
     # None: enough for AUTO_REQUESTS contexts of the model's own length (at most AUTO_CONTEXT
     # tokens each, AUTO_BUDGET_GIB in all).
     kv_budget_gib: float | None = None
+    # Instead of kv_budget_gib: the share of the device's memory (the host's on CPU) that the
+    # weights and the KV pools take together (vLLM's gpu_memory_utilization, SGLang's
+    # mem_fraction_static); the pools get what the weights leave of it.
+    mem_fraction: float | None = None
     ratio: float | None = None  # None: 0.5, or the model's own (sizing.MODEL_RATIOS)
     page_size: int | None = None  # None: 4, or the model's own (sizing.MODEL_PAGE_SIZES)
     hybrid_memory: bool = True
@@ -79,14 +85,10 @@ DEFAULT_CONTEXT = 4096  # a config without max_position_embeddings
 AUTO_CONTEXT, AUTO_REQUESTS, AUTO_BUDGET_GIB = 32_768, 2, 2.0
 
 
-def model_folder(model: str, flag: str = "--model") -> Path:
-    """`tiny` (the embedded demo, swajax.demo) or a checkpoint directory."""
-    if model == "tiny":
-        return DEMO_DIR
-    path = Path(model)
-    if not path.is_dir():
-        raise InputError(f"{flag} must be 'tiny' or a checkpoint directory, got {model!r}")
-    return path
+def model_folder(model: str, flag: str = "--model", revision: str | None = None) -> Path:
+    """`tiny` (the embedded demo, swajax.demo), a checkpoint directory, or a hub id found in the
+    local Hugging Face cache (`swajax.api.hub`)."""
+    return resolve_model(model, revision, flag)
 
 
 def tensor_mesh(tensor_parallel: int | None) -> Mesh | None:
@@ -113,12 +115,13 @@ def load_model(
     flag: str = "--model",
     dequantize_weights: bool = False,
     mesh: Mesh | None = None,
+    revision: str | None = None,
 ) -> tuple[Decoder, Tokenizer]:
     """`tiny` (the embedded byte-level demo model), or a checkpoint directory; `flag` names the
     argument in errors. A quantized checkpoint stays quantized on the device unless
     `dequantize_weights`. `mesh` (`tensor_mesh`): each weight loaded straight into its
     shards (across processes, each reads only its own devices' shards)."""
-    path = model_folder(model, flag)
+    path = model_folder(model, flag, revision)
     if model == "tiny":
         if chat:
             raise InputError("--chat needs a checkpoint folder with a chat template")
@@ -127,9 +130,22 @@ def load_model(
     return decoder, Tokenizer(path, chat=chat)
 
 
+def device_memory_bytes() -> int | None:
+    """The first device's memory (`bytes_limit`), or the host's on CPU."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return host_memory_bytes()
+
+
 def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid: bool) -> int:
+    if spec.kv_budget_gib is not None and spec.mem_fraction is not None:
+        raise InputError("give the KV budget once: kv_budget_gib or a memory fraction, not both")
     if spec.kv_budget_gib is not None:
         return sizing.gib_to_bytes(spec.kv_budget_gib)
+    if spec.mem_fraction is not None:
+        return _fraction_budget(decoder, spec.mem_fraction)
     cfg = decoder.spec.hybrid
     own = spec.options.max_context
     context = min(own or decoder.spec.max_position or DEFAULT_CONTEXT, AUTO_CONTEXT)
@@ -139,6 +155,24 @@ def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid
     page_size = sizing.resolve_page_size(cfg, spec.page_size, DEFAULT_PAGE_SIZE)
     tokens = AUTO_REQUESTS * (context + 2 * page_size)
     return int(min(tokens * per_token, sizing.gib_to_bytes(AUTO_BUDGET_GIB)))
+
+
+def _fraction_budget(decoder: Decoder, fraction) -> int:
+    """KV bytes under a memory fraction: fraction x memory, less the weights."""
+    number = isinstance(fraction, int | float) and not isinstance(fraction, bool)
+    if not number or not 0 < fraction <= 1:
+        raise InputError(f"the memory fraction must be in (0, 1], got {fraction!r}")
+    total = device_memory_bytes()
+    if total is None:
+        raise InputError("this machine's memory cannot be read: give kv_budget_gib instead")
+    weights = sum(int(x.nbytes) for x in jax.tree.leaves(nnx.state(decoder)))
+    budget = int(fraction * total) - weights
+    if budget <= 0:
+        raise InputError(
+            f"a memory fraction of {fraction:g} is {fraction * total / 2**30:.2f} GiB, and the "
+            f"weights alone take {weights / 2**30:.2f} GiB: raise the fraction"
+        )
+    return budget
 
 
 def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOptions:

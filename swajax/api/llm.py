@@ -1,47 +1,119 @@
-"""The public entry point for inference scripts, in the shape of vLLM's `LLM` and SGLang's
-`Engine`: build once from a checkpoint folder (or the embedded demo), then `generate` a batch of
-prompts or `stream` their tokens as steps finish. The engine stays reachable (`llm.engine`) for
-those who drive it step by step."""
+"""The public entry point for inference scripts, in the shape of vLLM's `LLM`: build once from a
+checkpoint (a folder, a hub id in the local cache, or the embedded demo), then `generate` a
+batch of prompts, `chat` with conversations, or `stream` tokens as steps finish. The engine
+stays reachable (`llm.engine`) for those who drive it step by step.
+
+Settings use vLLM's names where vLLM has the setting and SGLang's for the hybrid memory
+(`RENAMED`); the engine's own fields (`EngineSpec`, `EngineOptions`) keep their names for
+those who build engines directly."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from swajax.api.engine_spec import (
-    EngineSpec,
-    load_model,
-    make_engine,
-    model_folder,
-    tensor_mesh,
-)
+from swajax.api.engine_spec import EngineSpec, load_model, make_engine, tensor_mesh
 from swajax.api.generation import summary
-from swajax.api.sample_stream import SampleStream, add_samples
+from swajax.api.hub import resolve_model
+from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
 from swajax.errors import InputError
-from swajax.generation_config import stop_token_ids
+from swajax.generation_config import sampling_defaults, stop_token_ids
+from swajax.progress_bar import progress
 from swajax.serving.engine import Engine
 from swajax.serving.sampling_params import SamplingParams
+from swajax.tokenizer import ChatTemplate
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Mapping
+
+# Public name -> the engine's field. vLLM's names where vLLM has the setting; SGLang's for what
+# only the hybrid memory system has.
+RENAMED = {
+    "tensor_parallel_size": "tensor_parallel",
+    "max_model_len": "max_context",
+    "enable_prefix_caching": "prefix_cache",
+    "gpu_memory_utilization": "mem_fraction",
+    "kv_cache_dtype": "kv_dtype",
+    "swa_full_tokens_ratio": "ratio",
+    "chunked_prefill_size": "chunk_size",
+    "max_running_requests": "max_running",
+}
+# The engine's own fields a script may set under the same name (the rest are renamed above).
+PASSED = (
+    "seed",
+    "page_size",
+    "kv_budget_gib",
+    "cache_policy",
+    "attention",
+    "scan_layers",
+    "host_cache_gib",
+    "decode_steps",
+    "overlap",
+    "tail_rebuild",
+    "eviction_interval",
+    "max_logprobs",
+    "num_speculative_tokens",
+)
+OWN = ("dtype", "revision", "draft_model", "dequantize_weights", "generation_config")
+INVERTED = ("disable_hybrid_swa_memory",)  # its engine field is the opposite: hybrid_memory
+
+
+def engine_settings(settings: Mapping[str, object]) -> dict:
+    """`EngineSpec` fields from `LLM`'s keyword settings; an unknown or old name is an error
+    naming it and the valid ones."""
+    fields = {}
+    for name, value in settings.items():
+        if name in RENAMED:
+            if name == "kv_cache_dtype" and value == "auto":
+                value = None
+            fields[RENAMED[name]] = value
+        elif name == "disable_hybrid_swa_memory":
+            fields["hybrid_memory"] = not value
+        elif name in PASSED:
+            fields[name] = value
+        else:
+            old = {v: k for k, v in RENAMED.items()} | {"hybrid_memory": INVERTED[0]}
+            hint = f" (renamed: {old[name]})" if name in old else ""
+            valid = ", ".join(sorted((*RENAMED, *INVERTED, *PASSED, *OWN)))
+            raise InputError(f"LLM() got an unknown setting {name!r}{hint}; valid: {valid}")
+    return fields
 
 
 @dataclasses.dataclass(frozen=True)
 class CompletionOutput:
-    """One finished sample of one prompt."""
+    """One sample of one prompt (vLLM's `CompletionOutput`)."""
 
-    index: int  # its prompt's place among the prompts given
-    prompt_token_ids: list[int]
+    index: int  # which of the prompt's n samples
+    text: str | None  # None when the checkpoint has no tokenizer; never the stop string
     token_ids: list[int]  # up to the one that completed a stop string, if one did
-    text: str | None  # None when the checkpoint has no tokenizer.json; never the stop string
-    logprobs: list[float]  # of each generated token (the model's raw distribution)
-    finish_reason: str  # "stop", "length", or "abort: <why>"
-    cached_tokens: int  # prompt tokens the prefix cache supplied at its (last) admission
-    sample: int = 0  # which of the prompt's n samples (SamplingParams.n)
-    top_logprobs: list[dict[int, float]] | None = None  # per token, if SamplingParams.logprobs
+    cumulative_logprob: float  # sum of `token_logprobs`
+    # Per generated token, {token: logprob} of the N likeliest and the sampled one, when
+    # SamplingParams.logprobs = N > 0; else None.
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str  # "stop", "length" or "abort"
+    # What stopped it: a stop string, or one of the request's own stop_token_ids (None for the
+    # checkpoint's eos and for "length"); for "abort", why.
+    stop_reason: int | str | None
+    token_logprobs: list[float]  # the logprob of each generated token (raw distribution)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutput:
+    """One prompt's result (vLLM's `RequestOutput`): its n samples in `outputs`."""
+
+    request_id: str
+    prompt: str | None  # the text given (None for token ids)
+    prompt_token_ids: list[int]
+    # Per prompt position, {token: logprob} of the prompt's own token and the N likeliest
+    # (None at position 0), when SamplingParams.prompt_logprobs = N; else None.
+    prompt_logprobs: list[dict[int, float] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int  # prompt tokens the prefix cache supplied (first sample)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,70 +128,214 @@ class StreamEvent:
 
 
 class LLM:
-    """A model and an engine over it.
+    """A model and an engine over it, with vLLM's settings.
 
-    `model`: "tiny" (the embedded demo) or a Hugging Face checkpoint folder; `dtype`:
-    parameters and activations; `chat`: wrap text prompts in the checkpoint's chat template;
-    `ignore_eos`: do not stop at the checkpoint's `eos_token_id`; `dequantize_weights`: hold a
-    quantized checkpoint's weights dequantized to `dtype`; `draft_model`: a speculative
-    draft ("tiny" or a folder with the same vocabulary; set `num_speculative_tokens`, 4 by
-    default); every other keyword is a
-    field of `EngineSpec` or `EngineOptions` (`kv_budget_gib`, `max_context`, `max_running`,
-    `page_size`, `ratio`, `prefix_cache`, `cache_policy`, `tensor_parallel`, ...)."""
+    `model`: a checkpoint folder, a hub id found in the local Hugging Face cache (`revision`:
+    a branch, tag or commit), or "tiny" (the embedded demo). `dtype`: parameters and
+    activations. `seed`: where requests that set no seed draw theirs. `tensor_parallel_size`,
+    `max_model_len` (the longest prompt + output), `gpu_memory_utilization` (the share of the
+    device's memory, or the host's on CPU, that weights and KV pools may take),
+    `enable_prefix_caching`, `kv_cache_dtype`; SGLang's `swa_full_tokens_ratio`,
+    `disable_hybrid_swa_memory`, `page_size`, `chunked_prefill_size`, `max_running_requests`.
+    `generation_config`: "auto" takes sampling defaults (temperature, top_p, top_k, min_p,
+    repetition_penalty) from the checkpoint's generation_config.json for requests that leave
+    them unset; "vllm" ignores it. `draft_model`: a speculative draft ("tiny" or a folder with
+    the same vocabulary; `num_speculative_tokens`, 4 by default). `dequantize_weights`: hold a
+    quantized checkpoint dequantized. The engine's other fields pass through by name
+    (`kv_budget_gib`, `cache_policy`, `host_cache_gib`, `decode_steps`, ...)."""
 
     def __init__(
         self,
         model: str = "tiny",
         *,
         dtype: str = "float32",
-        chat: bool = False,
-        ignore_eos: bool = False,
+        revision: str | None = None,
+        generation_config: str = "auto",
         draft_model: str | None = None,
         dequantize_weights: bool = False,
-        **engine: object,
+        **settings: object,
     ):
+        fields = engine_settings(settings)
         if draft_model is not None:
-            engine.setdefault("num_speculative_tokens", 4)
-        spec = EngineSpec.of(dtype=dtype, **engine)
+            fields.setdefault("num_speculative_tokens", 4)
+        spec = EngineSpec.of(dtype=dtype, **fields)
+        self._build(model, spec, revision, generation_config, draft_model, dequantize_weights)
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: str,
+        spec: EngineSpec,
+        *,
+        revision: str | None = None,
+        generation_config: str = "auto",
+        draft_model: str | None = None,
+        dequantize_weights: bool = False,
+    ) -> LLM:
+        """An LLM from an `EngineSpec` (the engine's own field names), as the command line and
+        tests build one."""
+        llm = cls.__new__(cls)
+        llm._build(model, spec, revision, generation_config, draft_model, dequantize_weights)
+        return llm
+
+    def _build(self, model, spec, revision, generation_config, draft_model, dequantize) -> None:
+        if generation_config not in ("auto", "vllm"):
+            given = generation_config
+            raise InputError(f"generation_config must be 'auto' or 'vllm', got {given!r}")
+        self.model = model
+        self.folder = resolve_model(model, revision)
         mesh = tensor_mesh(spec.tensor_parallel)
         decoder, self.tokenizer = load_model(
-            model, dtype, chat, mesh=mesh, dequantize_weights=dequantize_weights
+            model, spec.dtype, mesh=mesh, dequantize_weights=dequantize, revision=revision
         )
         draft = None
         if draft_model is not None:
-            draft = load_model(draft_model, dtype, flag="--draft-model", mesh=mesh)[0]
+            draft = load_model(draft_model, spec.dtype, flag="draft_model", mesh=mesh)[0]
         self.engine: Engine = make_engine(decoder, spec, draft)
-        self.stop_token_ids = () if ignore_eos else stop_token_ids(model_folder(model))
+        self.stop_token_ids = stop_token_ids(self.folder)
+        if generation_config == "auto":
+            self.engine.sampling_defaults = sampling_defaults(self.folder)
+        self._template: ChatTemplate | None = None
         self._lock = threading.Lock()  # one call at a time drives the engine
         self._holder: int | None = None  # the thread whose call holds it
+        self._ids = 0
+
+    # ------------------------------------------------------------------------------------------
+    # Calls
 
     def generate(
-        self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
-    ) -> list[CompletionOutput]:
-        """Run every prompt (text or token ids) together; outputs in the prompts' order, the
-        n samples of a prompt (`sampling.n`) one after another. Calls from several threads
-        run one after another, each as if alone."""
-        with self._call() as samples:
-            self._add(prompts, sampling, samples)
-            self._stop_strings(samples)
-            while self._step(samples):
-                self._stop_strings(samples)
-            return [self._output(x) for x in samples]
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt (text, token ids, or vLLM's {"prompt": ...} /
+        {"prompt_token_ids": ...}) together; one `RequestOutput` per prompt, in order.
+        `sampling_params`: one for all, or one per prompt. Calls from several threads run one
+        after another, each as if alone; `use_tqdm` shows a progress bar on a terminal."""
+        batch = self._batch(prompts)
+        texts = [p if isinstance(p, str) else None for p in batch]
+        ids = [self._ids_of(p, i) for i, p in enumerate(batch)]
+        return self._run(texts, ids, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} messages) or a list of them, each
+        rendered with the checkpoint's chat template and its generation prompt, then run as
+        `generate` does."""
+        conversations = _conversations(messages)
+        template = self._chat_template()
+        texts = [template.render_messages([dict(m) for m in c]) for c in conversations]
+        ids = [self.tokenizer.encode_rendered(t) for t in texts]
+        return self._run(texts, ids, sampling_params, use_tqdm)
 
     def stream(
-        self, prompts: Prompt | Sequence[Prompt], sampling: SamplingParams | None = None
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | None = None,
     ) -> Iterator[StreamEvent]:
         """Every generated token of every sample, as the step that made it finishes. The
         stream holds the LLM until it ends: a stream closed, dropped or left by an exception
         aborts its unfinished samples and returns their KV."""
         with self._call() as samples:
-            self._add(prompts, sampling, samples)
+            ids = [self._ids_of(p, i) for i, p in enumerate(self._batch(prompts))]
+            self._add(ids, [self._params(sampling_params, len(ids))[0]] * len(ids), samples)
             while True:
                 self._stop_strings(samples)
                 for x in samples:
                     yield from self._new_events(x)
                 if not self._step(samples):
                     return
+
+    def summary(self) -> dict:
+        """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
+        return summary(self.engine)
+
+    # ------------------------------------------------------------------------------------------
+    # Inside
+
+    def _run(self, texts, ids, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        params = self._params(sampling_params, len(ids))
+        with self._call() as samples:
+            self._add(ids, params, samples)
+            with progress(len(ids), "generating", shown=use_tqdm) as advance:
+                done = set()
+                self._stop_strings(samples)
+                while self._step(samples):
+                    self._stop_strings(samples)
+                    for x in samples:
+                        if x.index not in done and self._prompt_done(samples, x.index):
+                            done.add(x.index)
+                            advance()
+            return [self._request_output(texts[i], i, samples) for i in range(len(ids))]
+
+    def _params(self, sampling_params, count: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
+            given = list(sampling_params)
+            if len(given) != count or not all(isinstance(p, SamplingParams) for p in given):
+                raise InputError(
+                    f"sampling_params must be one SamplingParams or one per prompt ({count}), "
+                    f"got {len(given)} item(s)"
+                )
+            return given
+        raise InputError(
+            f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__} "
+            "(build one: SamplingParams(max_tokens=..., temperature=...))"
+        )
+
+    def _batch(self, prompts) -> list:
+        if isinstance(prompts, bytes | bytearray):
+            raise InputError(
+                "prompts is bytes: give text (str), token ids (a list of ints) or a list of them"
+            )
+        batch = [prompts] if _single(prompts) else list(prompts)
+        if not batch:
+            raise InputError("prompts is empty: give a prompt or a list of prompts")
+        return batch
+
+    def _ids_of(self, prompt, index: int) -> list[int]:
+        if isinstance(prompt, Mapping):  # vLLM's TextPrompt / TokensPrompt
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise InputError(
+                    f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {prompt!r:.80}"
+                )
+        if isinstance(prompt, str):
+            if self.tokenizer.missing is not None:
+                raise InputError(
+                    f"{self.tokenizer.missing} has no tokenizer.json: give prompts as token ids"
+                )
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, bytes | bytearray) or not _ids(prompt):
+            raise InputError(
+                f"prompt {index} must be text (str) or token ids (ints), got "
+                f"{type(prompt).__name__}: {prompt!r:.60}"
+            )
+        return [int(t) for t in prompt]
+
+    def _chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            try:
+                self._template = ChatTemplate(self.folder)
+            except ValueError as e:
+                raise InputError(
+                    f"{self.folder} has no chat template (chat_template.jinja or "
+                    "tokenizer_config.json's 'chat_template'): use generate()"
+                ) from e
+        return self._template
 
     @contextlib.contextmanager
     def _call(self):
@@ -144,9 +360,19 @@ class LLM:
                 self.engine.flush()
                 self._holder = None
 
-    def summary(self) -> dict:
-        """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
-        return summary(self.engine)
+    def _add(self, ids: list[list[int]], params: list[SamplingParams], samples: list) -> None:
+        """Queue every prompt's samples into `samples` (the ones queued before an error stay
+        there, for the call to abort)."""
+        for i, (prompt, p) in enumerate(zip(ids, params)):
+            if p.stop and self.tokenizer.missing is not None:
+                raise InputError(f"stop strings {p.stop!r} need the checkpoint's tokenizer.json")
+            if not p.ignore_eos and self.stop_token_ids:
+                stops = tuple(dict.fromkeys(p.stop_token_ids + self.stop_token_ids))
+                p = dataclasses.replace(p, stop_token_ids=stops)
+            keep = p.prompt_logprobs is not None
+            samples += add_samples(
+                self.engine, prompt, p, i, self.tokenizer.decode, keep_logits=keep
+            )
 
     def _stop_strings(self, samples: list[SampleStream]) -> None:
         """End the samples whose output now holds a stop string."""
@@ -164,6 +390,9 @@ class LLM:
             raise RuntimeError("the engine went idle with requests unfinished")
         return True
 
+    def _prompt_done(self, samples, index: int) -> bool:
+        return all(self.engine.requests[x.rid].done for x in samples if x.index == index)
+
     def _new_events(self, x: SampleStream):
         req = self.engine.requests[x.rid]
         for e in x.new_events(req, self.tokenizer.decode):
@@ -172,47 +401,75 @@ class LLM:
             x.seen = -1  # an aborted request with no token: one event saying why
             yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
 
-    def _add(self, prompts, sampling: SamplingParams | None, samples: list) -> None:
-        """Queue every prompt's samples into `samples` (the ones queued before an error stay
-        there, for the call to abort)."""
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InputError(
-                f"sampling must be a SamplingParams, got {type(sampling).__name__} (build one: "
-                "SamplingParams(max_tokens=..., temperature=...))"
-            )
-        batch = [prompts] if _single(prompts) else list(prompts)
-        if not batch:
-            raise InputError("prompts is empty: give a prompt or a list of prompts")
-        params = sampling or SamplingParams()
-        if self.stop_token_ids:
-            stops = tuple(dict.fromkeys(params.stop_token_ids + self.stop_token_ids))
-            params = dataclasses.replace(params, stop_token_ids=stops)
-        if params.stop and self.tokenizer.missing is not None:
-            raise InputError(f"stop strings {params.stop!r} need the checkpoint's tokenizer.json")
-        for i, p in enumerate(batch):
-            if not isinstance(p, str) and (isinstance(p, bytes | bytearray) or not _ids(p)):
-                raise InputError(
-                    f"prompt {i} must be text (str) or token ids (ints), got "
-                    f"{type(p).__name__}: {p!r:.60}"
-                )
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        for index, prompt in enumerate(ids):
-            samples += add_samples(self.engine, prompt, params, index, self.tokenizer.decode)
-
-    def _output(self, x: SampleStream) -> CompletionOutput:
-        req = self.engine.requests[x.rid]
-        out = x.tokens(req)
-        return CompletionOutput(
-            index=x.index,
-            prompt_token_ids=list(req.prompt),
-            token_ids=list(out),
-            text=x.text(req, self.tokenizer.decode),
-            logprobs=list(req.logprobs[: len(out)]),
-            finish_reason=req.finish_reason,
-            cached_tokens=req.cached_tokens,
-            sample=x.sample,
-            top_logprobs=list(req.top_logprobs[: len(out)]) if req.params.logprobs else None,
+    def _request_output(self, text, index: int, samples) -> RequestOutput:
+        mine = [x for x in samples if x.index == index]
+        reqs = [self.engine.requests[x.rid] for x in mine]
+        first = reqs[0]
+        prompt_lps = None
+        if first.params.prompt_logprobs is not None:
+            chosen, tops = prompt_logprobs(first, first.params.prompt_logprobs)
+            prompt_lps = [
+                None if c is None else {first.prompt[i]: c, **(tops[i] or {})}
+                for i, c in enumerate(chosen)
+            ]
+        self._ids += 1
+        return RequestOutput(
+            request_id=str(self._ids - 1),
+            prompt=text,
+            prompt_token_ids=list(first.prompt),
+            prompt_logprobs=prompt_lps,
+            outputs=[self._completion(x, req) for x, req in zip(mine, reqs)],
+            finished=all(r.done for r in reqs),
+            num_cached_tokens=first.cached_tokens,
         )
+
+    def _completion(self, x: SampleStream, req) -> CompletionOutput:
+        out = x.tokens(req)
+        lps = [float(v) for v in req.logprobs[: len(out)]]
+        tops = None
+        if req.params.logprobs:
+            tops = [{t: lp, **top} for t, lp, top in zip(out, lps, req.top_logprobs)]
+        reason, stop = _finish(req, x, self.stop_token_ids)
+        return CompletionOutput(
+            index=x.sample,
+            text=x.text(req, self.tokenizer.decode),
+            token_ids=list(out),
+            cumulative_logprob=math.fsum(lps),
+            logprobs=tops,
+            finish_reason=reason,
+            stop_reason=stop,
+            token_logprobs=lps,
+        )
+
+
+def _finish(req, x: SampleStream, eos: tuple[int, ...]) -> tuple[str, int | str | None]:
+    """vLLM's (finish_reason, stop_reason) of a finished request."""
+    reason = req.finish_reason or ""
+    if reason == "length":
+        return "length", None
+    if reason == "stop":
+        if x.watch.matched is not None:
+            return "stop", x.watch.matched
+        last = req.output[-1] if req.output else None
+        own = last is not None and last not in eos
+        return "stop", last if own else None
+    return "abort", reason.removeprefix("abort: ")
+
+
+def _conversations(messages) -> list[list[Mapping]]:
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise InputError(
+            "messages must be a conversation (a list of message dicts) or a list of them"
+        )
+    if all(isinstance(m, Mapping) for m in messages):
+        return [list(messages)]
+    if all(
+        isinstance(c, Sequence) and c and all(isinstance(m, Mapping) for m in c) for c in messages
+    ):
+        return [list(c) for c in messages]
+    raise InputError(
+        "messages must be a conversation (a list of {'role', 'content'} dicts) or a list of them"
+    )
 
 
 def _ids(prompt) -> bool:
@@ -223,13 +480,13 @@ def _ids(prompt) -> bool:
 
 
 def _single(prompts) -> bool:
-    """One prompt (text, or a flat sequence of ids) rather than a list of prompts."""
-    if isinstance(prompts, str):
+    """One prompt (text, a flat sequence of ids, a prompt dict) rather than a list of them."""
+    if isinstance(prompts, str | Mapping):
         return True
-    if isinstance(prompts, bytes | bytearray):
-        raise InputError(
-            "prompts is bytes: give text (str), token ids (a list of ints) or a list of them"
-        )
     if not isinstance(prompts, Sequence) and not hasattr(prompts, "__array__"):
-        raise InputError(f"prompts must be text, token ids or a list of them, got {prompts!r}")
-    return len(prompts) > 0 and not hasattr(prompts[0], "__len__")
+        raise InputError(f"prompts must be text, token ids or a list of them, got {prompts!r:.60}")
+    return (
+        len(prompts) > 0
+        and not hasattr(prompts[0], "__len__")
+        and not isinstance(prompts[0], Mapping)
+    )

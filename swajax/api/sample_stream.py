@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import numpy as np
+
 from swajax.api.stop_strings import StopWatch
 from swajax.serving.request import Request
 
@@ -83,3 +85,20 @@ def add_samples(
             engine.abort(x.rid)
         raise
     return samples
+
+
+def prompt_logprobs(req, top: int):
+    """(logprob of each prompt token given the ones before, None for the first; and the top-N
+    {token: logprob} at each position) from the request's kept logits, which it then drops."""
+    logits = np.asarray(req.logits[: len(req.prompt)], np.float64)
+    req.logits.clear()  # a vocabulary row per position: not kept past this
+    if len(logits) < len(req.prompt):  # ended before its prompt was computed (aborted)
+        return [None] * len(req.prompt), [None] * len(req.prompt)
+    logits -= logits.max(axis=-1, keepdims=True)
+    lp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    chosen = [None] + [float(lp[i - 1, t]) for i, t in enumerate(req.prompt) if i > 0]
+    tops = [None]
+    for i in range(1, len(req.prompt)):
+        order = np.argsort(-lp[i - 1])[:top]
+        tops.append({int(t): float(lp[i - 1, t]) for t in order} if top else None)
+    return chosen, tops

@@ -19,6 +19,7 @@ class StopWatch:
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.searched = 0  # text before this offset holds no stop string
         self.cut: tuple[int, str] | None = None  # (tokens kept, text) once a stop matched
+        self.matched: str | None = None  # the stop string that matched
 
     def check(self, output: list[int]) -> bool:
         """Whether a stop string has now appeared in the decoded `output` (sets `cut`)."""
@@ -41,6 +42,7 @@ class StopWatch:
             if any(self.decode(output[:m]).find(s, at) == at for s in self.stops)
         )
         self.cut = (kept, text[:at])
+        self.matched = next(s for s in self.stops if text.find(s, at) == at)
         return True
 
     def visible(self, text: str, done: bool) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -9,7 +10,7 @@ import sys
 import numpy as np
 
 from swajax.api import LLM, EngineSpec, load_model, make_engine, teacher_forced_logits
-from swajax.api.engine_spec import KV_DTYPE, tensor_mesh
+from swajax.api.engine_spec import KV_DTYPE, SPEC_OPTIONS, tensor_mesh
 from swajax.cli import args as args_lib
 from swajax.cli.cluster_args import add_cluster_args
 from swajax.cluster import is_leader
@@ -68,12 +69,14 @@ def engine_fields(args) -> dict:
     """The engine's settings from the flags: `EngineSpec` and `EngineOptions` fields."""
     return dict(
         kv_budget_gib=args.kv_budget_gib,
-        max_context=args.max_context,
-        max_running=args.max_running,
-        ratio=args.ratio,
+        mem_fraction=args.mem_fraction_static,
+        chunk_size=args.chunked_prefill_size,
+        max_context=args.context_length,
+        max_running=args.max_running_requests,
+        ratio=args.swa_full_tokens_ratio,
         page_size=args.page_size,
-        hybrid_memory=not args.disable_hybrid_memory,
-        prefix_cache=not args.no_prefix_cache,
+        hybrid_memory=not args.disable_hybrid_swa_memory,
+        prefix_cache=not args.disable_radix_cache,
         cache_policy=args.cache_policy,
         tail_rebuild=args.tail_rebuild,
         num_speculative_tokens=_speculative_tokens(args),
@@ -81,9 +84,9 @@ def engine_fields(args) -> dict:
         **({"decode_steps": args.decode_steps} if getattr(args, "decode_steps", None) else {}),
         attention=args.attention,
         scan_layers=not args.unroll_layers,
-        tensor_parallel=args.tensor_parallel,
+        tensor_parallel=args.tp_size,
         dtype=args.dtype,
-        kv_dtype=args.kv_dtype,
+        kv_dtype=args.kv_cache_dtype,
         host_cache_gib=args.host_cache_gib,
     )
 
@@ -120,57 +123,61 @@ def _finite(values: list[float]) -> list[float | None]:
 
 
 def run_generate(args) -> int:
-    fields = engine_fields(args)
-    del fields["dtype"]
-    if args.draft_model is None:
-        del fields["num_speculative_tokens"]
-    llm = LLM(
+    llm = LLM.from_spec(
         args.model,
-        dtype=args.dtype,
-        chat=args.chat,
-        ignore_eos=args.ignore_eos,
+        _spec(args),
+        revision=args.revision,
+        generation_config=args.generation_config,
         draft_model=args.draft_model,
         dequantize_weights=args.dequantize_weights,
-        **fields,
     )
     prompts = _prompts(args, llm.tokenizer)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
+    given = dict(
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
+    )
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
         stop=tuple(args.stop or ()),
         n=args.n,
         logprobs=args.logprobs,
+        ignore_eos=args.ignore_eos,
+        **{k: v for k, v in given.items() if v is not None},  # unset: the checkpoint's own
     )
-    outputs = llm.generate(prompts, params)
+    if params.temperature is None and "temperature" not in llm.engine.sampling_defaults:
+        params = dataclasses.replace(params, temperature=0.0)  # the command's own default
+    if args.chat:
+        conversations = [[{"role": "user", "content": llm.tokenizer.decode(p)}] for p in prompts]
+        results = llm.chat(conversations, params)
+    else:
+        results = llm.generate(prompts, params)
+    outputs = [(i, r, o) for i, r in enumerate(results) for o in r.outputs]
     summary = llm.summary()
     if args.json:
-        for out in outputs:
+        for _, result, out in outputs:
             line = dict(
-                prompt_ids=out.prompt_token_ids,
+                prompt_ids=result.prompt_token_ids,
                 tokens=out.token_ids,
-                logprobs=_finite(out.logprobs),
+                logprobs=_finite(out.token_logprobs),
                 text=out.text,
                 finish_reason=out.finish_reason,
-                cached_tokens=out.cached_tokens,
-                sample=out.sample,
+                stop_reason=out.stop_reason,
+                cached_tokens=result.num_cached_tokens,
+                sample=out.index,
             )
-            if out.top_logprobs is not None:  # JSON keys are strings: [[id, logprob], ...]
-                line["top_logprobs"] = [
-                    [[t, v if math.isfinite(v) else None] for t, v in top.items()]
-                    for top in out.top_logprobs
-                ]
+            if out.logprobs is not None:  # JSON keys are strings: [[id, logprob], ...]
+                line["top_logprobs"] = [_top(top, args.logprobs) for top in out.logprobs]
             print(json.dumps(line, allow_nan=False))
         print(json.dumps(dict(summary=summary), allow_nan=False))
     else:
-        for out in outputs:
-            _print_output(out, len(prompts), args.n, args.show_ids)
+        for i, result, out in outputs:
+            _print_output(i, result, out, len(prompts), args.n, args.show_ids)
         print(
             f"memory: peak full {summary['peak_full_used']}/{summary['full_tokens']} tokens, "
             f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
@@ -178,19 +185,28 @@ def run_generate(args) -> int:
         )
         if args.draft_model is not None:
             print(f"speculative: {summary['draft_tokens_accepted']} draft tokens accepted")
-    return 0 if all(o.finish_reason in ("length", "stop") for o in outputs) else 1
+    return 0 if all(o.finish_reason in ("length", "stop") for _, _, o in outputs) else 1
 
 
-def _print_output(out, count: int, n: int, show_ids: bool) -> None:
+def _top(entry: dict, n: int) -> list:
+    """The n likeliest of a position's {token: logprob} (vLLM's entry adds the sampled token
+    where it is not among them), as [[id, logprob], ...] with null for a non-finite logprob."""
+    ranked = sorted(entry.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else math.inf)
+    return [[t, v if math.isfinite(v) else None] for t, v in ranked[:n]]
+
+
+def _print_output(i: int, result, out, count: int, n: int, show_ids: bool) -> None:
     """The continuation as text first (ids when there is no tokenizer), then a labelled line."""
     if count > 1 or n > 1:
-        sample = f", sample {out.sample + 1} of {n}" if n > 1 else ""
-        print(f"=== prompt {out.index + 1} of {count}{sample} ===")
+        sample = f", sample {out.index + 1} of {n}" if n > 1 else ""
+        print(f"=== prompt {i + 1} of {count}{sample} ===")
     print(out.text if out.text is not None else f"token ids: {out.token_ids}")
-    cached = f", {out.cached_tokens} from the prefix cache" if out.cached_tokens else ""
+    cached = result.num_cached_tokens
+    cached = f", {cached} from the prefix cache" if cached and out.index == 0 else ""
+    why = f" ({out.stop_reason})" if out.finish_reason == "abort" else ""
     print(
-        f"[finish: {out.finish_reason}; {len(out.token_ids)} tokens generated from "
-        f"{len(out.prompt_token_ids)} prompt tokens{cached}]"
+        f"[finish: {out.finish_reason}{why}; {len(out.token_ids)} tokens generated from "
+        f"{len(result.prompt_token_ids)} prompt tokens{cached}]"
     )
     if show_ids and out.text is not None:
         print(f"token ids: {out.token_ids}")
@@ -204,7 +220,8 @@ def run_logits(args) -> int:
         args.dtype,
         args.chat,
         dequantize_weights=args.dequantize_weights,
-        mesh=tensor_mesh(args.tensor_parallel),
+        mesh=tensor_mesh(args.tp_size),
+        revision=args.revision,
     )
     prompts = _prompts(args, tokenizer)
     if len(prompts) > 1 and not str(args.out).endswith(".npz"):
@@ -229,7 +246,12 @@ def run_logits(args) -> int:
 
 
 def add_model_args(p, prompts: bool = True) -> None:
-    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a checkpoint folder")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="'tiny' (embedded), a checkpoint folder, or a hub id in the local Hugging Face cache",
+    )
+    p.add_argument("--revision", help="with a hub id: a branch, tag or commit (default: main)")
     if prompts:
         p.add_argument("--prompt", help="text (needs the checkpoint's tokenizer.json)")
         p.add_argument("--prompt-ids", type=args_lib.token_ids, help="comma-separated ids")
@@ -252,7 +274,7 @@ def add_model_args(p, prompts: bool = True) -> None:
         help="parameters and activations (norms, softmax, routers stay float32)",
     )
     p.add_argument(
-        "--kv-dtype",
+        "--kv-cache-dtype",
         choices=(*KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
         help="KV pools (default: the same as --dtype); fp8_*: one byte per value, "
         "scaled by the checkpoint's k_scale / v_scale where it has them",
@@ -269,21 +291,31 @@ def add_model_args(p, prompts: bool = True) -> None:
         help="KV pools' bytes (default: two contexts of the model's own length, "
         "at most 32,768 tokens each and 2 GiB in all)",
     )
+    p.add_argument(
+        "--mem-fraction-static",
+        "--gpu-memory-utilization",
+        dest="mem_fraction_static",
+        type=args_lib.float_in(0.0, 1.0, lo_open=True),
+        help="instead of --kv-budget-gib: the share of the device's memory (the host's on "
+        "CPU) that weights and KV pools take together",
+    )
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument(
-        "--max-context",
+        "--context-length",
+        "--max-model-len",
+        dest="context_length",
         type=args_lib.int_at_least(1, 1 << 24),
         help="longest prompt + new tokens of a request (default: the checkpoint's "
         "max_position_embeddings, capped by what the pools hold)",
     )
     p.add_argument(
-        "--max-running",
+        "--max-running-requests",
         type=args_lib.int_at_least(1, 4096),
         default=16,
         help="requests decoded together",
     )
     p.add_argument(
-        "--ratio",
+        "--swa-full-tokens-ratio",
         type=args_lib.RATIO,
         default=None,
         help="SWA / full, in (0, 1] (default 0.5; DeepSeek-V4: 0.1)",
@@ -294,12 +326,26 @@ def add_model_args(p, prompts: bool = True) -> None:
         default=None,
         help="tokens per KV page (default 4; DeepSeek-V4: 64)",
     )
-    p.add_argument("--disable-hybrid-memory", action="store_true")
-    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=args_lib.int_at_least(1, 1 << 20),
+        default=SPEC_OPTIONS.chunk_size,
+        help="prompt tokens computed per step and request (chunked prefill)",
+    )
+    p.add_argument(
+        "--disable-hybrid-swa-memory",
+        action="store_true",
+        help="one pool for every layer (no SWA pool)",
+    )
+    p.add_argument(
+        "--disable-radix-cache", action="store_true", help="share nothing between requests"
+    )
     args_lib.add_cache_policy(p)
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
     p.add_argument(
-        "--tensor-parallel",
+        "--tp-size",
+        "--tensor-parallel-size",
+        dest="tp_size",
         type=args_lib.int_at_least(1, 1 << 16),
         metavar="N",
         help="split the model's KV heads and MLPs over N devices (default: 1; "
@@ -324,17 +370,25 @@ def _add_sampling_args(p) -> None:
     p.add_argument(
         "--temperature",
         type=args_lib.TEMPERATURE,
-        default=0.0,
-        help="0: greedy (the penalties still apply)",
+        default=None,
+        help="0: greedy (the penalties still apply); default: the checkpoint's "
+        "generation_config.json, else greedy",
     )
-    p.add_argument("--top-k", type=args_lib.int_at_least(0), default=0, help="0: off")
-    p.add_argument("--top-p", type=args_lib.TOP_P, default=1.0)
-    p.add_argument("--min-p", type=args_lib.float_in(0.0, 1.0), default=0.0, help="0: off")
+    unset = "default: the checkpoint's generation_config.json, else off"
+    p.add_argument("--top-k", type=args_lib.int_at_least(0), help=f"0: off; {unset}")
+    p.add_argument("--top-p", type=args_lib.TOP_P, help=unset)
+    p.add_argument("--min-p", type=args_lib.float_in(0.0, 1.0), help=f"0: off; {unset}")
     p.add_argument(
         "--repetition-penalty",
         type=args_lib.float_in(0.0, 1e4, lo_open=True),
-        default=1.0,
-        help="transformers': prompt and output tokens; 1: off",
+        help=f"transformers': prompt and output tokens; 1: off; {unset}",
+    )
+    p.add_argument(
+        "--generation-config",
+        choices=("auto", "vllm"),
+        default="auto",
+        help="auto: sampling defaults from the checkpoint's generation_config.json; vllm: "
+        "ignore it",
     )
     for name in ("presence", "frequency"):
         p.add_argument(

@@ -57,7 +57,7 @@ def _run_record(args: argparse.Namespace) -> int:
     sizes = sizing.size_hybrid(
         cfg,
         sizing.gib_to_bytes(args.kv_budget_gib),
-        ratio=args.ratio,
+        ratio=args.swa_full_tokens_ratio,
         page_size=args.page_size,
         dtype="bf16",
         draft=args_lib.draft_config(args),
@@ -137,7 +137,7 @@ def _register_tools(sub) -> None:
     p = sub.add_parser("record", help="record allocator / prefix-cache operations of a run")
     args_lib.add_model_choice(p)
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, default=0.002)
-    p.add_argument("--ratio", type=args_lib.RATIO, default=0.3)
+    p.add_argument("--swa-full-tokens-ratio", type=args_lib.RATIO, default=0.3)
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=4)
     p.add_argument("--chunk-size", type=args_lib.POSITIVE, default=64)
     p.add_argument("--workload", choices=WORKLOADS, default="multi-turn")

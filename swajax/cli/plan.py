@@ -61,12 +61,12 @@ def run(args) -> int:
     report = capacity_report(
         cfg,
         budget,
-        ratio=sizing.resolve_ratio(cfg, args.ratio, 0.8),
+        ratio=sizing.resolve_ratio(cfg, args.swa_full_tokens_ratio, 0.8),
         page_size=sizing.resolve_page_size(cfg, args.page_size, 1),
         dtype=args.dtype,
         avg_seq_len=args.avg_seq_len,
         eviction_interval=args.eviction_interval,
-        hybrid_memory=not args.disable_hybrid_memory,
+        hybrid_memory=not args.disable_hybrid_swa_memory,
         draft=args_lib.draft_config(args),
         host_cache_gib=args.host_cache_gib,
     )
@@ -159,7 +159,7 @@ def register(sub) -> None:
         help="count quantized weights dequantized to bfloat16",
     )
     p.add_argument(
-        "--ratio",
+        "--swa-full-tokens-ratio",
         type=args_lib.RATIO,
         default=None,
         help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)",
@@ -182,7 +182,7 @@ def register(sub) -> None:
         "--eviction-interval", type=args_lib.POSITIVE, default=sizing.DEFAULT_EVICTION_INTERVAL
     )
     p.add_argument(
-        "--disable-hybrid-memory",
+        "--disable-hybrid-swa-memory",
         action="store_true",
         help="one pool for every layer (SWA layers still attend only their window)",
     )

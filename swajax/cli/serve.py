@@ -21,14 +21,18 @@ def run_serve(args) -> int:
         from swajax.server.app import make_app
     except ImportError as e:
         raise args_lib.UsageError(f"swajax serve needs {e.name}: {SERVE_EXTRA}") from None
-    from swajax.api import LLM
+    from swajax.api import LLM, EngineSpec
     from swajax.cli.generate import engine_fields
 
-    fields = engine_fields(args)
-    del fields["dtype"], fields["num_speculative_tokens"]
-    llm = LLM(args.model, dtype=args.dtype, dequantize_weights=args.dequantize_weights, **fields)
-    folder = None if args.model == "tiny" else Path(args.model)
-    name = args.served_model_name or ("tiny" if folder is None else folder.name)
+    llm = LLM.from_spec(
+        args.model,
+        EngineSpec.of(**engine_fields(args)),
+        revision=args.revision,
+        generation_config=args.generation_config,
+        dequantize_weights=args.dequantize_weights,
+    )
+    folder = None if args.model == "tiny" else llm.folder
+    name = args.served_model_name or served_name(args.model)
     api_key = args.api_key or os.environ.get("SWAJAX_API_KEY") or None
     app = make_app(
         llm,
@@ -48,6 +52,12 @@ def run_serve(args) -> int:
     server = _server_class(uvicorn)(config, app.state.loop.abort_all, name, api_key is not None)
     server.run()
     return 0
+
+
+def served_name(model: str) -> str:
+    """The model's name in the API: the hub id or "tiny" as given, a folder's own name."""
+    path = Path(model)
+    return path.name if model != "tiny" and path.is_dir() else model
 
 
 GRACE_SECONDS = 10  # after the aborts, how long a connection may take to read its answer
@@ -86,6 +96,13 @@ def register(sub) -> None:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     add_model_args(p, prompts=False)
+    p.add_argument(
+        "--generation-config",
+        choices=("auto", "vllm"),
+        default="auto",
+        help="auto: sampling defaults from the checkpoint's generation_config.json for fields a "
+        "request leaves unset; vllm: ignore it",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
         "--port",

@@ -49,7 +49,7 @@ def run(args) -> int:
         workload=args.workload,
         requests=args.requests,
         clients=args.clients,
-        ratio=sizing.resolve_ratio(cfg, args.ratio, 0.8),
+        ratio=sizing.resolve_ratio(cfg, args.swa_full_tokens_ratio, 0.8),
         page_size=sizing.resolve_page_size(cfg, args.page_size, 16),
         seed=args.seed,
         dtype=args.dtype,
@@ -92,7 +92,7 @@ def register(sub) -> None:
     p.add_argument("--kv-budget-gib", type=args_lib.BUDGET_GIB, required=True)
     p.add_argument("--host-cache-gib", type=args_lib.HOST_GIB, default=0.0)
     p.add_argument(
-        "--ratio",
+        "--swa-full-tokens-ratio",
         type=args_lib.RATIO,
         default=None,
         help="SWA / full, in (0, 1] (default 0.8; DeepSeek-V4: 0.1)",

@@ -25,8 +25,15 @@ from swajax.server import responses as out
 from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
 from swajax.server.gate import Gate
 from swajax.server.metrics import Metrics
-from swajax.server.protocol import ChatCompletionRequest, CompletionRequest, prompt_list
+from swajax.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    prompt_list,
+)
 from swajax.server.template_worker import TemplateWorker
+from swajax.version import __version__
 
 MAX_BODY_MIB = 8.0  # a million-token prompt as ids is about 7 MiB of JSON
 TOKENIZE_SECONDS = 30.0  # a body at the limit tokenizes in well under a second
@@ -50,7 +57,7 @@ def make_app(
     chat template), None for the embedded model; `api_key`: required on `/v1/*` as a bearer
     token (None: open); `max_body_mib`: the largest request body read."""
     loop = EngineLoop(llm, max_waiting=max_waiting)
-    metrics = Metrics(llm.engine, loop)
+    metrics = Metrics(llm.engine, loop, model_name)
     templates = {}
 
     @contextlib.asynccontextmanager
@@ -106,9 +113,52 @@ def make_app(
             raise InputError("the embedded model has no chat template: use /v1/completions")
         return await worker.render_async(messages)
 
+    def unknown_model(name: str | None):
+        """A request naming another model is refused, as OpenAI's and vLLM's servers do."""
+        if name is None or name == model_name:
+            return None
+        return error(
+            404,
+            f"the model {name!r} does not exist; this server serves {model_name!r}",
+            param="model",
+        )
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest):
+        if (refused := unknown_model(body.model)) is not None:
+            return refused
+        try:
+            if (body.prompt is None) == (body.messages is None):
+                raise InputError("give one of 'prompt' or 'messages'")
+            if body.messages is not None:
+                text = await render([m.model_dump(exclude_none=True) for m in body.messages])
+                ids = await asyncio.to_thread(llm.tokenizer.encode_rendered, text)
+            elif body.add_special_tokens:
+                (ids,) = await tokenize([body.prompt])
+            else:
+                ids = await asyncio.to_thread(llm.tokenizer.encode_rendered, body.prompt)
+        except (InputError, ValueError) as e:
+            return error(400, str(e))
+        limit = llm.engine.options.max_context
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        if (refused := unknown_model(body.model)) is not None:
+            return refused
+        vocab = llm.engine.model.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            return error(400, f"tokens: {bad[0]} is outside the vocabulary [0, {vocab})")
+        return {"prompt": await asyncio.to_thread(llm.tokenizer.decode, body.tokens)}
 
     @app.get("/v1/models")
     async def models():
@@ -123,6 +173,8 @@ def make_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        if (refused := unknown_model(body.model)) is not None:
+            return refused
         try:
             if body.max_tokens == 0 and not body.echo:
                 raise InputError("max_tokens: 0 generates nothing; it is allowed only with echo")
@@ -138,6 +190,8 @@ def make_app(
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
+        if (refused := unknown_model(body.model)) is not None:
+            return refused
         try:
             text = await render([m.model_dump(exclude_none=True) for m in body.messages])
             max_tokens = body.max_completion_tokens or body.max_tokens or 256

@@ -17,9 +17,7 @@ import logging
 import threading
 import time
 
-import numpy as np
-
-from swajax.api.sample_stream import SampleStream, add_samples
+from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
 from swajax.serving.sampling_params import SamplingParams
 
 LOG = logging.getLogger(__name__)
@@ -52,6 +50,9 @@ class Job:
     queue: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     samples: list[SampleStream] = dataclasses.field(default_factory=list)
     ended: bool = False
+    created: float = dataclasses.field(default_factory=time.perf_counter)
+    # Per sample: when its last token was handed out (the metrics' time between tokens).
+    last_token_at: dict = dataclasses.field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -74,6 +75,7 @@ class EngineLoop:
         self.step_seconds = 0.0  # the last step's wall time (metrics)
         self.aborted_at_shutdown = 0
         self.steps = 0
+        self.observer = None  # request timings go here (server/metrics.py), if set
         self._thread = threading.Thread(target=self._run, name="swajax-engine", daemon=True)
 
     def start(self) -> None:
@@ -171,6 +173,8 @@ class EngineLoop:
             job.put("error", error)
             return
         self._active.append(job)
+        if self.observer is not None:
+            self.observer.admitted(sum(len(p) for p in job.prompts) * job.params.n)
         job.put("accepted")
 
     def _end(self, job: Job, reason: str) -> None:
@@ -190,9 +194,11 @@ class EngineLoop:
         if job.ended:
             return
         decode = self.llm.tokenizer.decode
+        now = time.perf_counter()
         for x in job.samples:
             events = x.new_events(self.engine.requests[x.rid], decode)
             if events:
+                self._observe_tokens(job, x, len(events), now)
                 job.put("tokens", x, events)
         if all(self.engine.requests[x.rid].done for x in job.samples):
             job.ended = True
@@ -204,21 +210,21 @@ class EngineLoop:
                 req = self.engine.requests[x.rid]
                 prompt = prompt_logprobs(req, top) if job.keep_logits else None
                 ends.append((x, req.finish_reason, prompt))
+                if self.observer is not None:
+                    self.observer.finished(now - job.created, req.finish_reason or "")
             job.put("done", ends)
 
-
-def prompt_logprobs(req, top: int):
-    """(logprob of each prompt token given the ones before, None for the first; and the top-N
-    {token: logprob} at each position) from the request's kept logits, which it then drops."""
-    logits = np.asarray(req.logits[: len(req.prompt)], np.float64)
-    req.logits.clear()  # a vocabulary row per position: not kept past this
-    if len(logits) < len(req.prompt):  # ended before its prompt was computed (aborted)
-        return [None] * len(req.prompt), [None] * len(req.prompt)
-    logits -= logits.max(axis=-1, keepdims=True)
-    lp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-    chosen = [None] + [float(lp[i - 1, t]) for i, t in enumerate(req.prompt) if i > 0]
-    tops = [None]
-    for i in range(1, len(req.prompt)):
-        order = np.argsort(-lp[i - 1])[:top]
-        tops.append({int(t): float(lp[i - 1, t]) for t in order} if top else None)
-    return chosen, tops
+    def _observe_tokens(self, job: Job, x, count: int, now: float) -> None:
+        """First token: time since submission; later ones: the time since the last hand-out,
+        shared by the tokens it brought (a multi-step round brings several)."""
+        if self.observer is None:
+            return
+        last = job.last_token_at.get(x)
+        if last is None:
+            self.observer.first_token(now - job.created)
+            self.observer.tokens(1, None)
+            if count > 1:
+                self.observer.tokens(count - 1, 0.0)
+        else:
+            self.observer.tokens(count, (now - last) / count)
+        job.last_token_at[x] = now

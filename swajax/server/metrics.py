@@ -1,27 +1,136 @@
-"""/metrics in Prometheus' text format (`prometheus-client`): the engine's state read when the
-endpoint is scraped (running / waiting requests, both pools' free tokens and what the prefix
-cache holds of them, prefix hits, SWA KV freed, tail rebuilds, a host tier's stores and
-traffic, steps and the last step's time). Read from the HTTP thread while the engine thread
-runs: each figure is current, a set of them is not one instant."""
+"""/metrics in Prometheus' text format (`prometheus-client`), in vLLM's metric set and meanings
+under the `swajax:` prefix, so dashboards built for vLLM read them with the prefix changed,
+plus the hybrid memory's own figures.
+
+Two kinds: state read from the engine when the endpoint is scraped (requests running and
+waiting, KV usage per pool, the prefix cache's holdings, counters the scheduler keeps), and
+per-request timings the engine loop reports as they happen (time to first token, time between
+tokens, end to end, prompt and generated tokens, finished requests by reason). Read from the
+HTTP thread while the engine thread runs: each figure is current, a set of them is not one
+instant. Every metric carries the served model's name as `model_name`, as vLLM's do.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+PREFIX = "swajax:"
+# vLLM's buckets for these histograms (seconds).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+# Every metric's name and type, for the dashboard test and readers of the docs.
+STATE = {
+    "num_requests_running": "gauge",
+    "num_requests_waiting": "gauge",
+    "kv_cache_usage_perc": "gauge",
+    "swa_kv_cache_usage_perc": "gauge",
+    "full_pool_free_tokens": "gauge",
+    "swa_pool_free_tokens": "gauge",
+    "full_pool_tokens": "gauge",
+    "swa_pool_tokens": "gauge",
+    "full_cached_evictable_tokens": "gauge",
+    "swa_cached_evictable_tokens": "gauge",
+    "full_cached_locked_tokens": "gauge",
+    "prefix_cache_tombstones": "gauge",
+    "prefix_cache_hits": "counter",
+    "num_preemptions": "counter",
+    "swa_freed_tokens": "counter",
+    "tail_rebuilt_tokens": "counter",
+    "engine_steps": "counter",
+    "engine_step_seconds": "gauge",
+}
+EVENTS = {
+    "prompt_tokens": "counter",
+    "generation_tokens": "counter",
+    "prefix_cache_queries": "counter",
+    "request_success": "counter",
+    "time_to_first_token_seconds": "histogram",
+    "inter_token_latency_seconds": "histogram",
+    "e2e_request_latency_seconds": "histogram",
+}
+
 
 class _EngineCollector:
-    def __init__(self, engine, loop):
-        self.engine, self.loop = engine, loop
+    def __init__(self, engine, loop, model: str):
+        self.engine, self.loop, self.model = engine, loop, model
 
     def collect(self):
         e, sched, cache = self.engine, self.engine.scheduler, self.engine.cache
         free_full, free_swa = e.ledger.available()
+        full, swa = e.sizes.full_tokens, e.sizes.swa_tokens
 
         def metric(family, name, doc, value):
-            m = family(f"swajax_{name}", doc)
-            m.add_metric([], float(value))
+            m = family(PREFIX + name, doc, labels=["model_name"])
+            m.add_metric([self.model], float(value))
             return m
 
         def gauge(name, doc, value):
@@ -30,12 +139,16 @@ class _EngineCollector:
         def counter(name, doc, value):
             return metric(CounterMetricFamily, name, doc, value)
 
-        yield gauge("requests_running", "requests holding KV", len(sched.running))
-        yield gauge("requests_waiting", "requests queued", len(sched.waiting))
+        yield gauge("num_requests_running", "requests holding KV", len(sched.running))
+        yield gauge("num_requests_waiting", "requests queued", len(sched.waiting))
+        used = 1 - free_full / full if full else 0.0
+        yield gauge("kv_cache_usage_perc", "full pool: share of tokens in use (0-1)", used)
+        used = 1 - free_swa / swa if swa else 0.0
+        yield gauge("swa_kv_cache_usage_perc", "SWA pool: share of tokens in use (0-1)", used)
         yield gauge("full_pool_free_tokens", "full pool tokens free", free_full)
         yield gauge("swa_pool_free_tokens", "SWA pool tokens free", free_swa)
-        yield gauge("full_pool_tokens", "full pool size", e.sizes.full_tokens)
-        yield gauge("swa_pool_tokens", "SWA pool size", e.sizes.swa_tokens)
+        yield gauge("full_pool_tokens", "full pool size", full)
+        yield gauge("swa_pool_tokens", "SWA pool size", swa)
         yield gauge(
             "full_cached_evictable_tokens",
             "full KV the prefix cache holds unlocked",
@@ -51,9 +164,15 @@ class _EngineCollector:
             "full KV the prefix cache holds locked",
             cache.full_protected,
         )
-        yield counter(
-            "prefix_hit_tokens", "prompt tokens served by the prefix cache", sched.hit_tokens
+        yield gauge(
+            "prefix_cache_tombstones",
+            "tree nodes whose SWA KV is gone (full KV kept)",
+            getattr(cache, "tombstones", 0),
         )
+        yield counter(
+            "prefix_cache_hits", "prompt tokens the prefix cache supplied", sched.hit_tokens
+        )
+        yield counter("num_preemptions", "requests retracted for memory", sched.retractions)
         yield counter("swa_freed_tokens", "out-of-window SWA KV given back", sched.swa_freed_tokens)
         yield counter(
             "tail_rebuilt_tokens", "tokens recomputed by SWA tail rebuilds", sched.rebuilt_tokens
@@ -73,17 +192,57 @@ class _EngineCollector:
                 yield counter(
                     f"host_loaded_{part}_tokens", f"{part} KV loaded back by hits", tier.loaded[i]
                 )
-        yield counter("retractions", "requests retracted for memory", sched.retractions)
-        yield counter("steps", "engine steps run", self.loop.steps)
-        yield gauge("step_seconds", "wall time of the last step", self.loop.step_seconds)
+        yield counter("engine_steps", "engine steps run", self.loop.steps)
+        yield gauge("engine_step_seconds", "wall time of the last step", self.loop.step_seconds)
 
 
 class Metrics:
+    """The registry /metrics renders; the engine loop reports request timings to it."""
+
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine, loop):
+    def __init__(self, engine, loop, model: str = "swajax"):
+        self.model = model
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine, loop))
+        self.registry.register(_EngineCollector(engine, loop, model))
+        labels = ["model_name"]
+
+        def counter(name, doc, extra=()):
+            return Counter(PREFIX + name, doc, [*labels, *extra], registry=self.registry)
+
+        def histogram(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+
+        self.prompt_tokens = counter("prompt_tokens", "prompt tokens of requests admitted")
+        self.generation_tokens = counter("generation_tokens", "tokens generated")
+        self.queries = counter("prefix_cache_queries", "prompt tokens looked up in the cache")
+        self.success = counter("request_success", "requests finished", ["finished_reason"])
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "submission to first token", TTFT_BUCKETS
+        )
+        self.itl = histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "submission to last token", E2E_BUCKETS)
+        loop.observer = self
+
+    # The engine loop's reports (its thread).
+
+    def admitted(self, prompt_tokens: int) -> None:
+        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        self.queries.labels(self.model).inc(prompt_tokens)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model).observe(seconds)
+
+    def tokens(self, count: int, seconds_each: float | None) -> None:
+        self.generation_tokens.labels(self.model).inc(count)
+        if seconds_each is not None:
+            for _ in range(count):
+                self.itl.labels(self.model).observe(seconds_each)
+
+    def finished(self, seconds: float, reason: str) -> None:
+        self.e2e.labels(self.model).observe(seconds)
+        kind = reason if reason in ("stop", "length") else "abort"
+        self.success.labels(self.model, kind).inc()
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()

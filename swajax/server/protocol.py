@@ -15,6 +15,13 @@ from swajax.serving.sampling_params import SamplingParams
 Stop = str | list[str] | None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False  # a last chunk with the usage (and no choices)
+    continuous_usage_stats: bool = False  # accepted; usage comes in the last chunk only
+
+
 class SamplingFields(BaseModel):
     """What both endpoints share."""
 
@@ -23,11 +30,13 @@ class SamplingFields(BaseModel):
     model: str | None = None
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
-    temperature: float = Field(1.0, ge=0.0, le=1e4)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)  # vLLM: -1 or 0 is off
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    stream_options: StreamOptions | None = None
+    # Unset (None): the checkpoint's generation_config.json, else OpenAI's / vLLM's defaults.
+    temperature: float | None = Field(None, ge=0.0, le=1e4)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # vLLM: -1 or 0 is off
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=0, lt=2**32)
@@ -42,17 +51,22 @@ class SamplingFields(BaseModel):
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
-            top_k=max(self.top_k, 0),
+            top_k=self.top_k,
             min_p=self.min_p,
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            seed=self.seed or 0,
+            seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             stop=tuple(stop),
             n=self.n,
             logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
         )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(SamplingFields):
@@ -76,7 +90,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    stream_options: dict | None = None
 
 
 def prompt_list(prompt) -> list[str | list[int]]:
@@ -89,3 +102,21 @@ def prompt_list(prompt) -> list[str | list[int]]:
     if all(isinstance(t, int) for t in prompt):
         return [list(prompt)]
     return list(prompt)
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a text prompt, or chat messages rendered with the template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[StrictInt]

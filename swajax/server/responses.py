@@ -76,6 +76,14 @@ class _Shape:
     def _head(self) -> dict:
         return dict(id=self.id, object=self.object_name, created=self.created, model=self.model)
 
+    def usage_chunks(self, message, chunk_object: str) -> list[dict]:
+        """`stream_options.include_usage`: after the last message, a chunk with the usage and
+        no choices (OpenAI's shape)."""
+        if message[0] != "done" or not self.body_in.include_usage:
+            return []
+        head = dict(self._head(), object=chunk_object)
+        return [dict(**head, choices=[], usage=self.usage())]
+
     def _piece(self, t: int) -> str:
         return self.decode([t]) or ""
 
@@ -133,7 +141,7 @@ class Completion(_Shape):
                 lp = self._logprobs([e.token_id], [e.logprob], [e.top])
             choice = dict(index=i, text=e.text or "", logprobs=lp, finish_reason=e.finish_reason)
             out.append(dict(**self._head(), choices=[choice]))
-        return out + _errors(self, message)
+        return out + _errors(self, message) + self.usage_chunks(message, self.object_name)
 
 
 class Chat(_Shape):
@@ -189,7 +197,7 @@ class Chat(_Shape):
             if self.want_logprobs:
                 lp = dict(content=[self._entry(e.token_id, e.logprob, e.top)])
             out.append(self._chunk(i, dict(content=e.text or ""), lp, e.finish_reason))
-        return out + _errors(self, message)
+        return out + _errors(self, message) + self.usage_chunks(message, "chat.completion.chunk")
 
 
 def _errors(shape: _Shape, message) -> list[dict]:

@@ -139,10 +139,13 @@ def make(tmp):
 
 CASES = [
     # plan
-    (PLAN + MIMO + ["--ratio", "0"], "--ratio: must be a number in (0.0, 1.0], got 0"),
-    (PLAN + MIMO + ["--ratio", "1.5"], "got 1.5"),
-    (PLAN + MIMO + ["--ratio", "nan"], "got nan"),
-    (PLAN + MIMO + ["--ratio", "abc"], "must be a number, got 'abc'"),
+    (
+        PLAN + MIMO + ["--swa-full-tokens-ratio", "0"],
+        "--swa-full-tokens-ratio: must be a number in (0.0, 1.0], got 0",
+    ),
+    (PLAN + MIMO + ["--swa-full-tokens-ratio", "1.5"], "got 1.5"),
+    (PLAN + MIMO + ["--swa-full-tokens-ratio", "nan"], "got nan"),
+    (PLAN + MIMO + ["--swa-full-tokens-ratio", "abc"], "must be a number, got 'abc'"),
     (["plan", *MIMO, "--kv-budget-gib", "0"], "--kv-budget-gib"),
     (["plan", *MIMO, "--kv-budget-gib", "inf"], "got inf"),
     (PLAN + MIMO + ["--page-size", "0"], "--page-size: must be an integer in [1, 65536], got 0"),
@@ -168,7 +171,7 @@ CASES = [
     (SIM + ["--plot", "{png_dir}"], "is a folder"),
     (SIM + ["--plot", "{a_dir}"], "must end in .png"),
     (SIM + ["--plot", "{no_config}/missing/x.png"], "does not exist"),
-    (SIM + ["--ratio", "0.00001"], "SWA pool"),
+    (SIM + ["--swa-full-tokens-ratio", "0.00001"], "SWA pool"),
     # generate
     (GEN + ["--prompt-ids", ""], "must be comma-separated token ids, got ''"),
     (GEN + ["--prompt-ids", "1,,2"], "got '1,,2'"),
@@ -226,9 +229,9 @@ CASES = [
     (["record", "--hf-config", "{cfg_full}", "--out", "{a_dir}/t.jsonl"], "no sliding layers"),
     # a host tier
     ([*SIM, "--host-cache-gib", "-1"], "--host-cache-gib"),
-    ([*PLAN, *MIMO, "--host-cache-gib", "1", "--disable-hybrid-memory"], "has one pool"),
+    ([*PLAN, *MIMO, "--host-cache-gib", "1", "--disable-hybrid-swa-memory"], "has one pool"),
     ([*SIM, "--host-cache-gib", "0.01", "--cache-policy", "sglang-0.5.23"], "has no host tier"),
-    ([*GEN, "--host-cache-gib", "1", "--disable-hybrid-memory"], "one pool"),
+    ([*GEN, "--host-cache-gib", "1", "--disable-hybrid-swa-memory"], "one pool"),
     # replay
     (["replay", "{no_config}/none.jsonl"], "cannot read the trace"),
     (["replay", "{t_empty}"], "the trace is empty"),

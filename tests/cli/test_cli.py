@@ -14,7 +14,7 @@ def test_plan_json_mimo_capacity_ratio(cli):
         "mimo-v2-flash",
         "--kv-budget-gib",
         "10",
-        "--ratio",
+        "--swa-full-tokens-ratio",
         "0.05",
         "--json",
         "--avg-seq-len",
@@ -66,7 +66,7 @@ def test_plan_hf_config_and_single_pool(cli, tmp_path):
         str(path),
         "--kv-budget-gib",
         "0.01",
-        "--disable-hybrid-memory",
+        "--disable-hybrid-swa-memory",
         "--json",
     )
     report = json.loads(out)
@@ -76,7 +76,17 @@ def test_plan_hf_config_and_single_pool(cli, tmp_path):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--preset", "mimo-v2-flash", "--kv-budget-gib", "10", "--ratio", "1.5"], "1.5"),
+        (
+            [
+                "--preset",
+                "mimo-v2-flash",
+                "--kv-budget-gib",
+                "10",
+                "--swa-full-tokens-ratio",
+                "1.5",
+            ],
+            "1.5",
+        ),
         (["--preset", "mimo-v2-flash", "--kv-budget-gib", "-2"], "got -2"),
         (["--preset", "no-such-model", "--kv-budget-gib", "1"], "no-such-model"),
         (["--kv-budget-gib", "1"], "--preset"),
@@ -86,7 +96,7 @@ def test_plan_hf_config_and_single_pool(cli, tmp_path):
                 "gpt-oss-20b",
                 "--kv-budget-gib",
                 "1",
-                "--ratio",
+                "--swa-full-tokens-ratio",
                 "0.004",
                 "--page-size",
                 "64",
@@ -146,7 +156,7 @@ def test_plan_with_a_draft_model(cli):
         "gpt-oss-120b",
         "--kv-budget-gib",
         "40",
-        "--ratio",
+        "--swa-full-tokens-ratio",
         "0.5",
         "--draft-preset",
         "gpt-oss-20b",

@@ -50,15 +50,15 @@ def test_launch_local_needs_a_joinable_command(cli):
 
 
 def test_tensor_parallel_beyond_the_visible_devices_is_one_line(cli):
-    code, out, err = cli("generate", "--tensor-parallel", "8", "--max-tokens", "1")
+    code, out, err = cli("generate", "--tp-size", "8", "--max-tokens", "1")
     assert code == 2 and out == ""
     assert "tensor_parallel=8 needs that many devices; 4 are visible" in err
 
 
 def test_the_demo_splits_over_two_devices(cli):
-    """`--tensor-parallel 2` on the embedded demo (2 KV heads): the same tokens as one device."""
+    """`--tp-size 2` on the embedded demo (2 KV heads): the same tokens as one device."""
     argv = ("generate", "--prompt-ids", "100,101,32,102", "--max-tokens", "4", "--json")
     _, one, _ = cli(*argv)
-    code, two, err = cli(*argv, "--tensor-parallel", "2")
+    code, two, err = cli(*argv, "--tp-size", "2")
     assert code == 0, err
     assert json.loads(two.splitlines()[0])["tokens"] == json.loads(one.splitlines()[0])["tokens"]

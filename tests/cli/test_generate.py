@@ -23,10 +23,10 @@ def test_embedded_default_generates_and_reports_memory(cli):
     "flags",
     [
         [],
-        ["--disable-hybrid-memory"],
-        ["--no-prefix-cache"],
+        ["--disable-hybrid-swa-memory"],
+        ["--disable-radix-cache"],
         ["--page-size", "1"],
-        ["--dtype", "bfloat16", "--kv-dtype", "fp32"],  # greedy survives bf16 (test_models)
+        ["--dtype", "bfloat16", "--kv-cache-dtype", "fp32"],  # greedy survives bf16 (test_models)
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
         ["--no-overlap"],
         ["--decode-steps", "1"],  # plain steps (rounds of 8 are the default)
@@ -86,7 +86,8 @@ def test_logits_match_the_fixture(cli, tmp_path):
     [
         (["--prompt", "a", "--prompt-ids", "1"], "one of"),
         (["--prompt-ids", "1,x"], "must be an integer, got 'x'"),
-        (["--model", "no/such/dir"], "checkpoint directory"),
+        (["--model", "no/such-dir"], "not in the local Hugging Face cache"),
+        (["--model", "./no/such/dir"], "a checkpoint folder or a hub id"),
         (["--max-tokens", "0"], "--max-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
         (["--num-speculative-tokens", "2"], "--num-speculative-tokens needs --draft-model"),
@@ -141,7 +142,7 @@ def test_chat_without_a_template_is_an_error(cli, tmp_path):
     code, _, err = cli("generate", "--model", folder, "--prompt", "hello", "--chat")
     assert code == 2 and "no chat template" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli("generate", "--prompt", "hello", "--chat")  # the embedded model
-    assert code == 2 and "--chat needs a checkpoint" in err
+    assert code == 2 and "no chat template" in err
 
 
 def test_a_missing_hf_extra_is_named(cli, tmp_path, monkeypatch):

@@ -103,14 +103,14 @@ def test_the_context_limit_is_the_models_and_names_its_flag(cli, tmp_path):
     folder = _long_context_demo(tmp_path, 96)
     ids = ",".join(["20"] * 100)
     code, _, err = cli("generate", "--model", folder, "--prompt-ids", ids)
-    assert code == 2 and "exceeds the context limit 96" in err and "--max-context" in err
+    assert code == 2 and "exceeds the context limit 96" in err and "--context-length" in err
     code, out, err = cli(
         "generate",
         "--model",
         folder,
         "--prompt-ids",
         ids,
-        "--max-context",
+        "--context-length",
         "110",
         "--max-tokens",
         "2",
@@ -123,13 +123,13 @@ def test_the_context_limit_is_the_models_and_names_its_flag(cli, tmp_path):
         folder,
         "--prompt-ids",
         ids,
-        "--max-context",
+        "--context-length",
         "110",
         "--max-tokens",
         "2",
         "--kv-budget-gib",
         "0.00023",
-        "--ratio",
+        "--swa-full-tokens-ratio",
         "1",
     )
     assert code == 2 and "cannot fit in the KV pools" in err and "--kv-budget-gib" in err

@@ -14,13 +14,13 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SETTINGS = [
-    "--max-running",
+    "--max-running-requests",
     "16",
     "--page-size",
     "4",
     "--kv-budget-gib",
     "0.05",
-    "--max-context",
+    "--context-length",
     "512",
     "--host-cache-gib",
     "0.05",

@@ -135,7 +135,7 @@ def test_engine_spec_decides_scanning(scan):
         str(FIXTURES / "gpt_oss"),
         "--kv-budget-gib",
         "0.01",
-        "--max-context",
+        "--context-length",
         "64",
         *([] if scan else ["--unroll-layers"]),
     ]

@@ -41,7 +41,7 @@ def test_omitted_fields_mean_what_transformers_means(family, tmp_path):
     for f in (FIXTURES / family).glob("*.safetensors"):
         shutil.copy(f, folder / f.name)
     prompt = json.loads((FIXTURES / family / "greedy.json").read_text())["prompt"]
-    llm = swajax.LLM(str(folder), max_context=64, kv_budget_gib=0.05)
+    llm = swajax.LLM(str(folder), max_model_len=64, kv_budget_gib=0.05)
     logits = teacher_forced_logits(llm.engine, prompt)
     expected = np.load(MINIMAL / family / "logits.npy")
     err = float(np.max(np.abs(logits - expected)) / np.max(np.abs(expected)))

@@ -31,7 +31,7 @@ def run(path, mesh, attention="xla"):
     )
     prompt = [5, 17, 99, 3, 42, 64, 8, 120, 33, 71, 2, 90, 15, 56, 101, 27, 88, 11, 60, 45]
     rid = engine.add_request(
-        prompt, SamplingParams(temperature=0.0, max_tokens=6), keep_logits=True
+        prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), keep_logits=True
     )
     engine.run()
     req = engine.requests[rid]
@@ -102,7 +102,9 @@ def test_a_steady_sharded_decode_compiles_nothing_new():
     sizes = sizing.solve_pool_sizes(cfg, 512, ratio=0.5, page_size=4)
     options = EngineOptions(max_running=2, max_context=128, eviction_interval=1)
     engine = engine_for(cfg, model, sizes, options)
-    engine.add_request([5, 17, 99, 3, 42], SamplingParams(temperature=0.0, max_tokens=40))
+    engine.add_request(
+        [5, 17, 99, 3, 42], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    )
     for _ in range(8):  # prefill, then the decode program and its eviction rounds
         engine.step()
     before = engine.runner.compilations()
@@ -116,18 +118,20 @@ def test_multi_step_decode_runs_under_a_mesh():
     from swajax.api import LLM
 
     prompts = [[5, 17, 99, 3, 42, 64, 8, 120, 33, 71], [9, 4, 77, 31, 100, 6]]
-    params = SamplingParams(temperature=0.0, max_tokens=12)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     runs = {}
     for split, steps in ((1, 1), (4, 4)):
         llm = LLM(
             str(FIXTURES / "gpt_oss_kv4"),
-            ignore_eos=True,
-            tensor_parallel=split,
+            tensor_parallel_size=split,
             decode_steps=steps,
-            max_running=2,
-            max_context=64,
+            max_running_requests=2,
+            max_model_len=64,
         )
-        runs[split] = ([o.token_ids for o in llm.generate(prompts, params)], llm.summary())
+        runs[split] = (
+            [o.outputs[0].token_ids for o in llm.generate(prompts, params)],
+            llm.summary(),
+        )
     assert runs[4][0] == runs[1][0]
     assert runs[4][1]["steps"] < runs[1][1]["steps"]
 
@@ -139,11 +143,17 @@ def test_speculative_decoding_runs_under_a_mesh():
     from swajax.api import LLM
 
     prompts = [[100, 101, 32, 102], [40, 41, 42]]
-    params = SamplingParams(temperature=0.0, max_tokens=10)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     runs = []
     for split in (1, 2):
-        llm = LLM("tiny", draft_model="tiny", tensor_parallel=split, max_running=2, max_context=128)
-        outs = [o.token_ids for o in llm.generate(prompts, params)]
+        llm = LLM(
+            "tiny",
+            draft_model="tiny",
+            tensor_parallel_size=split,
+            max_running_requests=2,
+            max_model_len=128,
+        )
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         runs.append((outs, llm.summary()["draft_tokens_accepted"]))
     assert runs[0] == runs[1] and runs[0][1] > 0
 

@@ -201,10 +201,10 @@ def test_launch_local_prints_process_zeros_results(tmp_path):
     from swajax.api import LLM
     from swajax.serving.sampling_params import SamplingParams
 
-    one = LLM(model, ignore_eos=True).generate(
-        [workload.A], SamplingParams(temperature=0.0, max_tokens=5)
-    )
-    assert lines[0]["tokens"] == one[0].token_ids
+    one = LLM(
+        model,
+    ).generate([workload.A], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert lines[0]["tokens"] == one[0].outputs[0].token_ids
 
 
 @pytest.mark.slow
@@ -285,10 +285,10 @@ def test_an_orbax_folder_restores_into_each_processes_shards(tmp_path):
     done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     tokens = json.loads(done.stdout.splitlines()[0])["tokens"]
-    one = LLM(str(source), ignore_eos=True).generate(
-        [workload.A], SamplingParams(temperature=0.0, max_tokens=5)
-    )
-    assert tokens == one[0].token_ids
+    one = LLM(
+        str(source),
+    ).generate([workload.A], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert tokens == one[0].outputs[0].token_ids
 
 
 def _joining(port: int, i: int, *extra: str) -> subprocess.Popen:

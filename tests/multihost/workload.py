@@ -18,34 +18,37 @@ def run(
 
     llm = LLM(
         path,
-        tensor_parallel=tensor_parallel,
+        tensor_parallel_size=tensor_parallel,
         attention=attention,
-        ignore_eos=True,
-        max_running=4,
-        max_context=64,
-        chunk_size=8,
+        max_running_requests=4,
+        max_model_len=64,
+        chunked_prefill_size=8,
         eviction_interval=1,
-        hybrid_memory=hybrid_memory,
+        disable_hybrid_swa_memory=not hybrid_memory,
     )
-    greedy = SamplingParams(temperature=0.0, max_tokens=6)
-    sampled = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, seed=3, ignore_eos=True)
     first = llm.generate([A, B], greedy) + llm.generate([B], sampled)
     # A again, longer: its cached prefix is hit (with its window live) and extended.
     second = llm.generate([A + [7, 93, 44, 12, 5]], greedy)
     # More than the pools hold at once (two 64-token contexts): requests are retracted and
     # resumed. One more request is aborted after a few steps.
     engine = llm.engine
-    doomed = engine.add_request(B[::-1], SamplingParams(temperature=0.0, max_tokens=30))
+    doomed = engine.add_request(
+        B[::-1], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    )
     for _ in range(3):
         engine.step()
     engine.abort(doomed)
-    third = llm.generate([A, B, A[::-1], B[3:]], SamplingParams(temperature=0.0, max_tokens=40))
+    third = llm.generate(
+        [A, B, A[::-1], B[3:]], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    )
     check_clean(engine)  # every request ended; both pools free once the cache is flushed
     outs = first + second + third
     return dict(
-        tokens=[o.token_ids for o in outs],
-        logprobs=[o.logprobs for o in outs],
-        cached=[o.cached_tokens for o in outs],
+        tokens=[o.outputs[0].token_ids for o in outs],
+        logprobs=[o.outputs[0].token_logprobs for o in outs],
+        cached=[o.num_cached_tokens for o in outs],
         aborted=engine.requests[doomed].finish_reason,
         retractions=llm.summary()["retractions"],
     )

@@ -9,7 +9,7 @@ from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
 
 
 def job(prompt: bytes, max_tokens: int, loop) -> Job:
-    params = swajax.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     return Job([list(prompt)], params, keep_logits=False, loop=loop)
 
 
@@ -21,7 +21,7 @@ async def finish(j: Job) -> list:
 
 
 def test_queue_bound_cancel_and_shutdown():
-    llm = swajax.LLM("tiny", ignore_eos=True, max_context=512)
+    llm = swajax.LLM("tiny", max_model_len=512)
 
     async def scenario():
         loop = asyncio.get_running_loop()

@@ -80,7 +80,7 @@ def test_lm_eval_gets_the_python_apis_loglikelihoods(server, model, tmp_path):
         timeout=600,
     )
     (samples,) = (tmp_path / "out").rglob("samples_*.jsonl")
-    llm = swajax.LLM(str(model), max_context=512)
+    llm = swajax.LLM(str(model), max_model_len=512)
     checked = 0
     for line in samples.read_text().splitlines():
         sample = json.loads(line)

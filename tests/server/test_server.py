@@ -22,7 +22,9 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def llm(model):
-    return swajax.LLM(str(model), max_running=16, page_size=4, kv_budget_gib=0.05, max_context=512)
+    return swajax.LLM(
+        str(model), max_running_requests=16, page_size=4, kv_budget_gib=0.05, max_model_len=512
+    )
 
 
 def client(base):
@@ -33,15 +35,16 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n"]
 
 
 def test_completions_equal_the_python_api(server, llm):
-    expected = llm.generate(
+    results = llm.generate(
         PROMPTS, swajax.SamplingParams(temperature=0.0, max_tokens=12, logprobs=2)
     )
+    expected = [r.outputs[0] for r in results]
     got = client(server).completions.create(
         model="demo", prompt=PROMPTS, max_tokens=12, temperature=0, logprobs=2
     )
     assert [c.text for c in got.choices] == [e.text for e in expected]
     for c, e in zip(got.choices, expected):
-        np.testing.assert_allclose(c.logprobs.token_logprobs, e.logprobs, atol=1e-5)
+        np.testing.assert_allclose(c.logprobs.token_logprobs, e.token_logprobs, atol=1e-5)
         assert c.finish_reason == "length"
     assert got.usage.completion_tokens == 24
     stream = client(server).completions.create(
@@ -50,12 +53,14 @@ def test_completions_equal_the_python_api(server, llm):
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == expected[0].text
     lps = [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs]
-    np.testing.assert_allclose(lps, expected[0].logprobs, atol=1e-5)
+    np.testing.assert_allclose(lps, expected[0].token_logprobs, atol=1e-5)
 
 
 def test_sampling_options_reach_the_engine(server, llm):
     params = dict(temperature=0.9, top_p=0.9, seed=4, stop=["\n\n"], presence_penalty=0.5)
-    (expected,) = llm.generate(PROMPTS[0], swajax.SamplingParams(max_tokens=40, **params))
+    (expected,) = llm.generate(PROMPTS[0], swajax.SamplingParams(max_tokens=40, **params))[
+        0
+    ].outputs
     got = client(server).completions.create(
         model="demo",
         prompt=PROMPTS[0],
@@ -84,11 +89,12 @@ def test_echo_gives_the_prompt_logprobs(server, llm):
 
 def test_chat_uses_the_template(server, model):
     chat_llm = swajax.LLM(
-        str(model), chat=True, max_running=16, page_size=4, kv_budget_gib=0.05, max_context=512
+        str(model), max_running_requests=16, page_size=4, kv_budget_gib=0.05, max_model_len=512
     )
-    (expected,) = chat_llm.generate(
-        "write a loop", swajax.SamplingParams(temperature=0.0, max_tokens=10)
-    )
+    (expected,) = chat_llm.chat(
+        [{"role": "user", "content": "write a loop"}],
+        swajax.SamplingParams(temperature=0.0, max_tokens=10),
+    )[0].outputs
     got = client(server).chat.completions.create(
         model="demo",
         messages=[{"role": "user", "content": "write a loop"}],
@@ -99,7 +105,7 @@ def test_chat_uses_the_template(server, model):
     )
     assert got.choices[0].message.content == expected.text
     np.testing.assert_allclose(
-        [t.logprob for t in got.choices[0].logprobs.content], expected.logprobs, atol=1e-5
+        [t.logprob for t in got.choices[0].logprobs.content], expected.token_logprobs, atol=1e-5
     )
     stream = client(server).chat.completions.create(
         model="demo",
@@ -113,7 +119,8 @@ def test_chat_uses_the_template(server, model):
 
 def metrics(base) -> dict[str, float]:
     text = http(f"{base}/metrics")[1]
-    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
+    families = text_string_to_metric_families(text)
+    return {f.name.removeprefix("swajax:"): f.samples[0].value for f in families}
 
 
 def test_concurrent_streams_and_disconnects_leave_the_pools_free(server):
@@ -145,15 +152,12 @@ def test_concurrent_streams_and_disconnects_leave_the_pools_free(server):
     deadline = time.time() + 30
     while time.time() < deadline:
         m = metrics(server)
-        if m["swajax_requests_running"] == 0 and m["swajax_requests_waiting"] == 0:
+        if m["num_requests_running"] == 0 and m["num_requests_waiting"] == 0:
             break
         time.sleep(0.2)
-    assert m["swajax_requests_running"] == 0 and m["swajax_full_cached_locked_tokens"] == 0
+    assert m["num_requests_running"] == 0 and m["full_cached_locked_tokens"] == 0
     # Everything not free is the prefix cache's, unlocked: nothing leaked, nothing held.
-    assert (
-        m["swajax_full_pool_free_tokens"] + m["swajax_full_cached_evictable_tokens"]
-        == (m["swajax_full_pool_tokens"])
-    )
+    assert m["full_pool_free_tokens"] + m["full_cached_evictable_tokens"] == (m["full_pool_tokens"])
 
 
 @pytest.mark.parametrize(
@@ -183,5 +187,5 @@ def test_models_health_and_metrics(server):
     assert json.loads(http(f"{server}/health")[1]) == {"status": "ok"}
     assert json.loads(http(f"{server}/v1/models")[1])["data"][0]["id"] == "demo"
     m = metrics(server)
-    assert m["swajax_full_pool_tokens"] > 0 and "swajax_prefix_hit_tokens" in m
-    assert m["swajax_host_full_tokens"] > 0 and "swajax_host_loaded_full_tokens" in m
+    assert m["full_pool_tokens"] > 0 and "prefix_cache_hits" in m
+    assert m["host_full_tokens"] > 0 and "host_loaded_full_tokens" in m
