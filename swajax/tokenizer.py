@@ -4,6 +4,7 @@ chat template (through `jinja2`); bytes for the embedded model. Both packages co
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -90,9 +91,56 @@ class Tokenizer:
             return self.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def incremental(self) -> IncrementalDecoder | None:
+        """A decoder fed one token at a time that returns the text each adds, in time linear
+        in the output (None where `decode` gives None: no tokenizer.json)."""
+        if self.hf is not None:
+            return IncrementalDecoder(self.hf, None)
+        if self.missing is not None:
+            return None
+        return IncrementalDecoder(None, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
     def decode(self, ids: list[int]) -> str | None:
         if self.hf is not None:
             return self.hf.decode(ids)
         if self.missing is not None:
             return None
         return bytes(ids).decode("utf-8", errors="replace")
+
+
+class IncrementalDecoder:
+    """Text added by each new token: `tokenizers`' DecodeStream for a tokenizer.json (which
+    holds back the bytes of an unfinished character instead of showing U+FFFD), an incremental
+    UTF-8 decoder for the embedded model's bytes. A character still unfinished at the end is
+    left out; the whole decode of the output is the final text. Where a sequence is not valid
+    text (bytes that never form a character), DecodeStream refuses to go on; the decoder then
+    re-decodes the whole output per token, handing out only text that extends what it gave."""
+
+    def __init__(self, hf, utf8):
+        self.hf, self.utf8 = hf, utf8
+        self.ids: list[int] = []
+        self.given = ""
+        self.stream = None
+        if hf is not None:
+            from tokenizers.decoders import DecodeStream
+
+            # tokenizers' decode() drops special tokens by default; the stream does the same.
+            self.stream = DecodeStream(skip_special_tokens=True)
+
+    def push(self, token: int) -> str:
+        if self.hf is None:
+            return self.utf8.decode(bytes([token]))
+        self.ids.append(token)
+        if self.stream is not None:
+            try:
+                piece = self.stream.step(self.hf, token) or ""
+                self.given += piece
+                return piece
+            except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception here
+                self.stream = None
+        text = self.hf.decode(self.ids)
+        if not text.startswith(self.given):
+            return ""
+        piece = text[len(self.given) :].rstrip("\ufffd")
+        self.given += piece
+        return piece

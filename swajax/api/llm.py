@@ -370,15 +370,13 @@ class LLM:
                 stops = tuple(dict.fromkeys(p.stop_token_ids + self.stop_token_ids))
                 p = dataclasses.replace(p, stop_token_ids=stops)
             keep = p.prompt_logprobs is not None
-            samples += add_samples(
-                self.engine, prompt, p, i, self.tokenizer.decode, keep_logits=keep
-            )
+            samples += add_samples(self.engine, prompt, p, i, self.tokenizer, keep_logits=keep)
 
     def _stop_strings(self, samples: list[SampleStream]) -> None:
         """End the samples whose output now holds a stop string."""
         for x in samples:
             req = self.engine.requests[x.rid]
-            if not req.done and x.watch.check(req.output):
+            if not req.done and x.stopped(req):
                 self.engine.stop(x.rid)
 
     def _step(self, samples: list[SampleStream]) -> bool:

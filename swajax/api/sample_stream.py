@@ -32,6 +32,9 @@ class SampleStream:
     prompt_len: int = 0
     seen: int = 0  # tokens handed out
     shown: str = ""  # text handed out
+    decoder: object = None  # IncrementalDecoder (None: no text)
+    decoded: str = ""  # the text of the first `len(ends)` output tokens
+    ends: list[int] = dataclasses.field(default_factory=list)  # len(decoded) after each token
 
     def tokens(self, req: Request) -> list[int]:
         """The output, up to the token that completed a stop string (if one did)."""
@@ -40,17 +43,37 @@ class SampleStream:
     def text(self, req: Request, decode) -> str | None:
         return decode(self.tokens(req)) if self.watch.cut is None else self.watch.cut[1]
 
+    def feed(self, output: list[int]) -> None:
+        """Decode the output tokens not decoded yet (each once: linear in the output)."""
+        if self.decoder is None:
+            return
+        for token in output[len(self.ends) :]:
+            self.decoded += self.decoder.push(token)
+            self.ends.append(len(self.decoded))
+
+    def stopped(self, req: Request) -> bool:
+        """Whether the output now holds a stop string (then `watch.cut` says where)."""
+        if not self.watch.stops or self.watch.cut is not None:
+            return self.watch.cut is not None
+        self.feed(req.output)
+        return self.watch.check(req.output, self.decoded, self.ends)
+
     def new_events(self, req: Request, decode) -> list[TokenEvent]:
         """The tokens generated since the last call, with the text each adds (text that could
-        still become a stop string is held back until the request decides it)."""
+        still become a stop string is held back until the request decides it). The last
+        event's text completes the whole decode of the output."""
         out, events = self.tokens(req), []
+        self.feed(out)
         while self.seen < len(out):
             i = self.seen
             self.seen += 1
             last = self.seen == len(out) and req.done
-            text = decode(out[: self.seen])
             delta = None
-            if text is not None:
+            if self.decoder is not None:
+                text = self.decoded[: self.ends[i]]
+                if last:  # the whole decode completes the text, where it extends it (a text
+                    whole = self.text(req, decode)  # cut mid-character may decode otherwise)
+                    text = whole if whole.startswith(self.shown) else text
                 shown = self.watch.visible(text, last)
                 delta, self.shown = shown[len(self.shown) :], shown
             top = req.top_logprobs[i] if i < len(req.top_logprobs) else None
@@ -61,7 +84,7 @@ class SampleStream:
 
 
 def add_samples(
-    engine, prompt: list[int], params, index: int, decode, keep_logits: bool = False
+    engine, prompt: list[int], params, index: int, tokenizer, keep_logits: bool = False
 ) -> list[SampleStream]:
     """Queue `params.n` samples of `prompt` (the first computes the prompt, the others follow
     it to take its KV from the prefix cache); each draws with its own seed. `keep_logits`: every
@@ -78,8 +101,9 @@ def add_samples(
                 prompt, seeded, follows=lead, keep_logits=keep_logits, cache_hits=not keep_logits
             )
             lead = rid if lead is None else lead
-            watch = StopWatch(decode, params.stop)
-            samples.append(SampleStream(index, i, rid, watch, len(prompt)))
+            watch = StopWatch(params.stop)
+            decoder = tokenizer.incremental()
+            samples.append(SampleStream(index, i, rid, watch, len(prompt), decoder=decoder))
     except Exception:
         for x in samples:
             engine.abort(x.rid)

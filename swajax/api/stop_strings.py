@@ -14,35 +14,31 @@ from __future__ import annotations
 class StopWatch:
     """One request's stop strings over its growing output."""
 
-    def __init__(self, decode, stops: tuple[str, ...]):
-        self.decode, self.stops = decode, stops
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.searched = 0  # text before this offset holds no stop string
         self.cut: tuple[int, str] | None = None  # (tokens kept, text) once a stop matched
         self.matched: str | None = None  # the stop string that matched
 
-    def check(self, output: list[int]) -> bool:
-        """Whether a stop string has now appeared in the decoded `output` (sets `cut`)."""
+    def check(self, output: list[int], text: str, ends: list[int]) -> bool:
+        """Whether a stop string has now appeared in `text` (the decoded `output`; `ends[m-1]`:
+        the length of the text of its first m tokens); sets `cut`."""
         if self.cut is not None:
             return True
         if not self.stops or not output:
             return False
-        text = self.decode(output)
         start = max(0, self.searched - self.hold)
-        found = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        found = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
         self.searched = len(text)
         if not found:
             return False
-        at = min(found)
-        # The fewest tokens whose text reaches past the start of the stop string that matched
-        # first: later tokens only add to the text (decoding is prefix-stable at a token).
-        kept = next(
-            m
-            for m in range(1, len(output) + 1)
-            if any(self.decode(output[:m]).find(s, at) == at for s in self.stops)
-        )
+        at, matched = min(found)
+        # The fewest tokens whose text holds the whole stop string that matched first: later
+        # tokens only add to the text (decoding is prefix-stable at a token).
+        kept = next(m for m in range(1, len(output) + 1) if ends[m - 1] >= at + len(matched))
         self.cut = (kept, text[:at])
-        self.matched = next(s for s in self.stops if text.find(s, at) == at)
+        self.matched = matched
         return True
 
     def visible(self, text: str, done: bool) -> str:

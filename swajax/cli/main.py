@@ -188,8 +188,27 @@ def build_parser() -> argparse.ArgumentParser:
     _register_tools(sub)
     conformance.register(sub)
     launch_local.register(sub)
+    for command in sub.choices.values():  # the global flags after the command too
+        _global_flags(command)
     args_lib.fill_help(parser)
     return parser
+
+
+def _global_flags(p: argparse.ArgumentParser) -> None:
+    """-v / -q / --debug on a command's own parser, set only when given there (so `swajax -v
+    generate` and `swajax generate -v` mean the same)."""
+    taken = {s for action in p._actions for s in action.option_strings}
+    quiet = argparse.SUPPRESS
+    if not {"-v", "--verbose"} & taken:
+        p.add_argument(
+            "-v", "--verbose", action="count", default=quiet, help="as before the command"
+        )
+    if not {"-q", "--quiet"} & taken:
+        p.add_argument(
+            "-q", "--quiet", action="store_true", default=quiet, help="as before the command"
+        )
+    if "--debug" not in taken:
+        p.add_argument("--debug", action="store_true", default=quiet, help="as before the command")
 
 
 class _Stderr(logging.StreamHandler):

@@ -161,11 +161,11 @@ class EngineLoop:
             self.steps += 1
 
     def _start(self, job: Job) -> None:
-        decode = self.llm.tokenizer.decode
+        tokenizer = self.llm.tokenizer
         try:
             for index, prompt in enumerate(job.prompts):
                 job.samples += add_samples(
-                    self.engine, prompt, job.params, index, decode, keep_logits=job.keep_logits
+                    self.engine, prompt, job.params, index, tokenizer, keep_logits=job.keep_logits
                 )
         except Exception as error:  # noqa: BLE001 - bad input: the client's 400
             for x in job.samples:
@@ -186,7 +186,7 @@ class EngineLoop:
         for job in list(self._active):
             for x in job.samples:
                 req = self.engine.requests[x.rid]
-                if not req.done and x.watch.check(req.output):
+                if not req.done and x.stopped(req):
                     self.engine.stop(x.rid)
             self._publish_job(job)
 

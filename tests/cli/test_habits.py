@@ -23,7 +23,7 @@ def test_every_option_has_help_and_shows_its_default():
     assert not undocumented
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = " ".join(sub.choices["generate"].format_help().split())
-    assert "'tiny' (embedded) or a checkpoint folder (default: tiny)" in text
+    assert "a hub id in the local Hugging Face cache (default: tiny)" in text
 
 
 def test_logging_levels(cli):

@@ -189,3 +189,67 @@ def test_models_health_and_metrics(server):
     m = metrics(server)
     assert m["full_pool_tokens"] > 0 and "prefix_cache_hits" in m
     assert m["host_full_tokens"] > 0 and "host_loaded_full_tokens" in m
+
+
+def test_usage_in_every_response_and_at_the_end_of_streams(server):
+    api = client(server)
+    for stream in (
+        api.completions.create(
+            model="demo",
+            prompt="def f(x):",
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+        api.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+    ):
+        chunks = list(stream)
+        *body, last = chunks
+        assert last.choices == [] and last.usage.completion_tokens == 5
+        assert last.usage.total_tokens == last.usage.prompt_tokens + 5 > 5
+        assert all(c.usage is None for c in body)
+    got = api.completions.create(model="demo", prompt="def f(x):", max_tokens=3, temperature=0)
+    assert got.usage.completion_tokens == 3
+
+
+def test_tokenize_detokenize_version_and_the_model_name(server):
+    status, text = http(f"{server}/tokenize", {"prompt": "def f():"})
+    body = json.loads(text)
+    assert status == 200 and body["count"] == len(body["tokens"]) == 8
+    assert body["max_model_len"] == 512
+    status, text = http(f"{server}/detokenize", {"tokens": body["tokens"]})
+    assert status == 200 and json.loads(text)["prompt"] == "def f():"
+    status, text = http(f"{server}/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and json.loads(text)["count"] == len("<|user|>hi\n<|assistant|>")
+    assert json.loads(http(f"{server}/version")[1])["version"] == swajax.__version__
+    status, text = http(f"{server}/v1/completions", {"model": "gpt-4", "prompt": "x"})
+    assert status == 404 and "'gpt-4' does not exist" in json.loads(text)["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="other", prompt="x", max_tokens=1)
+
+
+def test_every_metric_parses_histograms_included(server):
+    from swajax.server.metrics import EVENTS, PREFIX, STATE
+
+    client(server).completions.create(model="demo", prompt="def f", max_tokens=4)
+    families = {f.name: f for f in text_string_to_metric_families(http(f"{server}/metrics")[1])}
+    assert {PREFIX + n for n in {**STATE, **EVENTS}} <= set(families)
+    for name, kind in EVENTS.items():
+        family = families[PREFIX + name]
+        assert family.type == kind and all(
+            s.labels.get("model_name") == "demo" for s in family.samples
+        )
+    ttft = families[PREFIX + "time_to_first_token_seconds"]
+    count = next(s.value for s in ttft.samples if s.name.endswith("_count"))
+    buckets = [s for s in ttft.samples if s.name.endswith("_bucket")]
+    assert count >= 1 and buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == count
+    usage = families[PREFIX + "kv_cache_usage_perc"].samples[0].value
+    assert 0.0 <= usage <= 1.0
