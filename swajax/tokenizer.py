@@ -42,7 +42,7 @@ class ChatTemplate:
         try:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:
-            raise RuntimeError(f"--chat needs jinja2: {HF_EXTRA}") from e
+            raise RuntimeError(f"chat templates need jinja2: {HF_EXTRA}") from e
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(source)
@@ -82,7 +82,7 @@ class Tokenizer:
                 return self.hf.encode(self.chat.render(text), add_special_tokens=False).ids
             return self.hf.encode(text).ids
         if self.missing is not None:
-            raise ValueError(f"{self.missing} has no tokenizer.json: use --prompt-ids")
+            raise ValueError(f"{self.missing} has no tokenizer.json: give token ids (--prompt-ids)")
         return list(text.encode("utf-8"))
 
     def encode_rendered(self, text: str) -> list[int]:

@@ -124,7 +124,7 @@ def load_model(
     path = model_folder(model, flag, revision)
     if model == "tiny":
         if chat:
-            raise InputError("--chat needs a checkpoint folder with a chat template")
+            raise InputError("the embedded demo model has no chat template: give a checkpoint")
         return demo_decoder(dtype=dtype, mesh=mesh), Tokenizer(None)
     decoder = load_decoder(path, dtype=dtype, dequantize_weights=dequantize_weights, mesh=mesh)
     return decoder, Tokenizer(path, chat=chat)

@@ -149,7 +149,7 @@ class Engine:
             raise RequestError(
                 f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}){lookahead}"
                 f" = {total + k} exceeds the context limit {self.options.max_context} "
-                "(max_context, --context-length)"
+                "(max_model_len, --context-length)"
             )
         if total + k + self.sizes.page_size > self.capacity():
             raise RequestError(

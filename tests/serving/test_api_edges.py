@@ -31,7 +31,7 @@ BAD_PROMPTS = [
     ([1, True], r"prompt\[1\] = True is not a token id"),
     ([3, -1], r"prompt\[1\] = -1 is not a token id"),
     ([], "the prompt is empty"),
-    ([1] * 600, "exceeds the context limit 512 .max_context, --context-length."),
+    ([1] * 600, "exceeds the context limit 512 .max_model_len, --context-length."),
 ]
 
 
