@@ -38,14 +38,19 @@ def main(argv=None) -> int | None:
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = ap.parse_args(argv)
+    ratio = args.swa_full_tokens_ratio
     if args.smoke:
         args.requests, args.workloads = 2, "multi-turn"
     cfg = load_preset(args.preset)
     sizes = sizing.size_hybrid(
-        cfg, sizing.gib_to_bytes(args.gib), ratio=args.ratio, page_size=16, dtype="bf16"
+        cfg,
+        sizing.gib_to_bytes(args.gib),
+        ratio=args.swa_full_tokens_ratio,
+        page_size=16,
+        dtype="bf16",
     )
     print(
-        f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / "
+        f"{args.preset}, {args.gib} GiB, ratio {ratio}: full {sizes.full_tokens:,} / "
         f"SWA {sizes.swa_tokens:,} tokens, page 16, chunk {args.chunk}"
     )
     for workload in args.workloads.split(","):

@@ -72,11 +72,11 @@ model = tf.AutoModelForCausalLM.from_pretrained(
     path, dtype=torch.float32, attn_implementation="eager").eval()
 ids = torch.tensor(prompts)
 with torch.no_grad():
-    model.generate(ids[:2, :16], max_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+    model.generate(ids[:2, :16], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
     seconds = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = model.generate(ids, max_tokens=new, min_new_tokens=new, do_sample=False,
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                              pad_token_id=0, eos_token_id=None)
         seconds = min(seconds, time.perf_counter() - t0)
 print(json.dumps({"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist()}))

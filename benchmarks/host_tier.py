@@ -50,7 +50,7 @@ def run(preset: str, gib: float, ratio: float, multiples, workload, args) -> lis
     rows = []
     for name, rebuild, host in cases:
         options = EngineOptions(
-            max_running=args.max_running,
+            max_running=args.max_running_requests,
             max_context=65_536,
             chunk_size=args.chunk,
             tail_rebuild=rebuild,
@@ -73,13 +73,14 @@ def main(argv=None) -> int | None:
     ap.add_argument("--accelerator", default="h200", help="modeled time ('' for none)")
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = ap.parse_args(argv)
+    ratio = args.swa_full_tokens_ratio
     if args.smoke:
         args.presets, args.gib, args.multiples, args.chunk = ["gpt-oss-20b"], 0.2, [4], 512
     for preset in args.presets:
         for wname, workload in workloads(args.smoke).items():
-            rows = run(preset, args.gib, args.ratio, args.multiples, workload, args)
+            rows = run(preset, args.gib, args.swa_full_tokens_ratio, args.multiples, workload, args)
             base = rows[1][1].prefill_tokens
-            print(f"\n{preset}, {wname}, device KV {args.gib:g} GiB, ratio {args.ratio}")
+            print(f"\n{preset}, {wname}, device KV {args.gib:g} GiB, ratio {ratio}")
             print(
                 f"{'':18}{'hit rate':>9}{'prefill':>12}{'saved':>8}{'loaded full/SWA':>20}"
                 f"{'steps':>7}{'modeled s':>11}"

@@ -26,7 +26,9 @@ import numpy as np
 
 import swajax
 
-SETTINGS = dict(max_running=32, page_size=16, kv_budget_gib=0.05, max_context=512)
+# The engine's settings, as `LLM` names them and as `swajax serve`'s flags spell them.
+SETTINGS = dict(max_running_requests=32, page_size=16, kv_budget_gib=0.05, max_model_len=512)
+FLAGS = dict(max_running_requests=32, page_size=16, kv_budget_gib=0.05, context_length=512)
 
 
 def prompts(n: int) -> list[str]:
@@ -78,7 +80,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FLAGS.items()]
     main = "import sys; from swajax.cli.main import main; sys.exit(main())"
     proc = subprocess.Popen(
         [sys.executable, "-c", main, "serve", "--port", str(port), *flags],

@@ -45,12 +45,15 @@ def main(argv=None) -> int | None:
     ap.add_argument("--cache-policy", default="lean")
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = ap.parse_args(argv)
+    ratio = args.swa_full_tokens_ratio
     if args.smoke:
         args.documents, args.conversations, args.turns, args.doc, args.chunk = 1, 2, 2, 512, 512
         args.gib = 1.0
     cfg = load_preset(args.preset)
     budget = sizing.gib_to_bytes(args.gib)
-    sizes = sizing.size_hybrid(cfg, budget, ratio=args.ratio, page_size=16, dtype="bf16")
+    sizes = sizing.size_hybrid(
+        cfg, budget, ratio=args.swa_full_tokens_ratio, page_size=16, dtype="bf16"
+    )
     timer = None
     if args.accelerator:
         timer = StepTimeModel(
@@ -58,14 +61,14 @@ def main(argv=None) -> int | None:
         )
         timer = dataclasses.replace(timer, devices=timer.devices_needed(budget))
     print(
-        f"{args.preset}, {args.gib} GiB, ratio {args.ratio}: full {sizes.full_tokens:,} / SWA "
+        f"{args.preset}, {args.gib} GiB, ratio {ratio}: full {sizes.full_tokens:,} / SWA "
         f"{sizes.swa_tokens:,} tokens; {args.documents} documents of {args.doc} tokens x "
         f"{args.conversations} chats x {args.turns} turns"
     )
     rows = {}
     for name, on in (("rebuild", True), ("fallback", False)):
         options = EngineOptions(
-            max_running=args.max_running,
+            max_running=args.max_running_requests,
             max_context=65_536,
             chunk_size=args.chunk,
             tail_rebuild=on,

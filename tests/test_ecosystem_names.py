@@ -322,3 +322,13 @@ def test_the_grafana_dashboard_reads_only_exported_metrics():
     assert used and used <= exported, used - exported
     assert {PREFIX + n for n in ("num_requests_running",)} <= used
     assert any("time_to_first_token_seconds_bucket" in e for e in exprs)
+
+
+def test_a_cache_snapshot_is_served_under_its_hub_id(tmp_path):
+    from swajax.cli.serve import served_name
+
+    commit = fake_hub_cache(tmp_path / "hub", "org/model-7b", FIXTURES / "qwen3")
+    snapshot = tmp_path / "hub" / "models--org--model-7b" / "snapshots" / commit
+    assert served_name(str(snapshot)) == "org/model-7b"
+    assert served_name(str(FIXTURES / "qwen3")) == "qwen3"
+    assert served_name("org/model-7b") == "org/model-7b" and served_name("tiny") == "tiny"

@@ -171,26 +171,41 @@ class LLM:
         generation_config: str = "auto",
         draft_model: str | None = None,
         dequantize_weights: bool = False,
+        flags: tuple[str, str] = ("model", "draft_model"),
     ) -> LLM:
         """An LLM from an `EngineSpec` (the engine's own field names), as the command line and
-        tests build one."""
+        tests build one; `flags` name the model and the draft in errors."""
         llm = cls.__new__(cls)
-        llm._build(model, spec, revision, generation_config, draft_model, dequantize_weights)
+        llm._build(model, spec, revision, generation_config, draft_model, dequantize_weights, flags)
         return llm
 
-    def _build(self, model, spec, revision, generation_config, draft_model, dequantize) -> None:
+    def _build(
+        self,
+        model,
+        spec,
+        revision,
+        generation_config,
+        draft_model,
+        dequantize,
+        flags=("model", "draft_model"),
+    ) -> None:
         if generation_config not in ("auto", "vllm"):
             given = generation_config
             raise InputError(f"generation_config must be 'auto' or 'vllm', got {given!r}")
         self.model = model
-        self.folder = resolve_model(model, revision)
+        self.folder = resolve_model(model, revision, flags[0])
         mesh = tensor_mesh(spec.tensor_parallel)
         decoder, self.tokenizer = load_model(
-            model, spec.dtype, mesh=mesh, dequantize_weights=dequantize, revision=revision
+            model,
+            spec.dtype,
+            mesh=mesh,
+            dequantize_weights=dequantize,
+            revision=revision,
+            flag=flags[0],
         )
         draft = None
         if draft_model is not None:
-            draft = load_model(draft_model, spec.dtype, flag="draft_model", mesh=mesh)[0]
+            draft = load_model(draft_model, spec.dtype, flag=flags[1], mesh=mesh)[0]
         self.engine: Engine = make_engine(decoder, spec, draft)
         self.stop_token_ids = stop_token_ids(self.folder)
         if generation_config == "auto":

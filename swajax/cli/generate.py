@@ -130,6 +130,7 @@ def run_generate(args) -> int:
         generation_config=args.generation_config,
         draft_model=args.draft_model,
         dequantize_weights=args.dequantize_weights,
+        flags=("--model", "--draft-model"),
     )
     prompts = _prompts(args, llm.tokenizer)
     given = dict(

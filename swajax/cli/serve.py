@@ -30,6 +30,7 @@ def run_serve(args) -> int:
         revision=args.revision,
         generation_config=args.generation_config,
         dequantize_weights=args.dequantize_weights,
+        flags=("--model", "--draft-model"),
     )
     folder = None if args.model == "tiny" else llm.folder
     name = args.served_model_name or served_name(args.model)
@@ -55,9 +56,15 @@ def run_serve(args) -> int:
 
 
 def served_name(model: str) -> str:
-    """The model's name in the API: the hub id or "tiny" as given, a folder's own name."""
+    """The model's name in the API: the hub id or "tiny" as given; for a folder, the hub id of
+    a Hugging Face cache snapshot (`models--ORG--NAME/snapshots/REV`), else its own name."""
     path = Path(model)
-    return path.name if model != "tiny" and path.is_dir() else model
+    if model == "tiny" or not path.is_dir():
+        return model
+    parts = path.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/")
+    return path.name
 
 
 GRACE_SECONDS = 10  # after the aborts, how long a connection may take to read its answer

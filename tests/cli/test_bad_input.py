@@ -187,7 +187,10 @@ CASES = [
     (GEN + ["--temperature", "-1"], "--temperature"),
     (GEN + ["--temperature", "nan"], "--temperature"),
     (["generate", "--max-tokens", "0"], "--max-tokens"),
-    (GEN + ["--model", "{no_config}/nowhere"], "--model must be 'tiny' or a checkpoint directory"),
+    (
+        GEN + ["--model", "{no_config}/nowhere"],
+        "--model must be 'tiny', a checkpoint folder or a hub id",
+    ),
     (GEN + ["--attention", "cuda"], "invalid choice: 'cuda'"),
     (GEN + ["--prompts-file", "{p_string}"], "p_string.jsonl:1: each line must be an object"),
     (GEN + ["--prompts-file", "{p_number}"], "each line must be an object"),

@@ -154,7 +154,7 @@ def test_logits_of_every_prompt_in_a_file(cli, tmp_path):
 
 def test_a_missing_draft_folder_is_named_as_the_draft(cli):
     code, _, err = cli("generate", "--draft-model", "no/such/draft", "--prompt-ids", "1")
-    assert code == 2 and "--draft-model must be 'tiny' or a checkpoint directory" in err
+    assert code == 2 and "--draft-model must be 'tiny', a checkpoint folder or a hub id" in err
 
 
 def _reading(command: str, path) -> list:
