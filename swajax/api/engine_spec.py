@@ -51,7 +51,9 @@ class EngineSpec:
     ratio: float | None = None  # None: 0.5, or the model's own (sizing.MODEL_RATIOS)
     page_size: int | None = None  # None: 4, or the model's own (sizing.MODEL_PAGE_SIZES)
     hybrid_memory: bool = True
-    attention: str = "xla"
+    # "auto": the Pallas kernels, compiled, on GPU and TPU; the XLA path on CPU. "pallas" on
+    # CPU runs the kernels in Pallas' interpreter (a test of the kernels, not a fast path).
+    attention: str = "auto"
     scan_layers: bool = True  # repeating runs of layers as one scan (swajax.models.layer_stack)
     # Devices the model splits over (KV heads, MLP intermediate: `swajax.models.sharding`).
     # None: 1 in one process; every device of every process when several are joined.
@@ -186,6 +188,22 @@ def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOpti
     return dataclasses.replace(options, max_context=min(own, hold))
 
 
+ATTENTION = ("auto", "xla", "pallas")
+
+
+def attention_path(attention: str, backend: str | None = None) -> tuple[str, bool]:
+    """(implementation, interpret) for `EngineSpec.attention` on `backend` (default: JAX's):
+    the compiled Pallas kernels on GPU and TPU, the XLA path on CPU for "auto"; Pallas' interpreter
+    only on CPU, where the kernels cannot be compiled."""
+    if attention not in ATTENTION:
+        raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    backend = backend or jax.default_backend()
+    device = backend in ("gpu", "cuda", "rocm", "tpu")
+    if attention == "auto":
+        attention = "pallas" if device else "xla"
+    return attention, attention == "pallas" and not device
+
+
 def host_memory_bytes() -> int | None:
     """This machine's memory as this process may use it: physical memory, or the cgroup's
     limit where one is lower (None where neither can be read)."""
@@ -239,11 +257,11 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
         )
     _check_host_memory(spec.host_cache_gib)
     sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
-    pallas = spec.attention == "pallas"
+    implementation, interpret = attention_path(spec.attention)
     lm = dict(
         dtype=kv,
-        implementation=spec.attention,
-        interpret=pallas,
+        implementation=implementation,
+        interpret=interpret,
         scan_layers=spec.scan_layers,
         mesh=tensor_mesh(spec.tensor_parallel),
     )

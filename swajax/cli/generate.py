@@ -261,7 +261,13 @@ def add_model_args(p, prompts: bool = True) -> None:
         )
         chat = "wrap text prompts in the checkpoint's chat template (one user turn)"
         p.add_argument("--chat", action="store_true", help=chat)
-    p.add_argument("--attention", choices=("xla", "pallas"), default="xla")
+    p.add_argument(
+        "--attention",
+        choices=("auto", "xla", "pallas"),
+        default="auto",
+        help="auto: the compiled Pallas kernels on GPU / TPU, the XLA path on CPU; pallas on CPU "
+        "runs the kernels in Pallas' interpreter",
+    )
     p.add_argument(
         "--unroll-layers",
         action="store_true",

@@ -187,3 +187,34 @@ def test_device_benchmark_script_smoke():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["full"]["rel_err"] < 2e-2 and result["sliding"]["rel_err"] < 2e-2
+
+
+@pytest.mark.parametrize(
+    "attention, backend, expected",
+    [
+        ("auto", "cpu", ("xla", False)),
+        ("auto", "gpu", ("pallas", False)),
+        ("auto", "tpu", ("pallas", False)),
+        ("pallas", "cpu", ("pallas", True)),  # the interpreter: only where kernels cannot compile
+        ("pallas", "gpu", ("pallas", False)),
+        ("pallas", "tpu", ("pallas", False)),
+        ("xla", "tpu", ("xla", False)),
+    ],
+)
+def test_the_engine_runs_compiled_kernels_on_accelerators(attention, backend, expected):
+    """The engine's attention: the compiled Pallas kernels on GPU / TPU by default, never the
+    interpreter there (it once ran the interpreter on every backend), XLA on CPU."""
+    from swajax.api.engine_spec import attention_path
+
+    assert attention_path(attention, backend) == expected
+
+
+def test_the_default_engine_on_cpu_runs_the_xla_path():
+    from swajax.api import EngineSpec, make_engine
+    from swajax.demo import demo_decoder
+
+    engine = make_engine(demo_decoder(), EngineSpec.of(kv_budget_gib=0.01, max_context=64))
+    assert EngineSpec().attention == "auto"
+    assert (engine.model.implementation, engine.model.interpret) == ("xla", False)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        make_engine(demo_decoder(), EngineSpec.of(attention="cuda", kv_budget_gib=0.01))
