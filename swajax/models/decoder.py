@@ -14,7 +14,7 @@ from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
 from swajax.models import layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
-from swajax.models.layers import Attention, DenseMLP, Linear, dot, norm_of, param
+from swajax.models.layers import Attention, DenseMLP, Linear, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
 from swajax.models.sampling import SampleMode, sample
 from swajax.models.spec import Block, Mlp, ModelSpec
@@ -132,7 +132,7 @@ class Decoder(nnx.Module):
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
         embed = self.embed[...]
-        x = embed[tokens] * jnp.asarray(self.spec.embed_scale, embed.dtype)
+        x = lookup(embed, tokens) * jnp.asarray(self.spec.embed_scale, embed.dtype)
         if self.per_layer_inputs is None:
             for layer in self.layers:
                 x, pools = layer(x, positions, pools, meta, mode)
@@ -142,7 +142,7 @@ class Decoder(nnx.Module):
                 x, pools = layer(x, positions, pools, meta, mode, per_layer[:, i])
         x = self.norm(x[sample_index])
         head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
-        logits = dot(x, head)  # float32 logits whatever the parameter dtype
+        logits = head_dot(x, head)  # float32 logits whatever the parameter dtype
         if self.spec.logit_scale != 1.0:  # Cohere
             logits = logits * self.spec.logit_scale
         if self.spec.final_soft_cap is not None:

@@ -34,6 +34,42 @@ def dot(x, w):
     return jnp.dot(x.astype(w.dtype), w, precision=HIGHEST, preferred_element_type=F32)
 
 
+HEAD_TILE = 8192  # vocabulary columns per tile of a tiled head product
+
+
+def lookup(table, tokens):
+    """table[tokens] in the table's dtype. Inside a loop over steps (multi-step decode) XLA:CPU
+    would widen a low-precision table to float32 whole, once, ahead of the loop (2.2 GiB for a
+    201k x 2880 bfloat16 embedding); through a barrier with the tokens, the table is not
+    loop-invariant to it, and only the gathered rows are widened."""
+    if table.dtype == F32:
+        return table[tokens]
+    table, tokens = jax.lax.optimization_barrier((table, tokens))
+    return table[tokens]
+
+
+def head_dot(x, head):
+    """x [T, H] @ head [H, V]: the vocabulary head, float32 logits. XLA:CPU has no
+    low-precision dot: it converts a bfloat16 operand to float32 whole before the product, and
+    for a 201k-token head that is a 2.2 GiB temporary in every step. On CPU a low-precision
+    head therefore runs one tile of HEAD_TILE columns at a time (the converted copy is one tile);
+    elsewhere, and for a float32 head, one product."""
+    v = head.shape[1]
+    if jax.default_backend() != "cpu" or head.dtype == F32 or v <= 2 * HEAD_TILE:
+        return dot(x, head)
+    n = -(-v // HEAD_TILE)
+
+    def tile(i, out):  # the last tile ends at v (it overlaps the one before)
+        start = jnp.minimum(i * HEAD_TILE, v - HEAD_TILE)
+        # Through a barrier with the loop index, the head is not loop-invariant to XLA, which
+        # would otherwise convert it whole to float32 once, before the loop.
+        whole, start = jax.lax.optimization_barrier((head, start))
+        block = jax.lax.dynamic_slice_in_dim(whole, start, HEAD_TILE, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(out, dot(x, block), start, axis=1)
+
+    return jax.lax.fori_loop(0, n, tile, jnp.zeros((x.shape[0], v), F32))
+
+
 class Linear(nnx.Module):
     """y = x W (+ b); the kernel is stored [in, out] in `dtype`, the output is in `dtype`.
 

@@ -1,0 +1,203 @@
+"""Random checkpoints at published models' shapes, in the hub's layout, and what the engine does
+with them on this machine: bytes on disk, weights as loaded, peak resident memory, load time,
+decode tokens/s.
+
+    python benchmarks/published_shapes.py write gpt-oss-20b DIR [--layers N]
+    python benchmarks/published_shapes.py run DIR [--dtype bfloat16] [--new 16]
+
+`write` makes gpt-oss-20b's checkpoint as the hub ships it (its published config: hidden 2880,
+64 query / 8 KV heads of 64, 32 experts top-4 with MXFP4 blocks and E8M0 scales, vocabulary
+201,088, window 128, YaRN; everything but the experts in bfloat16), one safetensors shard per
+layer plus one for the embeddings and head; `--layers` cuts the depth (24 published). Values are
+random but finite and small (scales near 2^-7), so the model runs like a real one. `run` loads
+the folder through `swajax.LLM` and generates, in this process, printing one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": 200002,
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initial_context_length": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 2880,
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "pad_token_id": 199999,
+    "quantization_config": {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    },
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 201088,
+}
+MODELS = {"gpt-oss-20b": GPT_OSS_20B}
+
+
+def _bf16(rng, *shape, scale=None):
+    import ml_dtypes
+
+    scale = shape[-1] ** -0.5 if scale is None else scale
+    return (rng.standard_normal(shape, np.float32) * scale).astype(ml_dtypes.bfloat16)
+
+
+def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
+    """The checkpoint's shards; returns the bytes written."""
+    from swajax.models.export import write_safetensors
+
+    c = dict(config, num_hidden_layers=layers)
+    c["layer_types"] = [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+    ]
+    h, e, i_ = c["hidden_size"], c["num_local_experts"], c["intermediate_size"]
+    heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    shards: list[tuple[str, dict]] = []
+    top = {
+        "model.embed_tokens.weight": _bf16(rng, c["vocab_size"], h, scale=1.0),
+        "lm_head.weight": _bf16(rng, c["vocab_size"], h),
+        "model.norm.weight": np.ones(h, np.float32).astype(_bf16(rng, 1).dtype),
+    }
+    shards.append(("model-embeddings.safetensors", top))
+    for layer in range(layers):
+        pre, t = f"model.layers.{layer}", {}
+        for name, out in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+            t[f"{pre}.self_attn.{name}.weight"] = _bf16(rng, out, h)
+            t[f"{pre}.self_attn.{name}.bias"] = _bf16(rng, out, scale=0.02)
+        t[f"{pre}.self_attn.o_proj.weight"] = _bf16(rng, h, heads * d)
+        t[f"{pre}.self_attn.o_proj.bias"] = _bf16(rng, h, scale=0.02)
+        t[f"{pre}.self_attn.sinks"] = _bf16(rng, heads, scale=1.0)
+        t[f"{pre}.mlp.router.weight"] = _bf16(rng, e, h)
+        t[f"{pre}.mlp.router.bias"] = _bf16(rng, e, scale=0.02)
+        for name, rows, cols in (("gate_up_proj", 2 * i_, h), ("down_proj", h, i_)):
+            t[f"{pre}.mlp.experts.{name}_blocks"] = rng.integers(
+                0, 256, (e, rows, cols // 32, 16), dtype=np.uint8
+            )
+            # E8M0 exponents near 2^-7: FP4 values up to 6 become at most ~0.05
+            t[f"{pre}.mlp.experts.{name}_scales"] = rng.integers(
+                117, 122, (e, rows, cols // 32), dtype=np.uint8
+            )
+            t[f"{pre}.mlp.experts.{name}_bias"] = _bf16(rng, e, rows, scale=0.02)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            t[f"{pre}.{name}.weight"] = np.ones(h, np.float32).astype(_bf16(rng, 1).dtype)
+        shards.append((f"model-layer-{layer:05d}.safetensors", t))
+    weight_map, total = {}, 0
+    for name, tensors in shards:
+        write_safetensors(folder / name, tensors)
+        weight_map.update(dict.fromkeys(tensors, name))
+        total += sum(x.nbytes for x in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps(c, indent=2))
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
+    from swajax import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(str(folder), dtype=dtype, max_model_len=256, kv_budget_gib=0.25)
+    load_s = time.perf_counter() - t0
+    loaded = peak_rss_gib()
+    prompts = [[(7 * i + 13 * j) % 1000 + 3 for j in range(16)] for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # compiles
+    t0 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    files = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return dict(
+        folder=str(folder),
+        dtype=dtype,
+        checkpoint_gib=round(files / 2**30, 3),
+        weights_gib=round(llm.summary()["weight_bytes"] / 2**30, 3),
+        peak_rss_after_load_gib=round(loaded, 3),
+        peak_rss_gib=round(peak_rss_gib(), 3),
+        load_s=round(load_s, 1),
+        batch=batch,
+        decode_tokens_per_s=round(batch * new / seconds, 2),
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    w = sub.add_parser("write")
+    w.add_argument("model", choices=sorted(MODELS))
+    w.add_argument("folder", type=Path)
+    w.add_argument("--layers", type=int, default=None)
+    r = sub.add_parser("run")
+    r.add_argument("folder", type=Path)
+    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--new", type=int, default=16)
+    r.add_argument("--batch", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="a 1-layer checkpoint, written and run")
+    args = p.parse_args(argv)
+    if args.smoke:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="swajax_shapes_")) / "gpt-oss-20b-1layer"
+        written = write_gpt_oss(GPT_OSS_20B, folder, 1)
+        print(
+            json.dumps(dict(written_gib=round(written / 2**30, 3), **run(folder, "bfloat16", 2, 1)))
+        )
+        return 0
+    if args.cmd == "write":
+        layers = args.layers or MODELS[args.model]["num_hidden_layers"]
+        written = write_gpt_oss(MODELS[args.model], args.folder, layers)
+        print(f"wrote {args.folder}: {layers} layers, {written / 2**30:.2f} GiB")
+        return 0
+    if args.cmd == "run":
+        print(json.dumps(run(args.folder, args.dtype, args.new, args.batch)))
+        return 0
+    p.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    main()

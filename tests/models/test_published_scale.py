@@ -1,0 +1,90 @@
+"""Memory at a published model's shapes: XLA's own `memory_analysis()` of what a step allocates
+besides its inputs and outputs. gpt-oss-20b's head and embedding are 201,088 x 2880 in bfloat16
+(1.1 GiB each); XLA:CPU, which has no bfloat16 product, once widened each to float32 whole in
+every step (2.2 GiB apiece), so a 2-layer model's step held 2.5 GiB of temporaries and the
+full-depth model was killed for memory on a 24 GB machine."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swajax.models.layers import dot, head_dot, lookup
+
+VOCAB, HIDDEN = 201_088, 2880
+MIB = 2**20
+
+
+def temp_bytes(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_the_head_widens_one_tile_at_a_time(rows):
+    x = jax.ShapeDtypeStruct((rows, HIDDEN), jnp.float32)
+    head = jax.ShapeDtypeStruct((HIDDEN, VOCAB), jnp.bfloat16)
+    assert temp_bytes(head_dot, x, head) < 128 * MIB  # whole: 2,209 MiB
+    if rows == 1:  # the plain product of a decode step's one row, for contrast
+        assert temp_bytes(dot, x, head) > 2000 * MIB
+
+
+def test_a_lookup_in_a_loop_widens_only_the_rows():
+    table = jax.ShapeDtypeStruct((VOCAB, HIDDEN), jnp.bfloat16)
+    tokens = jax.ShapeDtypeStruct((16,), jnp.int32)
+
+    def steps(table, tokens, lookup):
+        def body(i, acc):  # as a multi-step round: a lookup per step
+            return acc + lookup(table, (tokens + i) % VOCAB).astype(jnp.float32).sum()
+
+        return jax.lax.fori_loop(0, 8, body, jnp.float32(0))
+
+    ours = temp_bytes(lambda t, k: steps(t, k, lookup), table, tokens)
+    plain = temp_bytes(lambda t, k: steps(t, k, lambda t, k: t[k]), table, tokens)
+    assert ours < 16 * MIB < 2000 * MIB < plain
+
+
+def test_tiles_give_the_plain_products_bits():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    for vocab in (40_000, 40_960, 16_385 + 8192):  # uneven, even, just past one tile
+        head = (rng.standard_normal((64, vocab)) * 0.1).astype(jnp.bfloat16)
+        np.testing.assert_array_equal(jax.jit(head_dot)(x, head), jax.jit(dot)(x, head))
+    table = (rng.standard_normal((1000, 8))).astype(jnp.bfloat16)
+    tokens = jnp.asarray([3, 999, 0, 3])
+    np.testing.assert_array_equal(jax.jit(lookup)(table, tokens), table[np.asarray(tokens)])
+
+
+@pytest.mark.slow
+def test_a_published_size_layer_steps_within_its_bound(tmp_path):
+    """One layer of gpt-oss-20b as the hub ships it (MXFP4 experts, bfloat16 elsewhere; 1.5 GiB
+    written by benchmarks/published_shapes.py): every step program's temporaries under 0.6 GiB
+    (the KV pools and weights are its arguments), where they were 2.5 GiB."""
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "shapes", ROOT / "benchmarks" / "published_shapes.py"
+    )
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    shapes.write_gpt_oss(shapes.GPT_OSS_20B, tmp_path / "m", 1)
+    from swajax import LLM, SamplingParams
+    from swajax.runner import program_store
+
+    temps, call = [], program_store.ProgramStore.call
+
+    def measured(self, fn, args, statics):
+        if not any(f is fn for f, _ in temps):
+            analysis = fn.lower(*args, **statics).compile().memory_analysis()
+            temps.append((fn, analysis.temp_size_in_bytes))
+        return call(self, fn, args, statics)
+
+    program_store.ProgramStore.call = measured
+    try:
+        llm = LLM(str(tmp_path / "m"), dtype="bfloat16", max_model_len=128, kv_budget_gib=0.1)
+        params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+        llm.generate([[5, 6, 7, 8] * 4], params, use_tqdm=False)
+    finally:
+        program_store.ProgramStore.call = call
+    assert temps and max(t for _, t in temps) < 0.6 * 2**30, temps
