@@ -92,13 +92,22 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
     heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
-    shards: list[tuple[str, dict]] = []
-    top = {
-        "model.embed_tokens.weight": _bf16(rng, c["vocab_size"], h, scale=1.0),
-        "lm_head.weight": _bf16(rng, c["vocab_size"], h),
-        "model.norm.weight": np.ones(h, np.float32).astype(_bf16(rng, 1).dtype),
-    }
-    shards.append(("model-embeddings.safetensors", top))
+    weight_map, total = {}, 0
+
+    def shard(name: str, tensors: dict) -> None:  # written as made: one shard in memory
+        nonlocal total
+        write_safetensors(folder / name, tensors)
+        weight_map.update(dict.fromkeys(tensors, name))
+        total += sum(x.nbytes for x in tensors.values())
+
+    shard(
+        "model-embeddings.safetensors",
+        {
+            "model.embed_tokens.weight": _bf16(rng, c["vocab_size"], h, scale=1.0),
+            "lm_head.weight": _bf16(rng, c["vocab_size"], h),
+            "model.norm.weight": np.ones(h, np.float32).astype(_bf16(rng, 1).dtype),
+        },
+    )
     for layer in range(layers):
         pre, t = f"model.layers.{layer}", {}
         for name, out in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
@@ -120,12 +129,7 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
             t[f"{pre}.mlp.experts.{name}_bias"] = _bf16(rng, e, rows, scale=0.02)
         for name in ("input_layernorm", "post_attention_layernorm"):
             t[f"{pre}.{name}.weight"] = np.ones(h, np.float32).astype(_bf16(rng, 1).dtype)
-        shards.append((f"model-layer-{layer:05d}.safetensors", t))
-    weight_map, total = {}, 0
-    for name, tensors in shards:
-        write_safetensors(folder / name, tensors)
-        weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(x.nbytes for x in tensors.values())
+        shard(f"model-layer-{layer:05d}.safetensors", t)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps(c, indent=2))
@@ -136,11 +140,29 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def measure_temporaries() -> list:
+    """Hook the program store: each step program's temporaries (XLA's memory_analysis) in the
+    returned list, as (program, bytes), when it is first compiled."""
+    from swajax.runner import program_store
+
+    temps, call = [], program_store.ProgramStore.call
+
+    def measured(self, fn, args, statics):
+        if not any(f is fn for f, _ in temps):
+            analysis = fn.lower(*args, **statics).compile().memory_analysis()
+            temps.append((fn, analysis.temp_size_in_bytes))
+        return call(self, fn, args, statics)
+
+    program_store.ProgramStore.call = measured
+    return temps
+
+
 def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
     from swajax import LLM, SamplingParams
 
+    temps = measure_temporaries()
     t0 = time.perf_counter()
-    llm = LLM(str(folder), dtype=dtype, max_model_len=256, kv_budget_gib=0.25)
+    llm = LLM(str(folder), dtype=dtype)  # the engine's default pools and context
     load_s = time.perf_counter() - t0
     loaded = peak_rss_gib()
     prompts = [[(7 * i + 13 * j) % 1000 + 3 for j in range(16)] for i in range(batch)]
@@ -159,9 +181,19 @@ def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
         peak_rss_after_load_gib=round(loaded, 3),
         peak_rss_gib=round(peak_rss_gib(), 3),
         load_s=round(load_s, 1),
+        kv_gib=round(kv_bytes(llm) / 2**30, 3),
+        step_temporaries_gib=round(max(t for _, t in temps) / 2**30, 3),
         batch=batch,
         decode_tokens_per_s=round(batch * new / seconds, 2),
     )
+
+
+def kv_bytes(llm) -> int:
+    """The bytes of the engine's KV pools (and compressed stores) on the device."""
+    import jax
+
+    pools = llm.engine.runner.pools if hasattr(llm.engine.runner, "pools") else None
+    return sum(int(x.nbytes) for x in jax.tree.leaves(pools)) if pools is not None else 0
 
 
 def main(argv=None) -> int:
