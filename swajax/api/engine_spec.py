@@ -232,7 +232,9 @@ def _check_host_memory(gib: float) -> None:
         )
 
 
-def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None) -> Engine:
+def make_engine(
+    decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None, *, consume: bool = False
+) -> Engine:
     """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
     (the sizing counts its layers). With `spec.scan_layers` the engine's model holds the layer
     weights restacked (`swajax.models.layer_stack`): drop `decoder` afterwards, or its
@@ -265,8 +267,8 @@ def make_engine(decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None
         scan_layers=spec.scan_layers,
         mesh=tensor_mesh(spec.tensor_parallel),
     )
-    model = HybridLM(decoder, **lm)
-    draft_lm = None if draft is None else HybridLM(draft, **lm)
+    model = HybridLM(decoder, consume=consume, **lm)
+    draft_lm = None if draft is None else HybridLM(draft, consume=consume, **lm)
     options = _options(decoder, spec, sizes)
     logging.getLogger(__name__).info(
         "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",

@@ -206,7 +206,9 @@ class LLM:
         draft = None
         if draft_model is not None:
             draft = load_model(draft_model, spec.dtype, flag=flags[1], mesh=mesh)[0]
-        self.engine: Engine = make_engine(decoder, spec, draft)
+        # The LLM owns the decoder: its layers' arrays are freed as they are restacked.
+        self.engine: Engine = make_engine(decoder, spec, draft, consume=True)
+        del decoder, draft
         self.stop_token_ids = stop_token_ids(self.folder)
         if generation_config == "auto":
             self.engine.sampling_defaults = sampling_defaults(self.folder)

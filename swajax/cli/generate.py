@@ -229,7 +229,7 @@ def run_logits(args) -> int:
         raise args_lib.UsageError(
             f"{len(prompts)} prompts need --out FILE.npz (one array per prompt), got {args.out}"
         )
-    engine = make_engine(decoder, _spec(args))
+    engine = make_engine(decoder, _spec(args), consume=True)
     del decoder  # the engine holds the weights (restacked where layers are scanned)
     logits = [teacher_forced_logits(engine, prompt) for prompt in prompts]
     if not is_leader():  # joined processes: every one computed the logits, process 0 writes

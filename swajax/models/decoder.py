@@ -102,17 +102,18 @@ class Decoder(nnx.Module):
         self.lm_head = head
         self.scanned = False
 
-    def scan_layers(self) -> None:
+    def scan_layers(self, consume: bool = False) -> None:
         """Regroup the layers in place into `layer_stack` segments: repeating runs become one
         `LayerStack` (a scan), the rest stay single layers. Done once the weights are in
-        (loading and export address layer i of the checkpoint); Gemma 4 is not scanned."""
+        (loading and export address layer i of the checkpoint); Gemma 4 is not scanned.
+        `consume`: the layers' own arrays are freed as they are stacked."""
         if self.scanned or self.per_layer_inputs is not None:
             return
         layers = list(self.layers)
         out = []
         for seg in layer_stack.segments(self.spec):
             run = layers[seg.start : seg.stop]
-            out.extend(run if seg.repeats == 1 else [layer_stack.LayerStack(run, seg)])
+            out.extend(run if seg.repeats == 1 else [layer_stack.LayerStack(run, seg, consume)])
         self.layers = nnx.List(out)
         self.scanned = True
 
@@ -226,13 +227,16 @@ class HybridLM:
         interpret: bool = False,
         mesh=None,
         scan_layers: bool = True,
+        consume: bool = False,
     ):
         """`scan_layers`: run repeating runs of layers as scans (`layer_stack`); the caller's
-        `decoder` is left as it is either way."""
+        `decoder` is left as it is, unless `consume`: then its scanned layers' arrays are freed
+        as they are restacked (the weights are never held twice; the decoder is not usable
+        afterwards)."""
         self.spec = decoder.spec
         if scan_layers:
             decoder = nnx.merge(*nnx.split(decoder))  # a new module tree over the same arrays
-            decoder.scan_layers()
+            decoder.scan_layers(consume)
         self.vocab_size = self.spec.vocab_size
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret

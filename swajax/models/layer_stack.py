@@ -77,20 +77,30 @@ def runs(sigs: list, min_repeats: int = 2) -> tuple[Segment, ...]:
     return tuple(out)
 
 
-def _stacked(layers: list[nnx.Module]) -> nnx.Module:
-    """The first layer's module holding every layer's parameters stacked on a leading axis."""
+def _stacked(layers: list[nnx.Module], consume: bool = False) -> nnx.Module:
+    """The first layer's module holding every layer's parameters stacked on a leading axis.
+    `consume`: free each layer's arrays as soon as their stack is made, so the weights are
+    never held twice (a published model's layers are most of the machine's memory)."""
     graphdef, _ = nnx.split(layers[0])
     states = [nnx.split(layer)[1] for layer in layers]
-    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+    def stack(*xs):
+        out = jnp.stack(xs)
+        if consume:
+            for x in xs:
+                x.delete()
+        return out
+
+    return nnx.merge(graphdef, jax.tree.map(stack, *states))
 
 
 class LayerStack(nnx.Module):
     """`repeats` copies of `period` layers run as one `lax.scan` (see the module docstring)."""
 
-    def __init__(self, layers: list[nnx.Module], segment: Segment):
+    def __init__(self, layers: list[nnx.Module], segment: Segment, consume: bool = False):
         self.segment = segment
         p = segment.period
-        self.stacks = nnx.List([_stacked(layers[j::p]) for j in range(p)])
+        self.stacks = nnx.List([_stacked(layers[j::p], consume) for j in range(p)])
 
     def __call__(self, x, positions, pools, meta, mode):
         start, period, repeats = self.segment
