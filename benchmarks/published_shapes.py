@@ -210,14 +210,14 @@ def main(argv=None) -> int:
     r.add_argument("--batch", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="a 1-layer checkpoint, written and run")
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # a 1-layer checkpoint, written, run and deleted
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix="swajax_shapes_")) / "gpt-oss-20b-1layer"
-        written = write_gpt_oss(GPT_OSS_20B, folder, 1)
-        print(
-            json.dumps(dict(written_gib=round(written / 2**30, 3), **run(folder, "bfloat16", 2, 1)))
-        )
+        with tempfile.TemporaryDirectory(prefix="swajax_shapes_") as tmp:
+            folder = Path(tmp) / "gpt-oss-20b-1layer"
+            written = write_gpt_oss(GPT_OSS_20B, folder, 1)
+            result = run(folder, "bfloat16", 2, 1)
+        print(json.dumps(dict(written_gib=round(written / 2**30, 3), **result)))
         return 0
     if args.cmd == "write":
         layers = args.layers or MODELS[args.model]["num_hidden_layers"]

@@ -15,6 +15,7 @@ SLOW = {
     "kv_dtype",
     "loading",
     "multihost",
+    "published_shapes",
     "scan_layers",
     "server",
     "server_health",
