@@ -171,7 +171,7 @@ class DeepseekV4Decoder(nnx.Module):
         self.norm = RMSNorm(spec.hidden, spec.eps)
         self.head = Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
 
-    def scan_layers(self) -> None:
+    def scan_layers(self, consume: bool = False) -> None:
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
 
     def load(self, w):
