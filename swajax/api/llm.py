@@ -281,16 +281,25 @@ class LLM:
         params = self._params(sampling_params, len(ids))
         with self._call() as samples:
             self._add(ids, params, samples)
+            by_prompt: list[list[SampleStream]] = [[] for _ in ids]
+            for x in samples:
+                by_prompt[x.index].append(x)
             with progress(len(ids), "generating", shown=use_tqdm) as advance:
-                done = set()
+                left = [len(group) for group in by_prompt]  # unfinished samples per prompt
+                running = list(samples)
                 self._stop_strings(samples)
                 while self._step(samples):
                     self._stop_strings(samples)
-                    for x in samples:
-                        if x.index not in done and self._prompt_done(samples, x.index):
-                            done.add(x.index)
+                    still = []
+                    for x in running:  # each sample is looked at until it ends, then never
+                        if not self.engine.requests[x.rid].done:
+                            still.append(x)
+                            continue
+                        left[x.index] -= 1
+                        if left[x.index] == 0:
                             advance()
-            return [self._request_output(texts[i], i, samples) for i in range(len(ids))]
+                    running = still
+            return [self._request_output(texts[i], by_prompt[i]) for i in range(len(ids))]
 
     def _params(self, sampling_params, count: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -405,9 +414,6 @@ class LLM:
             raise RuntimeError("the engine went idle with requests unfinished")
         return True
 
-    def _prompt_done(self, samples, index: int) -> bool:
-        return all(self.engine.requests[x.rid].done for x in samples if x.index == index)
-
     def _new_events(self, x: SampleStream):
         req = self.engine.requests[x.rid]
         for e in x.new_events(req, self.tokenizer.decode):
@@ -416,8 +422,7 @@ class LLM:
             x.seen = -1  # an aborted request with no token: one event saying why
             yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
 
-    def _request_output(self, text, index: int, samples) -> RequestOutput:
-        mine = [x for x in samples if x.index == index]
+    def _request_output(self, text, mine: list[SampleStream]) -> RequestOutput:
         reqs = [self.engine.requests[x.rid] for x in mine]
         first = reqs[0]
         prompt_lps = None

@@ -135,7 +135,8 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        params = params.resolved(self.sampling_defaults, seed=self.draw_seed())
+        seed = self.draw_seed() if params.seed is None else None
+        params = params.resolved(self.sampling_defaults, seed=seed)
         prompt = _token_ids(prompt)
         vocab = self.model.vocab_size
         if vocab is not None and not all(0 <= t < vocab for t in prompt):

@@ -4,6 +4,8 @@ that scanning computes what unrolling does, and that tracing does not grow with 
 import dataclasses
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -144,3 +146,21 @@ def test_engine_spec_decides_scanning(scan):
     engine = make_engine(load_decoder(FIXTURES / "gpt_oss"), spec)
     stacks = [x for x in engine.runner.model.decoder.layers if isinstance(x, LayerStack)]
     assert len(stacks) == (1 if scan else 0)
+
+
+def test_a_consumed_decoder_is_never_held_twice():
+    """`consume`: each scanned layer's own arrays are freed as their stack is made (a published
+    model's layers are most of the machine's memory); without it the caller's decoder is left
+    whole. The two models compute the same logits."""
+    kept, spent = Decoder(demo_spec(6)), Decoder(demo_spec(6))
+    for d in (kept, spent):  # the same (nonzero) weights in both
+        for i, layer in enumerate(d.layers):
+            state = nnx.state(layer)
+            nnx.update(layer, jax.tree.map(lambda x, i=i: jnp.full_like(x, 0.01 * (i + 1)), state))
+    leaves = lambda d: jax.tree.leaves(nnx.state(d.layers))  # noqa: E731
+    a = HybridLM(kept, scan_layers=True)
+    b = HybridLM(spent, scan_layers=True, consume=True)
+    assert not any(x.is_deleted() for x in leaves(kept))
+    assert all(x.is_deleted() for x in leaves(spent))  # every layer of S S F x 2 is scanned
+    prompt = list(range(1, 9))
+    np.testing.assert_array_equal(serve(a, prompt, new=2)[0], serve(b, prompt, new=2)[0])
