@@ -210,37 +210,42 @@ class Metrics:
         def counter(name, doc, extra=()):
             return Counter(PREFIX + name, doc, [*labels, *extra], registry=self.registry)
 
-        def histogram(name, doc, buckets):
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+        def series(name, doc, buckets=None):
+            """This model's series of a counter (no buckets) or a histogram, looked up once:
+            the engine thread reports every token."""
+            if buckets is None:
+                return counter(name, doc).labels(model)
+            metric = Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+            return metric.labels(model)
 
-        self.prompt_tokens = counter("prompt_tokens", "prompt tokens of requests admitted")
-        self.generation_tokens = counter("generation_tokens", "tokens generated")
-        self.queries = counter("prefix_cache_queries", "prompt tokens looked up in the cache")
+        self.prompt_tokens = series("prompt_tokens", "prompt tokens of requests admitted")
+        self.generation_tokens = series("generation_tokens", "tokens generated")
+        self.queries = series("prefix_cache_queries", "prompt tokens looked up in the cache")
         self.success = counter("request_success", "requests finished", ["finished_reason"])
-        self.ttft = histogram(
-            "time_to_first_token_seconds", "submission to first token", TTFT_BUCKETS
-        )
-        self.itl = histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds", "submission to last token", E2E_BUCKETS)
+        for kind in ("stop", "length", "abort"):  # every series exported from the start
+            self.success.labels(model, kind)
+        self.ttft = series("time_to_first_token_seconds", "submission to first token", TTFT_BUCKETS)
+        self.itl = series("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
+        self.e2e = series("e2e_request_latency_seconds", "submission to last token", E2E_BUCKETS)
         loop.observer = self
 
     # The engine loop's reports (its thread).
 
     def admitted(self, prompt_tokens: int) -> None:
-        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
-        self.queries.labels(self.model).inc(prompt_tokens)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.queries.inc(prompt_tokens)
 
     def first_token(self, seconds: float) -> None:
-        self.ttft.labels(self.model).observe(seconds)
+        self.ttft.observe(seconds)
 
     def tokens(self, count: int, seconds_each: float | None) -> None:
-        self.generation_tokens.labels(self.model).inc(count)
+        self.generation_tokens.inc(count)
         if seconds_each is not None:
             for _ in range(count):
-                self.itl.labels(self.model).observe(seconds_each)
+                self.itl.observe(seconds_each)
 
     def finished(self, seconds: float, reason: str) -> None:
-        self.e2e.labels(self.model).observe(seconds)
+        self.e2e.observe(seconds)
         kind = reason if reason in ("stop", "length") else "abort"
         self.success.labels(self.model, kind).inc()
 
