@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from swajax.config import AttentionShape, HybridConfig
+from swajax.memory import bits
 from swajax.memory.compressed_pool import CompressedPools, dtype_of, init_compressed
 from swajax.memory.zeros import zeros
 from swajax.sizing import PoolMode, PoolSizes
@@ -174,22 +175,28 @@ def write_kv(
     if pools.k_is_v[1 if is_swa else 0] != (v is None):
         raise ValueError(f"layer {layer_id}: pass v=None exactly where the pool's keys are values")
     if not is_swa:
-        full_k = pools.full_k.at[index, loc.full].set(_sourced(pools.full_k, index, k, loc))
+        full_k = _set_rows(pools.full_k, index, loc.full, _sourced(pools.full_k, index, k, loc))
         if v is None:
             return dataclasses.replace(pools, full_k=full_k)
-        full_v = pools.full_v.at[index, loc.full].set(_sourced(pools.full_v, index, v, loc))
+        full_v = _set_rows(pools.full_v, index, loc.full, _sourced(pools.full_v, index, v, loc))
         return dataclasses.replace(pools, full_k=full_k, full_v=full_v)
     if loc.swa is None:
         raise ValueError(
             f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
             "(KVWriteLoc.swa), translated once per batch by the attention metadata"
         )
-    swa_k = pools.swa_k.at[index, loc.swa].set(stored(k, pools.swa_k.dtype))
+    swa_k = _set_rows(pools.swa_k, index, loc.swa, stored(k, pools.swa_k.dtype))
     if v is None:
         return dataclasses.replace(pools, swa_k=swa_k)
-    return dataclasses.replace(
-        pools, swa_k=swa_k, swa_v=pools.swa_v.at[index, loc.swa].set(stored(v, pools.swa_v.dtype))
-    )
+    swa_v = _set_rows(pools.swa_v, index, loc.swa, stored(v, pools.swa_v.dtype))
+    return dataclasses.replace(pools, swa_k=swa_k, swa_v=swa_v)
+
+
+def _set_rows(buffers: jax.Array, index, rows: jax.Array, values: jax.Array) -> jax.Array:
+    """buffers[index, rows] = values, moved as bits on CPU (`bits`: a bfloat16 pool would be
+    widened whole for the scatter, each layer's bytes three times per write)."""
+    raw = bits.to_bits(buffers).at[index, rows].set(bits.to_bits(values))
+    return bits.from_bits(raw, buffers.dtype)
 
 
 def _sourced(buffers: jax.Array, index, new: jax.Array, loc: KVWriteLoc) -> jax.Array:

@@ -6,6 +6,8 @@ inside the engine; `HybridLM` is the engine's model interface (`init_pools`, `fo
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -68,24 +70,26 @@ class DecoderLayer(nnx.Module):
                 w, f"{prefix}.{'feed_forward' if self.spec.family == 'llama4' else 'mlp'}"
             )
 
-    def __call__(self, x, positions, pools, meta, mode, slot=None):
-        """`slot`: where the layer's KV lives, when a `LayerStack` scans it."""
+    def __call__(self, x, positions, pools, meta, mode, slot=None, copy=None):
+        """`slot` and `copy`: where the layer's KV lives and which copy it is, when a
+        `LayerStack` scans it (a MoE reads its copy's experts out of the whole stack)."""
         block = self.spec.block
+        mlp = self.mlp if isinstance(self.mlp, DenseMLP) else functools.partial(self.mlp, copy=copy)
         if block is Block.POST:
             a, pools = self.self_attn(x, positions, pools, meta, mode, slot)
             x = x + self.post_attention_layernorm(a)
-            return x + self.post_feedforward_layernorm(self.mlp(x)), pools
+            return x + self.post_feedforward_layernorm(mlp(x)), pools
         h = self.input_layernorm(x)
         a, pools = self.self_attn(h, positions, pools, meta, mode, slot)
         if block is Block.PARALLEL:
-            return x + a + self.mlp(h), pools
+            return x + a + mlp(h), pools
         if block is Block.SANDWICH:
             x = x + self.post_attention_layernorm(a)
             return x + self.post_feedforward_layernorm(
-                self.mlp(self.pre_feedforward_layernorm(x))
+                mlp(self.pre_feedforward_layernorm(x))
             ), pools
         x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x)), pools
+        return x + mlp(self.post_attention_layernorm(x)), pools
 
 
 class Decoder(nnx.Module):

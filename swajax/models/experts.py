@@ -29,12 +29,26 @@ F32 = jnp.float32
 
 
 class Experts(NamedTuple):
-    """Plain arrays, or `quantized` weights (dequantized one expert at a time when routed)."""
+    """Plain arrays, or `quantized` weights (dequantized one expert at a time when routed).
+    With `copy`, w1 and w2 hold every copy of a `LayerStack` [C, E, ...] and these experts are
+    copy `copy`'s (`layers.ExpertWeight`): the routed loop reads them out of the whole stack."""
 
     w1: jax.Array  # [E, H, F]
     b1: jax.Array | None  # [E, F]
     w2: jax.Array  # [E, F', H]
     b2: jax.Array | None  # [E, H]
+    copy: jax.Array | None = None
+
+    @property
+    def count(self) -> int:
+        return self.w1.shape[0 if self.copy is None else 1]
+
+    def alone(self) -> Experts:
+        """These experts without the other copies (a copy of their weights: only for the
+        computations that read every expert whole)."""
+        if self.copy is None:
+            return self
+        return self._replace(w1=self.w1[self.copy], w2=self.w2[self.copy], copy=None)
 
 
 class Routing(NamedTuple):
@@ -45,7 +59,8 @@ class Routing(NamedTuple):
 
 def dense(x, routing: Routing, experts: Experts, act: Callable) -> jax.Array:
     """Every expert on every token, unselected weighing 0 (reference)."""
-    t, e = x.shape[0], experts.w1.shape[0]
+    experts = experts.alone()
+    t, e = x.shape[0], experts.count
     rows = jnp.arange(t)[:, None]
     weight = jnp.zeros((t, e), F32).at[rows, routing.experts].set(routing.weight)
     xin = jnp.broadcast_to(x[:, None, :].astype(F32), (t, e, x.shape[-1]))
@@ -124,11 +139,12 @@ def _in_chunks(count: int, size: int, fn, carry):
     return fn(full * size, count - full * size, carry) if count % size else carry
 
 
-def expert_product(rows, w, e, along: str | None = "in"):
+def expert_product(rows, w, e, along: str | None = "in", copy=None):
     """rows [block, K] x w[e] [K, N] in float32, w read (or dequantized) a chunk of its inputs
     (`along` "in") or of its outputs ("out") at a time; whole when one chunk holds it or
-    `along` is None."""
-    k, n = w.shape[1:]
+    `along` is None. With `copy`, w is a stack of copies [C, E, K, N] and w[copy, e] is read."""
+    lead = (e,) if copy is None else (copy, e)
+    k, n = w.shape[len(lead) :]
     mxfp4 = isinstance(w, quantized.Mxfp4)
     # Quantized weights are chunked only over MXFP4 outputs: its inputs come in blocks of 32
     # whose slices are strided gathers (slower than dequantizing the expert whole, measured).
@@ -136,15 +152,14 @@ def expert_product(rows, w, e, along: str | None = "in"):
     length, across = (k, n) if along == "in" else (n, k)
     size = k_rows(length, across, jnp.dtype(w.dtype).itemsize) if chunkable else length
     if along is None or size >= length:
-        return quantized.matmul(rows, w[e])  # quantized: this expert alone dequantized
+        return quantized.matmul(rows, w[lead])  # quantized: this expert alone dequantized
 
     def piece(start, size):
         if mxfp4:
-            return w.outputs(e, start, size)
-        shape, at = (
-            ((1, size, n), (e, start, 0)) if along == "in" else ((1, k, size), (e, 0, start))
-        )
-        return jax.lax.dynamic_slice(w, at, shape)[0]
+            return w.outputs(lead, start, size)
+        shape, at = ((size, n), (start, 0)) if along == "in" else ((k, size), (0, start))
+        ones = (1,) * len(lead)
+        return jax.lax.dynamic_slice(w, (*lead, *at), (*ones, *shape)).reshape(shape)
 
     def over_inputs(start, size, acc):
         part = jax.lax.dynamic_slice_in_dim(rows, start, size, 1)
@@ -158,26 +173,26 @@ def expert_product(rows, w, e, along: str | None = "in"):
     return _in_chunks(length, size, over_inputs if along == "in" else over_outputs, acc)
 
 
-def _block_loop(lhs, w, layout: _Layout, block: int, along: str | None):
+def _block_loop(lhs, w, layout: _Layout, block: int, along: str | None, copy):
     """[S, K] x w[block's expert] per block in use; blocks not in use stay 0."""
     out = jnp.zeros((lhs.shape[0], w.shape[-1]), F32)
 
     def body(b, out):
         rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        y = expert_product(rows, w, layout.expert[b], along)
+        y = expert_product(rows, w, layout.expert[b], along, copy)
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)
 
 
-def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str):
+def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str, copy=None):
     lhs = lhs.astype(w.dtype)
     cpu = jax.default_backend() == "cpu"
     if method == "auto":  # quantized experts loop too: ragged_dot would dequantize them all
         method = "loop" if cpu or quantized.is_quantized(w) else "ragged"
     if method == "loop":  # chunks for XLA:CPU's copies (above); elsewhere each expert whole
-        return _block_loop(lhs, w, layout, block, along if cpu else None)
-    w = quantized.dense(w)
+        return _block_loop(lhs, w, layout, block, along if cpu else None, copy)
+    w = quantized.dense(w if copy is None else w[copy])
     return jax.lax.ragged_dot(lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32)
 
 
@@ -185,16 +200,17 @@ def routed(
     x, routing: Routing, experts: Experts, act: Callable, *, block=None, method: str = "auto"
 ):
     """Each token through its own k experts only (`method`: auto | loop | ragged)."""
-    t, e = x.shape[0], experts.w1.shape[0]
+    t, e = x.shape[0], experts.count
     k = routing.experts.shape[1]
     block = block or block_rows(t * k, e)
     layout = _layout(routing, t, e, block)
     xz = jnp.concatenate([x.astype(F32), jnp.zeros((1, x.shape[-1]), F32)])
     rows = xz[layout.token] * layout.scale[:, None]
     expert_of_row = jnp.repeat(layout.expert, block, total_repeat_length=rows.shape[0])
-    h = _grouped(rows, experts.w1, layout, block, method, "in")  # chunks along the hidden axis
+    copy = experts.copy
+    h = _grouped(rows, experts.w1, layout, block, method, "in", copy)  # chunks: hidden axis
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
-    out = _grouped(act(h), experts.w2, layout, block, method, "out")
+    out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)
     out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
     picked = out[layout.slot].reshape(t, k, -1)
     y = jnp.einsum("tk,tkh->th", routing.weight.astype(F32), picked, precision=HIGHEST)

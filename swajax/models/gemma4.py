@@ -21,6 +21,7 @@ from swajax.models.layers import (
     Linear,
     RMSNorm,
     act,
+    expert_param,
     paged_attention,
     param,
     unit_rms,
@@ -115,7 +116,7 @@ class Gemma4MoE(nnx.Module):
         self.spec = spec
         self.proj = Linear(h, e)
         self.scale, self.per_expert_scale = param((h,)), param((e,))
-        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        self.gate_up, self.down = expert_param((e, h, 2 * i), dt), expert_param((e, i, h), dt)
 
     def load(self, w, prefix):
         self.proj.load(w, f"{prefix}.router.proj")
@@ -129,7 +130,7 @@ class Gemma4MoE(nnx.Module):
         )
         w.fill(self.down, f"{prefix}.experts.down_proj", transform=SWAPPED)
 
-    def __call__(self, router_in, x):
+    def __call__(self, router_in, x, copy=None):
         spec = self.spec
         h = unit_rms(router_in, spec.eps).astype(F32)
         h = h * self.scale[...] * spec.hidden**-0.5
@@ -137,7 +138,7 @@ class Gemma4MoE(nnx.Module):
         top, idx = jax.lax.top_k(probs, spec.top_k)
         top = top / jnp.sum(top, axis=-1, keepdims=True) * self.per_expert_scale[...][idx]
         routing = ex.Routing(idx, None, top)
-        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         fn = ex.routed if spec.routed_experts else ex.dense
         return fn(x, routing, weights, lambda g: act(spec.act, g[..., 0::2]) * g[..., 1::2])
 
@@ -189,12 +190,14 @@ class Gemma4Layer(nnx.Module):
             self.per_layer_projection.load(w, f"{prefix}.per_layer_projection")
         w.fill(self.layer_scalar, f"{prefix}.layer_scalar")
 
-    def __call__(self, x, positions, pools, meta, mode, per_layer=None, slot=None):
+    def __call__(self, x, positions, pools, meta, mode, per_layer=None, slot=None, copy=None):
+        """`slot` and `copy`: where the layer's KV lives and which copy it is, when a
+        `LayerStack` scans it."""
         a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode, slot)
         x = x + self.post_attention_layernorm(a)
         h = self.mlp(self.pre_feedforward_layernorm(x))
         if self.moe is not None:
-            routed = self.moe(x, self.pre_feedforward_layernorm_2(x))
+            routed = self.moe(x, self.pre_feedforward_layernorm_2(x), copy)
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
         x = x + self.post_feedforward_layernorm(h)
         if per_layer is not None:

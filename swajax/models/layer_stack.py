@@ -7,7 +7,8 @@ layers with their parameters stacked on a leading axis; the layers in between st
 are. Two layers are copies when everything the model reads per layer is equal (`signature`):
 the layer's kind, window and RoPE, its attention scale, its MLP kind, width and clamps. Only
 where each layer's KV sits in the pools differs, and that comes into the scan as a traced slot
-index (`KVPools.pages` reads a layer's pages without slicing its buffers out).
+index (`KVPools.pages` reads a layer's pages without slicing its buffers out), and a MoE's
+expert weights come in whole with the copy's index (`layers.ExpertWeight`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from swajax.memory import bits
 from swajax.memory.pool import Slot
+from swajax.models.layers import ExpertWeight
 from swajax.models.spec import ModelSpec
 
 MAX_PERIOD = 16  # longer repeating patterns are not worth searching for
@@ -109,16 +112,27 @@ class LayerStack(nnx.Module):
         ]
         is_swa = [slots[0][p].is_swa for p in range(period)]
         index = jnp.asarray(np.array([[s.index for s in row] for row in slots], np.int32))
-        graphdefs, states = zip(*(nnx.split(stack) for stack in self.stacks), strict=True)
+        # Expert weights go in whole, every copy's (`layers.ExpertWeight`); the rest is sliced.
+        graphdefs, whole, sliced = zip(
+            *(nnx.split(stack, ExpertWeight, ...) for stack in self.stacks), strict=True
+        )
+
+        dtypes = jax.tree.map(lambda a: a.dtype, (sliced, pools))
 
         def body(carry, xs):
             x, pools = carry
-            layer_states, layer_index = xs
+            layer_states, layer_index, copy = xs
+            layer_states, pools = jax.tree.map(bits.from_bits, (layer_states, pools), dtypes)
             for p in range(period):
-                layer = nnx.merge(graphdefs[p], layer_states[p])
+                layer = nnx.merge(graphdefs[p], whole[p], layer_states[p])
                 slot = Slot(layer_index[p], is_swa[p])
-                x, pools = layer(x, positions, pools, meta, mode, slot=slot)
-            return (x, pools), None
+                x, pools = layer(x, positions, pools, meta, mode, slot=slot, copy=copy)
+            return (x, jax.tree.map(bits.to_bits, pools)), None
 
-        (x, pools), _ = jax.lax.scan(body, (x, pools), (tuple(states), index))
-        return x, pools
+        # The stacked weights and the carried pools go through the loop as their bits
+        # (`memory.bits`): XLA:CPU would widen a bfloat16 stack whole to slice it, and copy a
+        # bfloat16 pool whole to carry it.
+        stacked, pools = jax.tree.map(bits.to_bits, (tuple(sliced), pools))
+        copies = jnp.arange(repeats, dtype=jnp.int32)
+        (x, pools), _ = jax.lax.scan(body, (x, pools), (stacked, index, copies))
+        return x, jax.tree.map(bits.from_bits, pools, dtypes[1])

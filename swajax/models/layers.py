@@ -29,8 +29,33 @@ def param(shape, dtype=F32) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype))
 
 
+class ExpertWeight(nnx.Param):
+    """A mixture-of-experts weight stacked [E, ...]. A `LayerStack` hands its copies the stack
+    of every copy's experts whole, with the copy's index, instead of slicing one copy out per
+    step: XLA:CPU copies such a slice before a loop reads it (a layer's experts are most of a
+    MoE model's bytes), while the experts' own loop reads a chunk of one expert at a time."""
+
+
+def expert_param(shape, dtype=F32) -> ExpertWeight:
+    return ExpertWeight(jnp.zeros(shape, dtype))
+
+
+def unhoisted(weight, varying):
+    """`weight` tied to `varying` (a value each step computes afresh) on CPU. XLA:CPU has no
+    low-precision products or gathers: it widens a bfloat16 operand to float32 first, and a
+    weight's widening is invariant to every loop around it (the layers' scan, the steps of a
+    multi-step round), so XLA hoists it out of them: every weight of the model widened at once,
+    resident for the whole program (at gpt-oss-20b's shapes several GiB). Through a barrier
+    with `varying`, the weight is not invariant, and only what a product reads is widened, when
+    it reads it. Elsewhere, and for float32 weights, `weight` itself."""
+    if weight.dtype == F32 or jax.default_backend() != "cpu":
+        return weight, varying
+    return jax.lax.optimization_barrier((weight, varying))
+
+
 def dot(x, w):
     """x @ w in w's dtype with float32 accumulation; the float32 result."""
+    w, x = unhoisted(w, x)
     return jnp.dot(x.astype(w.dtype), w, precision=HIGHEST, preferred_element_type=F32)
 
 
@@ -38,13 +63,9 @@ HEAD_TILE = 8192  # vocabulary columns per tile of a tiled head product
 
 
 def lookup(table, tokens):
-    """table[tokens] in the table's dtype. Inside a loop over steps (multi-step decode) XLA:CPU
-    would widen a low-precision table to float32 whole, once, ahead of the loop (2.2 GiB for a
-    201k x 2880 bfloat16 embedding); through a barrier with the tokens, the table is not
-    loop-invariant to it, and only the gathered rows are widened. Elsewhere a plain gather."""
-    if table.dtype == F32 or jax.default_backend() != "cpu":
-        return table[tokens]
-    table, tokens = jax.lax.optimization_barrier((table, tokens))
+    """table[tokens] in the table's dtype; only the gathered rows widened on CPU (`unhoisted`:
+    a 201k x 2880 bfloat16 embedding would otherwise be widened whole, 2.2 GiB)."""
+    table, tokens = unhoisted(table, tokens)
     return table[tokens]
 
 
@@ -61,9 +82,7 @@ def head_dot(x, head):
 
     def tile(i, out):  # the last tile ends at v (it overlaps the one before)
         start = jnp.minimum(i * HEAD_TILE, v - HEAD_TILE)
-        # Through a barrier with the loop index, the head is not loop-invariant to XLA, which
-        # would otherwise convert it whole to float32 once, before the loop.
-        whole, start = jax.lax.optimization_barrier((head, start))
+        whole, start = unhoisted(head, start)  # tied to the tile: widened a tile at a time
         block = jax.lax.dynamic_slice_in_dim(whole, start, HEAD_TILE, axis=1)
         return jax.lax.dynamic_update_slice_in_dim(out, dot(x, block), start, axis=1)
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from swajax.models import experts as ex, quantized
-from swajax.models.layers import F32, DenseMLP, Linear, fp8_block, param
+from swajax.models.layers import F32, DenseMLP, Linear, expert_param, fp8_block, param
 from swajax.models.spec import Act, ModelSpec
 from swajax.models.weights import PAIRED, SWAPPED
 
@@ -28,14 +28,15 @@ def _stacked(
     of its `parts` column groups with its own block grid)."""
     e, din, dout = shape
     if form == "mxfp4":
-        setattr(module, f"{name}_blocks", param((e, dout, din // 32, 16), jnp.uint8))
-        setattr(module, f"{name}_scales", param((e, dout, din // 32), jnp.uint8))
+        setattr(module, f"{name}_blocks", expert_param((e, dout, din // 32, 16), jnp.uint8))
+        setattr(module, f"{name}_scales", expert_param((e, dout, din // 32), jnp.uint8))
     elif form == "fp8":
         block = _expert_block(spec, din, dout, parts)
-        setattr(module, name, param(shape, quantized.FP8))
-        setattr(module, f"{name}_scale", param((e, *quantized.grid(din, dout, block, parts))))
+        setattr(module, name, expert_param(shape, quantized.FP8))
+        grid = quantized.grid(din, dout, block, parts)
+        setattr(module, f"{name}_scale", expert_param((e, *grid)))
     else:
-        setattr(module, name, param(shape, spec.dtype))
+        setattr(module, name, expert_param(shape, spec.dtype))
 
 
 def _weight(module, name: str, spec: ModelSpec, form: str):
@@ -45,7 +46,7 @@ def _weight(module, name: str, spec: ModelSpec, form: str):
         return quantized.Mxfp4(blocks[...], scales[...], spec.dtype)
     if form == "fp8":
         w, s = getattr(module, name)[...], getattr(module, f"{name}_scale")[...]
-        block = _expert_block(spec, *w.shape[1:], parts=s.shape[-2])
+        block = _expert_block(spec, *w.shape[-2:], parts=s.shape[-2])
         return quantized.BlockFp8(w, s, block, spec.dtype)
     return getattr(module, name)[...]
 
@@ -75,11 +76,12 @@ def _load_per_expert(module, w, prefix: str, names: tuple[str, str, str]) -> Non
         w.fill_fp8_stacked(kernel, scale, group, block, transform)
 
 
-def _paired_experts(module) -> ex.Experts:
+def _paired_experts(module, copy) -> ex.Experts:
     """`module.gate_up` / `module.down` (plain or float8, no biases) as the computation takes
     them (MiMo-V2-Flash, DeepSeek-V4)."""
     gate_up = _weight(module, "gate_up", module.spec, module.form)
-    return ex.Experts(gate_up, None, _weight(module, "down", module.spec, module.form), None)
+    down = _weight(module, "down", module.spec, module.form)
+    return ex.Experts(gate_up, None, down, None, copy)
 
 
 def _run(spec: ModelSpec, x, routing: ex.Routing, weights: ex.Experts, act):
@@ -122,7 +124,7 @@ class GptOssMoE(nnx.Module):
         up = jnp.clip(h[..., 1::2], -limit, limit)
         return (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
 
-    def __call__(self, x):
+    def __call__(self, x, copy=None):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
         routing = ex.Routing(idx, None, jax.nn.softmax(top, axis=-1))
         weights = ex.Experts(
@@ -130,6 +132,7 @@ class GptOssMoE(nnx.Module):
             self.gate_up_bias[...],
             _weight(self, "down", self.spec, self.form),
             self.down_bias[...],
+            copy,
         )
         return _run(self.spec, x, routing, weights, self._act)
 
@@ -142,7 +145,7 @@ class Llama4MoE(nnx.Module):
         e, h, i, dt = spec.num_experts, spec.hidden, spec.expert_intermediate, spec.dtype
         self.spec = spec
         self.router = Linear(h, e)
-        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        self.gate_up, self.down = expert_param((e, h, 2 * i), dt), expert_param((e, i, h), dt)
         self.shared_expert = DenseMLP(h, i, Act.SILU, dt, quant=spec.weights)
 
     def load(self, w, prefix):
@@ -151,10 +154,10 @@ class Llama4MoE(nnx.Module):
         w.fill(self.down, f"{prefix}.experts.down_proj")
         self.shared_expert.load(w, f"{prefix}.shared_expert")
 
-    def __call__(self, x):
+    def __call__(self, x, copy=None):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
         routing = ex.Routing(idx, jax.nn.sigmoid(top), jnp.ones_like(top))
-        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         return _run(self.spec, x, routing, weights, _swiglu_pairs) + self.shared_expert(x)
 
 
@@ -177,7 +180,7 @@ class MimoMoE(nnx.Module):
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
         _load_per_expert(self, w, prefix, ("gate_proj", "up_proj", "down_proj"))
 
-    def __call__(self, x):
+    def __call__(self, x, copy=None):
         spec = self.spec
         scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
         _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
@@ -185,7 +188,7 @@ class MimoMoE(nnx.Module):
         if spec.norm_topk:
             chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = _paired_experts(self)
+        weights = _paired_experts(self, copy)
         return _run(spec, x, routing, weights, _swiglu_pairs)
 
 
@@ -199,7 +202,7 @@ class Step3MoE(nnx.Module):
         self.spec, self.limit = spec, spec.expert_limits[layer_id]
         self.gate = Linear(h, e)
         self.correction = param((e,))
-        self.gate_up, self.down = param((e, h, 2 * i), dt), param((e, i, h), dt)
+        self.gate_up, self.down = expert_param((e, h, 2 * i), dt), expert_param((e, i, h), dt)
         shared_limit = spec.mlp_limits[layer_id]
         self.share_expert = DenseMLP(
             h, spec.shared_intermediate, Act.SILU, dt, shared_limit, spec.weights
@@ -221,14 +224,14 @@ class Step3MoE(nnx.Module):
             gate, up = jnp.minimum(gate, self.limit), jnp.clip(up, -self.limit, self.limit)
         return gate * up
 
-    def __call__(self, x):
+    def __call__(self, x, copy=None):
         spec = self.spec
         scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
         _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         chosen = chosen / jnp.sum(chosen, axis=-1, keepdims=True)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = ex.Experts(self.gate_up[...], None, self.down[...], None)
+        weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         return _run(spec, x, routing, weights, self._act) + self.share_expert(x)
 
 
@@ -286,6 +289,6 @@ class DeepseekV4MoE(nnx.Module):
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
         routing = ex.Routing(idx, None, chosen * spec.routed_scale)
-        weights = _paired_experts(self)
+        weights = _paired_experts(self, None)  # never scanned (`DeepseekV4Decoder`)
         shared = self._act(jnp.stack([self.w1(x), self.w3(x)], axis=-1).reshape(x.shape[0], -1))
         return _run(spec, x, routing, weights, self._act) + self.w2(shared)

@@ -60,12 +60,15 @@ class Mxfp4:
     def __getitem__(self, i) -> Mxfp4:
         return Mxfp4(self.blocks[i], self.scales[i], self.dtype)
 
-    def outputs(self, i, start, size: int) -> Mxfp4:
-        """Stacked weight i's outputs [start, start + size) (`i` and `start` may be traced)."""
-        groups = self.blocks.shape[-2]
-        blocks = jax.lax.dynamic_slice(self.blocks, (i, start, 0, 0), (1, size, groups, 16))
-        scales = jax.lax.dynamic_slice(self.scales, (i, start, 0), (1, size, groups))
-        return Mxfp4(blocks[0], scales[0], self.dtype)
+    def outputs(self, lead: tuple, start, size: int) -> Mxfp4:
+        """Stacked weight `lead`'s outputs [start, start + size) (`lead` indexes the leading
+        axes; it and `start` may be traced)."""
+        groups, ones = self.blocks.shape[-2], (1,) * len(lead)
+        blocks = jax.lax.dynamic_slice(self.blocks, (*lead, start, 0, 0), (*ones, size, groups, 16))
+        scales = jax.lax.dynamic_slice(self.scales, (*lead, start, 0), (*ones, size, groups))
+        return Mxfp4(
+            blocks.reshape(blocks.shape[-3:]), scales.reshape(scales.shape[-2:]), self.dtype
+        )
 
     def halves(self) -> tuple[jax.Array, jax.Array]:
         """The values of the even and of the odd input positions (low and high nibbles), each
