@@ -58,7 +58,8 @@ class EngineSpec:
     # Devices the model splits over (KV heads, MLP intermediate: `swajax.models.sharding`).
     # None: 1 in one process; every device of every process when several are joined.
     tensor_parallel: int | None = None
-    dtype: str = "float32"  # parameters and activations
+    # parameters and activations; "auto": the checkpoint's own (`loading.checkpoint_dtype`)
+    dtype: str = "auto"
     kv_dtype: str | None = None  # KV pools; None: the same as dtype
     # A host tier for the prefix cache (prefix_cache/host_tier.py): GiB of host memory that
     # KV evicted from the device moves to, and hits load back from; 0: none. One process only.
@@ -111,7 +112,7 @@ def tensor_mesh(tensor_parallel: int | None) -> Mesh | None:
 
 def load_model(
     model: str,
-    dtype: str = "float32",
+    dtype: str = "auto",
     chat: bool = False,
     *,
     flag: str = "--model",

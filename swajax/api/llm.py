@@ -148,7 +148,7 @@ class LLM:
         self,
         model: str = "tiny",
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         revision: str | None = None,
         generation_config: str = "auto",
         draft_model: str | None = None,
@@ -205,7 +205,9 @@ class LLM:
         )
         draft = None
         if draft_model is not None:
-            draft = load_model(draft_model, spec.dtype, flag=flags[1], mesh=mesh)[0]
+            # the draft in the target's dtype: one set of activations, one KV dtype
+            dtype = decoder.spec.dtype
+            draft = load_model(draft_model, dtype, flag=flags[1], mesh=mesh)[0]
         # The LLM owns the decoder: its layers' arrays are freed as they are restacked.
         self.engine: Engine = make_engine(decoder, spec, draft, consume=True)
         del decoder, draft

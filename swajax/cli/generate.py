@@ -276,9 +276,10 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=tuple(KV_DTYPE),
-        default="float32",
-        help="parameters and activations (norms, softmax, routers stay float32)",
+        choices=("auto", *KV_DTYPE),
+        default="auto",
+        help="parameters and activations (norms, softmax, routers stay float32); auto: the "
+        "checkpoint's own (config.json's dtype / torch_dtype, else float32)",
     )
     p.add_argument(
         "--kv-cache-dtype",

@@ -31,10 +31,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _run_convert(args: argparse.Namespace) -> int:
     from swajax.models import load_decoder, save_orbax
-    from swajax.models.loading import checkpoint_dtype
 
-    dtype = args.dtype or checkpoint_dtype(args.source)  # keep the checkpoint's own
-    decoder = load_decoder(args.source, dtype=dtype, dequantize_weights=args.dequantize_weights)
+    decoder = load_decoder(
+        args.source, dtype=args.dtype or "auto", dequantize_weights=args.dequantize_weights
+    )
+    dtype = decoder.spec.dtype
     if args.to == "hf":
         from swajax.models.export import save_hf
 

@@ -9,7 +9,7 @@ from pathlib import Path
 DEMO_DIR = Path(__file__).resolve().parent
 
 
-def demo_decoder(dtype: str = "float32", mesh=None):
+def demo_decoder(dtype: str = "auto", mesh=None):
     from swajax.models import load_decoder
 
     return load_decoder(DEMO_DIR, dtype=dtype, mesh=mesh)

@@ -24,11 +24,15 @@ def narrow(dtype) -> bool:
     )
 
 
+def held(dtype) -> jnp.dtype:
+    """The dtype values of `dtype` are held in: unsigned integers of its width where `narrow`."""
+    dtype = jnp.dtype(dtype)
+    return jnp.dtype(f"uint{8 * dtype.itemsize}") if narrow(dtype) else dtype
+
+
 def to_bits(x: jax.Array) -> jax.Array:
     """`x` as unsigned integers of its width where `narrow`, else `x`."""
-    if not narrow(x.dtype):
-        return x
-    return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    return jax.lax.bitcast_convert_type(x, held(x.dtype)) if narrow(x.dtype) else x
 
 
 def from_bits(x: jax.Array, dtype) -> jax.Array:

@@ -82,6 +82,15 @@ class KVPools:
     )
     # DeepSeek-V4's compressed entries and pending compressor projections (None otherwise).
     compressed: CompressedPools | None = None
+    # The (full, SWA) K / V dtype where the buffers hold its bits instead (`memory.bits`: a
+    # narrow float on CPU, which XLA:CPU would widen or copy whole to write or carry), or None.
+    # `stacked` and `pages` read them as that dtype; `write_kv` stores the bits.
+    bits_of: tuple[str | None, str | None] = dataclasses.field(
+        default=(None, None), metadata=dict(static=True)
+    )
+
+    def as_bits(self, is_swa: bool) -> bool:
+        return self.bits_of[1 if is_swa else 0] is not None
 
     def layer(self, layer_id: int) -> tuple[jax.Array, jax.Array]:
         """(K, V) buffers of one global layer, shape [rows, kv_heads, dim] (the same buffer
@@ -98,6 +107,9 @@ class KVPools:
         """A sub-pool's (K, V) buffers [layers, rows, heads, dim] (K twice where keys are
         values)."""
         k, v = (self.swa_k, self.swa_v) if is_swa else (self.full_k, self.full_v)
+        dtype = self.bits_of[1 if is_swa else 0]
+        if dtype is not None:
+            k, v = bits.from_bits(k, dtype), bits.from_bits(v, dtype)
         return k, k if self.k_is_v[1 if is_swa else 0] else v
 
     def pages(self, slot: Slot) -> tuple[jax.Array, jax.Array, int | jax.Array]:
@@ -151,14 +163,18 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     full_rows = sizes.full_tokens + ps if mode is not PoolMode.ALL_SWA else ps
     swa_rows = (sizes.full_tokens if mode is PoolMode.SINGLE else sizes.swa_tokens) + ps
     kind = jnp.dtype(DTYPES[dtype]).name
-    full = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, kind)
-    swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, kind)
+    held = bits.held(kind).name
+    full = _buffers(len(cfg.full_layer_ids), full_rows, cfg.full_attention, held)
+    swa = _buffers(len(cfg.swa_layer_ids), swa_rows, cfg.swa_attention, held)
     full_k, full_v, swa_k, swa_v = zeros(*full, *swa, sharding=sharding)  # one program
     k_is_v = (cfg.full_attention.k_is_v, cfg.swa_attention.k_is_v)
     # Compressed stores have no head axis: split pools over heads leave them replicated.
     whole = None if sharding is None else jax.sharding.NamedSharding(sharding.mesh, P())
     compressed = init_compressed(cfg, full_rows, swa_rows, ps, dtype_of(kind).name, whole)
-    return KVPools(full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed)
+    bits_of = (kind, kind) if held != kind else (None, None)
+    return KVPools(
+        full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed, bits_of
+    )
 
 
 def write_kv(
@@ -174,37 +190,27 @@ def write_kv(
     index, is_swa = pools.slot(layer_id)
     if pools.k_is_v[1 if is_swa else 0] != (v is None):
         raise ValueError(f"layer {layer_id}: pass v=None exactly where the pool's keys are values")
-    if not is_swa:
-        full_k = _set_rows(pools.full_k, index, loc.full, _sourced(pools.full_k, index, k, loc))
-        if v is None:
-            return dataclasses.replace(pools, full_k=full_k)
-        full_v = _set_rows(pools.full_v, index, loc.full, _sourced(pools.full_v, index, v, loc))
-        return dataclasses.replace(pools, full_k=full_k, full_v=full_v)
-    if loc.swa is None:
+    if is_swa and loc.swa is None:
         raise ValueError(
             f"layer {layer_id} is an SWA layer: writing its KV needs the SWA location "
             "(KVWriteLoc.swa), translated once per batch by the attention metadata"
         )
-    swa_k = _set_rows(pools.swa_k, index, loc.swa, stored(k, pools.swa_k.dtype))
-    if v is None:
-        return dataclasses.replace(pools, swa_k=swa_k)
-    swa_v = _set_rows(pools.swa_v, index, loc.swa, stored(v, pools.swa_v.dtype))
-    return dataclasses.replace(pools, swa_k=swa_k, swa_v=swa_v)
-
-
-def _set_rows(buffers: jax.Array, index, rows: jax.Array, values: jax.Array) -> jax.Array:
-    """buffers[index, rows] = values, moved as bits on CPU (`bits`: a bfloat16 pool would be
-    widened whole for the scatter, each layer's bytes three times per write)."""
-    raw = bits.to_bits(buffers).at[index, rows].set(bits.to_bits(values))
-    return bits.from_bits(raw, buffers.dtype)
-
-
-def _sourced(buffers: jax.Array, index, new: jax.Array, loc: KVWriteLoc) -> jax.Array:
-    """The rows a full layer stores: `new`, or where `loc.full_src` names a slot, its KV."""
-    new = stored(new, buffers.dtype)
-    if loc.full_src is None:
-        return new
-    return jnp.where((loc.full_src > 0)[:, None, None], buffers[index, loc.full_src], new)
+    names = ("swa_k", "swa_v") if is_swa else ("full_k", "full_v")
+    views = pools.stacked(is_swa)
+    new = {}
+    for name, view, x in zip(names, views, (k, v), strict=True):
+        if x is None:
+            continue
+        x = stored(x, view.dtype)
+        if is_swa:
+            rows = loc.swa
+        else:
+            rows = loc.full
+            if loc.full_src is not None:  # a tail rebuild stores the prefix cache's own KV
+                x = jnp.where((loc.full_src > 0)[:, None, None], view[index, loc.full_src], x)
+        buffer = getattr(pools, name)
+        new[name] = buffer.at[index, rows].set(bits.to_bits(x) if pools.as_bits(is_swa) else x)
+    return dataclasses.replace(pools, **new)
 
 
 write_kv_jit = jax.jit(write_kv, static_argnames="layer_id", donate_argnums=0)

@@ -117,22 +117,21 @@ class LayerStack(nnx.Module):
             *(nnx.split(stack, ExpertWeight, ...) for stack in self.stacks), strict=True
         )
 
-        dtypes = jax.tree.map(lambda a: a.dtype, (sliced, pools))
+        dtypes = jax.tree.map(lambda a: a.dtype, sliced)
 
         def body(carry, xs):
             x, pools = carry
             layer_states, layer_index, copy = xs
-            layer_states, pools = jax.tree.map(bits.from_bits, (layer_states, pools), dtypes)
+            layer_states = jax.tree.map(bits.from_bits, layer_states, dtypes)
             for p in range(period):
                 layer = nnx.merge(graphdefs[p], whole[p], layer_states[p])
                 slot = Slot(layer_index[p], is_swa[p])
                 x, pools = layer(x, positions, pools, meta, mode, slot=slot, copy=copy)
-            return (x, jax.tree.map(bits.to_bits, pools)), None
+            return (x, pools), None
 
-        # The stacked weights and the carried pools go through the loop as their bits
-        # (`memory.bits`): XLA:CPU would widen a bfloat16 stack whole to slice it, and copy a
-        # bfloat16 pool whole to carry it.
-        stacked, pools = jax.tree.map(bits.to_bits, (tuple(sliced), pools))
+        # The stacked weights are sliced as their bits (`memory.bits`: XLA:CPU would widen a
+        # bfloat16 stack whole to slice it); the pools hold theirs already (`KVPools.bits_of`).
+        stacked = jax.tree.map(bits.to_bits, tuple(sliced))
         copies = jnp.arange(repeats, dtype=jnp.int32)
         (x, pools), _ = jax.lax.scan(body, (x, pools), (stacked, index, copies))
-        return x, jax.tree.map(bits.from_bits, pools, dtypes[1])
+        return x, pools

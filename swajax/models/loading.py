@@ -79,6 +79,11 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+# The checkpoint's own dtype, as vLLM and SGLang default to. On CPU too: XLA:CPU computes a
+# bfloat16 product in float32 (about as fast as float32 weights once widened where read,
+# `layers.unhoisted`), and float32 weights would take twice the checkpoint's bytes: at
+# published shapes the difference between fitting the machine and not (BUILD_NOTES.md).
+AUTO = "auto"
 MOE_MODES = ("auto", "routed", "dense")
 # Tensors a checkpoint may carry that no model here reads (as transformers ignores them): old
 # RoPE buffers, a stored copy of tied embeddings, MiMo's multi-token-prediction layers.
@@ -103,7 +108,7 @@ IGNORED_BY_FAMILY = {
 def load_decoder(
     path: str | Path,
     *,
-    dtype: str = "float32",
+    dtype: str = "auto",
     moe: str = "auto",
     mesh=None,
     dequantize_weights: bool = False,
@@ -114,10 +119,12 @@ def load_decoder(
     (`mesh`: tensor parallel, see `swajax.models.sharding`) and `dtype`. A checkpoint tensor
     the model does not read is an error naming it. Quantized checkpoints (MXFP4 experts, block
     FP8 projections) stay quantized on the device and are dequantized inside the jitted
-    computation; `dequantize_weights` dequantizes them to `dtype` at load instead.
+    computation; `dequantize_weights` dequantizes them to `dtype` at load instead. `dtype`
+    "auto": the checkpoint's own (`checkpoint_dtype`), on every backend.
     """
     path = Path(path)
     cfg = read_config(path)
+    dtype = checkpoint_dtype(path) if dtype == AUTO else dtype
     spec = decoder_spec(cfg, dtype=dtype, moe=moe, dequantize_weights=dequantize_weights)
     orbax = (path / ORBAX_DIR).exists()
     if orbax:
@@ -269,6 +276,8 @@ def _as_held(cfg: dict, decoder: Decoder) -> dict:
                 fields.pop("quantization_config", None)
     if decoder.spec.kv_scales:
         cfg[KV_SCALES_FIELD] = True
+    cfg["dtype"] = decoder.spec.dtype  # what the params are (`checkpoint_dtype` reads it)
+    cfg.pop("torch_dtype", None)
     return cfg
 
 

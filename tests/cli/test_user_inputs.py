@@ -128,7 +128,7 @@ def test_the_context_limit_is_the_models_and_names_its_flag(cli, tmp_path):
         "--max-tokens",
         "2",
         "--kv-budget-gib",
-        "0.00023",
+        "0.000115",
         "--swa-full-tokens-ratio",
         "1",
     )

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swajax.memory import pool as P
+from swajax.memory import bits, pool as P
 from swajax.presets import load_preset
 from swajax.sizing import PoolSizes
 
@@ -63,8 +63,27 @@ def test_padding_writes_land_in_the_dummy_slot():
 def test_modes_and_dtypes(dtype, jdtype):
     cfg = load_preset("tiny-hybrid")
     single = P.init_pools(cfg, sizes("single", 32, 32), dtype)
-    assert single.full_k.shape[1] == single.swa_k.shape[1] == 36 and single.full_k.dtype == jdtype
+    assert single.full_k.shape[1] == single.swa_k.shape[1] == 36
+    assert single.stacked(False)[0].dtype == jdtype  # read as its dtype
+    # held as its bits where XLA:CPU would widen it (memory.bits), in the same bytes
+    assert (
+        single.full_k.dtype == bits.held(jdtype)
+        and single.full_k.dtype.itemsize == jdtype(0).itemsize
+    )
     all_swa = P.init_pools(load_preset("tiny-all-swa"), sizes("all_swa", 0, 16), dtype)
     assert all_swa.full_k.shape[0] == 0 and all_swa.swa_k.shape[:2] == (2, 20)
     with pytest.raises(ValueError, match="int8"):
         P.init_pools(cfg, sizes(), "int8")
+
+
+def test_a_bfloat16_pool_is_written_and_read_as_bfloat16():
+    """Held as bits on CPU (`memory.bits`), the pool still stores and returns bfloat16 values."""
+    cfg = load_preset("tiny-hybrid")
+    pools = P.init_pools(cfg, sizes(), "bf16")
+    k = (jnp.arange(3 * 2 * 16, dtype=jnp.float32).reshape(3, 2, 16) / 7).astype(jnp.bfloat16)
+    loc = P.KVWriteLoc(full=jnp.array([7, 0, 0]), swa=jnp.array([5, 0, 0]))
+    pools = P.write_kv_jit(pools, 0, k, -k, loc)
+    swa_k, swa_v = pools.layer(0)
+    assert swa_k.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(swa_k[5], np.float32), np.asarray(k[0], np.float32))
+    np.testing.assert_array_equal(np.asarray(swa_v[5], np.float32), -np.asarray(k[0], np.float32))
