@@ -13,7 +13,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
-from swajax import sizing
+from swajax import platform, sizing
 from swajax.api.hub import resolve_model
 from swajax.config import HybridConfig
 from swajax.demo import demo_decoder
@@ -198,7 +198,7 @@ def attention_path(attention: str, backend: str | None = None) -> tuple[str, boo
     only on CPU, where the kernels cannot be compiled."""
     if attention not in ATTENTION:
         raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
-    backend = backend or jax.default_backend()
+    backend = backend or platform.target()
     device = backend in ("gpu", "cuda", "rocm", "tpu")
     if attention == "auto":
         attention = "pallas" if device else "xla"

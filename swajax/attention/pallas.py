@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
+from swajax import platform
 from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
 from swajax.config import LayerSpec
 from swajax.kernels.paged_decode import paged_decode
@@ -18,7 +18,7 @@ def _tables(meta: AttentionMetadata, layer: LayerSpec):
 
 
 def default_backend() -> str:
-    return "tpu" if jax.default_backend() == "tpu" else "gpu"
+    return "tpu" if platform.target() == "tpu" else "gpu"
 
 
 def attention_pallas(
@@ -36,7 +36,7 @@ def attention_pallas(
 ):
     """Same contract as `attention_xla`; decode batches (block_q == 1) use the decode kernel."""
     backend = backend or default_backend()
-    if jax.default_backend() == "cpu" and not interpret:
+    if platform.is_cpu() and not interpret:
         raise ValueError("Pallas kernels run on CPU only in interpret mode: pass interpret=True")
     t, hq, dk = q.shape
     hkv, dv = k_pages.shape[2], v_pages.shape[3]

@@ -13,15 +13,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from swajax import platform
+
 
 def narrow(dtype) -> bool:
     """Whether XLA:CPU would widen `dtype` (a float narrower than 32 bits) on this backend."""
     dtype = jnp.dtype(dtype)
-    return (
-        jnp.issubdtype(dtype, jnp.floating)
-        and dtype.itemsize < 4
-        and jax.default_backend() == "cpu"
-    )
+    return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4 and platform.is_cpu()
 
 
 def held(dtype) -> jnp.dtype:

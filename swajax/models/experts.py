@@ -21,6 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from swajax import platform
 from swajax.arith import ceil_div, round_up
 from swajax.models import quantized
 
@@ -187,7 +188,7 @@ def _block_loop(lhs, w, layout: _Layout, block: int, along: str | None, copy):
 
 def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str, copy=None):
     lhs = lhs.astype(w.dtype)
-    cpu = jax.default_backend() == "cpu"
+    cpu = platform.is_cpu()
     if method == "auto":  # quantized experts loop too: ragged_dot would dequantize them all
         method = "loop" if cpu or quantized.is_quantized(w) else "ragged"
     if method == "loop":  # chunks for XLA:CPU's copies (above); elsewhere each expert whole

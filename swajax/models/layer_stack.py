@@ -81,20 +81,28 @@ def runs(sigs: list, min_repeats: int = 2) -> tuple[Segment, ...]:
 
 
 def _stacked(layers: list[nnx.Module], consume: bool = False) -> nnx.Module:
-    """The first layer's module holding every layer's parameters stacked on a leading axis.
-    `consume`: free each layer's arrays as soon as their stack is made, so the weights are
-    never held twice (a published model's layers are most of the machine's memory)."""
-    graphdef, _ = nnx.split(layers[0])
-    states = [nnx.split(layer)[1] for layer in layers]
+    """The first layer's module holding every layer's parameters stacked on a leading axis,
+    those a scan slices as their bits (`memory.bits`; all but the experts, which are read out
+    of the whole stack). `consume`: free each layer's arrays as soon as their stack is made,
+    so the weights are never held twice (a published model's layers are most of the memory)."""
+    graphdef, *_ = nnx.split(layers[0], ExpertWeight, ...)
+    experts, rest = zip(*(nnx.split(layer, ExpertWeight, ...)[1:] for layer in layers), strict=True)
 
-    def stack(*xs):
-        out = jnp.stack(xs)
-        if consume:
-            for x in xs:
-                x.delete()
-        return out
+    def stack(held):
+        def fn(*xs):
+            out = held(jnp.stack(xs))
+            if consume:
+                for x in xs:
+                    x.delete()
+            return out
 
-    return nnx.merge(graphdef, jax.tree.map(stack, *states))
+        return fn
+
+    return nnx.merge(
+        graphdef,
+        jax.tree.map(stack(lambda x: x), *experts),
+        jax.tree.map(stack(bits.to_bits), *rest),
+    )
 
 
 class LayerStack(nnx.Module):
@@ -103,6 +111,11 @@ class LayerStack(nnx.Module):
     def __init__(self, layers: list[nnx.Module], segment: Segment, consume: bool = False):
         self.segment = segment
         p = segment.period
+        # the dtypes of the parameters the stacks hold as bits, in their leaves' order
+        self.dtypes = tuple(
+            tuple(x.dtype.name for x in jax.tree.leaves(nnx.split(layers[j], ExpertWeight, ...)[2]))
+            for j in range(p)
+        )
         self.stacks = nnx.List([_stacked(layers[j::p], consume) for j in range(p)])
 
     def __call__(self, x, positions, pools, meta, mode):
@@ -117,21 +130,24 @@ class LayerStack(nnx.Module):
             *(nnx.split(stack, ExpertWeight, ...) for stack in self.stacks), strict=True
         )
 
-        dtypes = jax.tree.map(lambda a: a.dtype, sliced)
-
         def body(carry, xs):
             x, pools = carry
             layer_states, layer_index, copy = xs
-            layer_states = jax.tree.map(bits.from_bits, layer_states, dtypes)
+            layer_states = [
+                jax.tree.unflatten(
+                    jax.tree.structure(state), map(bits.from_bits, jax.tree.leaves(state), dtypes)
+                )
+                for state, dtypes in zip(layer_states, self.dtypes, strict=True)
+            ]
             for p in range(period):
                 layer = nnx.merge(graphdefs[p], whole[p], layer_states[p])
                 slot = Slot(layer_index[p], is_swa[p])
                 x, pools = layer(x, positions, pools, meta, mode, slot=slot, copy=copy)
             return (x, pools), None
 
-        # The stacked weights are sliced as their bits (`memory.bits`: XLA:CPU would widen a
-        # bfloat16 stack whole to slice it); the pools hold theirs already (`KVPools.bits_of`).
-        stacked = jax.tree.map(bits.to_bits, tuple(sliced))
+        # The stacks hold their weights as bits (`_stacked`: XLA:CPU would widen a bfloat16
+        # stack whole to slice it, and copy it whole to make its bits), as the pools do theirs
+        # (`KVPools.bits_of`).
         copies = jnp.arange(repeats, dtype=jnp.int32)
-        (x, pools), _ = jax.lax.scan(body, (x, pools), (stacked, index, copies))
+        (x, pools), _ = jax.lax.scan(body, (x, pools), (tuple(sliced), index, copies))
         return x, pools

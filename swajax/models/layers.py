@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from swajax import platform
 from swajax.attention import AttentionMode, attention
 from swajax.memory import pool as pool_lib
 from swajax.models import quantized
@@ -48,7 +49,7 @@ def unhoisted(weight, varying):
     resident for the whole program (at gpt-oss-20b's shapes several GiB). Through a barrier
     with `varying`, the weight is not invariant, and only what a product reads is widened, when
     it reads it. Elsewhere, and for float32 weights, `weight` itself."""
-    if weight.dtype == F32 or jax.default_backend() != "cpu":
+    if weight.dtype == F32 or not platform.is_cpu():
         return weight, varying
     return jax.lax.optimization_barrier((weight, varying))
 
@@ -76,7 +77,7 @@ def head_dot(x, head):
     head therefore runs one tile of HEAD_TILE columns at a time (the converted copy is one tile);
     elsewhere, and for a float32 head, one product."""
     v = head.shape[1]
-    if jax.default_backend() != "cpu" or head.dtype == F32 or v <= 2 * HEAD_TILE:
+    if not platform.is_cpu() or head.dtype == F32 or v <= 2 * HEAD_TILE:
         return dot(x, head)
     n = -(-v // HEAD_TILE)
 

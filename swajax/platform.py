@@ -1,0 +1,35 @@
+"""The platform programs are traced for: JAX's default backend, or the one named while
+lowering ahead of time for another (`lowering_for`: a TPU or GPU program exported from a CPU
+machine). Every choice the code makes by platform (the attention kernels, XLA:CPU's
+workarounds) asks `target()`, so an exported program is the one that platform would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target", default=None)
+ALIASES = {"cuda": "gpu", "rocm": "gpu"}
+
+
+def target() -> str:
+    """ "cpu", "gpu" or "tpu"."""
+    name = _TARGET.get() or jax.default_backend()
+    return ALIASES.get(name, name)
+
+
+def is_cpu() -> bool:
+    return target() == "cpu"
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+    """Trace for `platform` ("tpu", "cuda", "gpu", "cpu") inside the block."""
+    token = _TARGET.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
