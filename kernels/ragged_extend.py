@@ -98,8 +98,11 @@ def _mask(k_pos, pos0, n, rows, g, kind, window):
 
 
 def _init(sinks_ref, hkv, rows, g, dv):
-    def sink(h):  # per row: the sink of the row's query head
-        return None if sinks_ref is None else jnp.tile(sinks_ref[h], rows // g)
+    def sink(h):  # per row: the sink of the row's query head (rows are token-major)
+        if sinks_ref is None:
+            return None
+        # broadcast and reshape, not jnp.tile: Pallas' Triton lowering has no `tile`
+        return jnp.broadcast_to(sinks_ref[h][None, :], (rows // g, g)).reshape(rows)
 
     return tuple(common.softmax_init(rows, dv, sink(h)) for h in range(hkv))
 

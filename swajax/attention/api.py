@@ -19,6 +19,10 @@ class AttentionMode(NamedTuple):
     implementation: Implementation = "xla"
     interpret: bool = False  # Pallas interpret mode (CPU)
     mesh: Any = None  # a Mesh splitting KV heads over axis "tp", or None
+    # The platform the programs are traced for (`swajax.platform.target()` where the model was
+    # built): part of every step program's static key, so a program traced for one platform is
+    # never reused for another.
+    target: str | None = None
 
 
 def as_pages(buffer: jax.Array, page_size: int) -> jax.Array:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from swajax import platform
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
 from swajax.models import layer_stack
@@ -238,9 +239,19 @@ class HybridLM:
         as they are restacked (the weights are never held twice; the decoder is not usable
         afterwards)."""
         self.spec = decoder.spec
+        # A decoder of shapes only (`nnx.eval_shape`): a model to lower ahead of time, for this
+        # platform or another (`swajax.platform.lowering_for`); it cannot run.
+        self.abstract = any(
+            isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(nnx.state(decoder))
+        )
         if scan_layers:
-            decoder = nnx.merge(*nnx.split(decoder))  # a new module tree over the same arrays
-            decoder.scan_layers(consume)
+
+            def scanned(decoder):
+                decoder = nnx.merge(*nnx.split(decoder))  # a new module tree, the same arrays
+                decoder.scan_layers(consume)
+                return decoder
+
+            decoder = nnx.eval_shape(scanned, decoder) if self.abstract else scanned(decoder)
         self.vocab_size = self.spec.vocab_size
         self.graphdef, self.state = nnx.split(decoder)
         self.dtype, self.implementation, self.interpret = dtype, implementation, interpret
@@ -255,11 +266,11 @@ class HybridLM:
             sharding.check_divisible(self.spec, mesh)
             self.state = sharding.shard_state(self.state, mesh)
             self.state_sharding = sharding.replicated(mesh)
-        else:  # parameters live on the device once, not uploaded with every step
+        elif not self.abstract:  # parameters live on the device once, not uploaded each step
             self.state = jax.device_put(self.state)
         # What every step passes: the parameters as one flat tuple (see `Forward`).
         self.params = tuple(jax.tree.leaves(self.state))
-        mode = AttentionMode(implementation, interpret, mesh)
+        mode = AttentionMode(implementation, interpret, mesh, platform.target())
         self.forward = forward_of(self.graphdef, mode, jax.tree.structure(self.state))
 
     @property

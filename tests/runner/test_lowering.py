@@ -1,0 +1,85 @@
+"""Every engine step program at gpt-oss-20b's widths (4 layers, weights as shapes only) lowers
+for TPU v5e and v6e and for CUDA through `jax.export`, with the compiled kernels (Mosaic on
+TPU, Triton on GPU; no interpreter), and with the XLA path. No accelerator is needed: the
+programs are traced for the target (`swajax.platform.lowering_for`), as that platform runs
+them (its attention, none of XLA:CPU's workarounds)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import pytest
+from helpers.published import step_programs
+from jax import export
+from jax.sharding import AbstractDevice, AbstractMesh
+
+from swajax import platform
+
+KERNELS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+PROGRAMS = ("prefill", "decode", "round", "verify")
+TARGETS = [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
+
+
+@functools.cache
+def programs(target: str, attention: str):
+    with platform.lowering_for(target):
+        return step_programs(attention)
+
+
+def lowered(target: str, device_kind, program) -> str:
+    with platform.lowering_for(target):
+        fn = export.export
+        if target == "tpu":
+            device = AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+            with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
+                exp = fn(program.fn, platforms=["tpu"])(*program.args, **program.statics)
+        else:
+            check = export.DisabledSafetyCheck.custom_call(KERNELS["cuda"])
+            exp = fn(program.fn, platforms=["cuda"], disabled_checks=[check])(
+                *program.args, **program.statics
+            )
+    return exp.mlir_module()
+
+
+def custom_calls(text: str) -> set[str]:
+    return set(re.findall(r"custom_call @([\w$.]+)", text))
+
+
+def clean(text: str) -> None:
+    """No float64 anywhere, no call back into the host."""
+    assert not re.search(r"\bf64\b", text)
+    assert not any("callback" in c for c in custom_calls(text)), custom_calls(text)
+
+
+@pytest.mark.parametrize("target, device_kind", TARGETS)
+def test_each_step_program_lowers_with_the_compiled_kernels(target, device_kind):
+    found = programs("cuda" if target == "cuda" else "tpu", "pallas")
+    assert set(found) == set(PROGRAMS)
+    for name in PROGRAMS:
+        text = lowered(target, device_kind, found[name])
+        clean(text)
+        kernel = KERNELS[target]
+        assert kernel in custom_calls(text), (name, custom_calls(text))
+        # which kernel: the extend kernel reads a prompt, the decode kernel one token a row
+        wanted = "swajax_ragged_extend" if name in ("prefill", "verify") else "swajax_paged_decode"
+        assert wanted in text, name
+
+
+@pytest.mark.parametrize("target, device_kind", [TARGETS[0], TARGETS[2]])
+def test_each_step_program_lowers_with_the_xla_path(target, device_kind):
+    found = programs("cuda" if target == "cuda" else "tpu", "xla")
+    for name in PROGRAMS:
+        text = lowered(target, device_kind, found[name])
+        clean(text)
+        assert not custom_calls(text) & set(KERNELS.values()), name
+
+
+def test_the_target_decides_what_is_traced():
+    """Traced for TPU, nothing of XLA:CPU's workarounds is in the program: the pools hold
+    bfloat16 (not their bits), the attention is the kernel's."""
+    found = programs("tpu", "auto")
+    pools = found["decode"].args[2]
+    assert pools.full_k.dtype == jax.numpy.bfloat16 and pools.bits_of == (None, None)
+    assert platform.target() == jax.default_backend()  # outside the block: this machine's
