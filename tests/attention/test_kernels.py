@@ -171,22 +171,27 @@ def test_front_ends_lower_at_production_shapes(platform, device_kind):
     )
 
 
-def test_device_benchmark_script_smoke():
-    """benchmarks/device_attention.py runs (tiny shapes, interpret mode) and checks itself."""
+def test_device_check_smoke():
+    """benchmarks/device_check.py (the run to make whenever a device is lent) at toy widths on
+    CPU: the decode kernel against its reference (benchmarks/device_attention.py), the engine's
+    XLA and Pallas paths to the same greedy tokens on gpt-oss-20b's layout, decode rates."""
     import json
     import subprocess
     import sys
 
-    script = ROOT / "benchmarks" / "device_attention.py"
+    script = ROOT / "benchmarks" / "device_check.py"
     out = subprocess.run(
-        [sys.executable, str(script), "--small", "--interpret", "--json"],
+        [sys.executable, str(script), "--smoke", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
-    assert result["full"]["rel_err"] < 2e-2 and result["sliding"]["rel_err"] < 2e-2
+    assert result["ok"] and result["engine"]["same_greedy_tokens"]
+    kernel = result["decode_kernel"]
+    assert kernel["full"]["rel_err"] < 2e-2 and kernel["sliding"]["rel_err"] < 2e-2
+    assert set(result["engine"]["decode_tokens_per_s"]) == {"1", "2"}
 
 
 @pytest.mark.parametrize(
