@@ -72,7 +72,7 @@ def _run_record(args: argparse.Namespace) -> int:
         tail_rebuild=args.tail_rebuild,
         num_speculative_tokens=args.num_speculative_tokens,
     )
-    run_workload(
+    summary = run_workload(
         cfg,
         sizes,
         make_workload(args.workload, args.requests, args.seed),
@@ -82,10 +82,12 @@ def _run_record(args: argparse.Namespace) -> int:
         acceptance=args.acceptance,
         overlap=args.overlap,
     )
+    summary.check_ran()  # before writing: a trace of nothing would agree with anything
     tracers[0].write(args.out)
     ran = tracers[0].ran()
     print(
-        f"wrote {tracers[0].ops} operations to {args.out} (overlap {ran['overlap']}: "
+        f"wrote {tracers[0].ops} operations to {args.out} ({summary.requests} requests ran, "
+        f"{summary.rejected} rejected; overlap {ran['overlap']}: "
         f"{ran['launched_ahead']} steps launched ahead; {ran['speculative_tokens']} draft "
         f"tokens per round: {ran['accepted_tokens']} accepted)"
     )

@@ -56,6 +56,8 @@ def run(args) -> int:
         progress=not args.json,
         host_cache_gib=args.host_cache_gib,
     )
+    if not result["hybrid"].requests and not result["single"].requests:
+        result["hybrid"].check_ran()  # nothing ran in either mode: an error naming the limit
     if args.plot:
         plot(result, args.plot)
     report = {k: v for k, v in result.items() if k not in ("hybrid", "single")}
@@ -66,7 +68,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    keys = [k for k in report["hybrid"] if k != "mode"]
+    keys = [k for k in report["hybrid"] if k not in ("mode", "first_rejection")]
     print(f"{'':24}{'hybrid':>14}{'single pool':>14}")
     for k in keys:
         a, b = report["hybrid"][k], report["single"][k]

@@ -55,6 +55,15 @@ class RunSummary:
     host_tokens: tuple[int, int] = (0, 0)
     host_saved_tokens: tuple[int, int] = (0, 0)
     host_loaded_tokens: tuple[int, int] = (0, 0)
+    first_rejection: str = ""  # the first rejection's error (it names the limit), or ""
+
+    def check_ran(self) -> None:
+        """Refuse a run in which every request was rejected: it measured nothing."""
+        if self.rejected and not self.requests:
+            raise RequestError(
+                f"every request ({self.rejected}) was rejected, none ran "
+                f"({self.mode.value} pools); the first: {self.first_rejection}"
+            )
 
 
 def run_workload(
@@ -122,7 +131,7 @@ def run_workload(
                         nxt.at = clock
                         pending.insert(0, nxt)
                     advance()
-    summary = _summary(engine, sizes, arrivals, finished, len(rejected))
+    summary = _summary(engine, sizes, arrivals, finished, rejected)
     if timer is None:
         return summary
     return dataclasses.replace(summary, **_latencies(clock, submitted, token_times, last_sent))
@@ -154,7 +163,8 @@ def _summary(engine: Engine, sizes, arrivals, finished, rejected) -> RunSummary:
         steps=len(steps),
         requests=len(arrivals),
         finished=len(finished),
-        rejected=rejected,
+        rejected=len(rejected),
+        first_rejection=rejected[0] if rejected else "",
         lost=len(arrivals) - len(finished),
         peak_concurrency=max((m.running for m in steps), default=0),
         mean_concurrency=sum(m.running for m in steps) / max(len(steps), 1),

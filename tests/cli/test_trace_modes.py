@@ -9,6 +9,7 @@ tests/serving/test_speculative.py (drafts always right and always wrong).
 """
 
 import json
+import re
 
 import pytest
 from helpers.engine_checks import check_clean
@@ -126,3 +127,25 @@ def test_the_host_runner_hands_out_the_device_allocators_slots(tmp_path, flags):
             assert answer["slots"] == line["expect"]["slots"], line["op"]
             assert answer["available"] == line["expect"]["available"]
     assert allocations > 8
+
+
+@pytest.mark.parametrize("command", ["record", "simulate"])
+def test_a_run_in_which_every_request_was_rejected_is_an_error(tmp_path, capsys, command):
+    """Pools too small for any prompt: no trace of nothing (which would "agree" with every
+    backend on all 0 operations), and the error names the limit and how many were refused."""
+    out = tmp_path / "t.jsonl"
+    argv = [command, "--preset", "tiny-hybrid", "--workload", "long-context", "--requests", "3"]
+    argv += ["--kv-budget-gib", "0.0001"] + (["--out", str(out)] if command == "record" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "every request (3) was rejected" in err and "--kv-budget-gib" in err
+    assert not out.exists()
+
+
+def test_record_counts_what_ran_and_what_was_rejected(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    argv = ["record", "--preset", "tiny-hybrid", "--workload", "mixed", "--requests", "6"]
+    assert main([*argv, "--out", str(out)]) == 0
+    line = capsys.readouterr().out
+    ran, rejected = map(int, re.search(r"(\d+) requests ran, (\d+) rejected", line).groups())
+    assert ran > 0 and rejected > 0  # the mixed workload's longest prompts outgrow these pools
