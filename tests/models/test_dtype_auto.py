@@ -60,7 +60,9 @@ def test_a_converted_folder_says_the_dtype_it_was_converted_to(tmp_path):
     assert load_decoder(out).spec.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("family", ["gpt_oss_mxfp4", "gemma3"])
+@pytest.mark.parametrize(
+    "family", ["gpt_oss_mxfp4", pytest.param("gemma3", marks=pytest.mark.slow)]
+)
 def test_bfloat16_scanned_is_as_close_to_float32_as_unrolled(family):
     """In bfloat16 the scan's stacks and the KV pools are held as their bits on CPU
     (`memory.bits`), the unrolled layers' weights as bfloat16: both are as far from the float32

@@ -23,7 +23,12 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def llm(model):
     return swajax.LLM(
-        str(model), max_running_requests=16, page_size=4, kv_budget_gib=0.05, max_model_len=512
+        str(model),
+        dtype="float32",  # as the server (helpers.server.SETTINGS)
+        max_running_requests=16,
+        page_size=4,
+        kv_budget_gib=0.05,
+        max_model_len=512,
     )
 
 
