@@ -284,13 +284,19 @@ def _decode_alloc(cap: ChunkCap, ps: int) -> int:
     )
 
 
+def swa_residency(window: int, eviction_interval: int, page_size: int, draft: int = 1) -> int:
+    """The seed's W + I + P: the most SWA tokens a decoding request holds. Its window, the
+    tokens that pile up between evictions (`eviction_interval` steps of `draft` tokens each: 1,
+    or a speculative round's draft tokens), and a partial page. Admission reserves the part
+    beyond the window (`serving/budget.py`), the chunk cap and the ratio planner the whole."""
+    return window + max(1, eviction_interval) * draft + page_size
+
+
 def chunk_cap_tokens(window: int, page_size: int, cap: ChunkCap) -> int:
     """Worst-case SWA tokens of `cap.max_running_requests` requests (before page alignment)."""
     ps = _check_page_size(page_size)
     draft = cap.speculative.num_draft_tokens if cap.speculative else 1
-    # Window + tokens that accumulate between evictions + padding to a page.
-    trailing = window + max(1, cap.eviction_interval) * draft + ps
-    per_request = trailing + _decode_alloc(cap, ps)
+    per_request = swa_residency(window, cap.eviction_interval, ps, draft) + _decode_alloc(cap, ps)
     total = per_request * cap.max_running_requests
     if cap.pd_decode_extra_slots is not None:
         return total + (window + ps) * cap.pd_decode_extra_slots
@@ -327,13 +333,16 @@ def size_chunk_cap_from_max_tokens(
 
 
 def min_ratio_estimate(
-    cfg: HybridConfig, avg_seq_len: int, *, page_size: int, eviction_interval: int = 128
+    cfg: HybridConfig,
+    avg_seq_len: int,
+    *,
+    page_size: int,
+    eviction_interval: int = DEFAULT_EVICTION_INTERVAL,
 ) -> float:
     """The seed's estimate of the smallest useful ratio: (W + I + P) / T for average length T."""
     if avg_seq_len < 1:
         raise SizingError(f"average sequence length must be >= 1, got {avg_seq_len}")
-    w = cfg.sliding_window or 0
-    return (w + eviction_interval + page_size) / avg_seq_len
+    return swa_residency(cfg.sliding_window or 0, eviction_interval, page_size) / avg_seq_len
 
 
 def with_host_tier(

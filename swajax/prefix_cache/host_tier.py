@@ -30,6 +30,7 @@ import numpy as np
 
 from swajax.arith import round_up
 from swajax.errors import InputError
+from swajax.prefix_cache.hit_rule import hit_end
 from swajax.prefix_cache.host_pages import HostPages
 from swajax.prefix_cache.node import LRUList, Node
 from swajax.prefix_cache.protocol import Tree
@@ -323,16 +324,8 @@ class HostTier:
 
     def _device_best(self, path: list[Node]) -> int:
         """The window rule over device KV alone (the hit without any load)."""
-        t, best, since = self.tree, 0, float("inf")
-        for i, node in enumerate(path):
-            if not node.on_device:
-                return best if since < t.window else i
-            if not node.swa_live:
-                best = i if since >= t.window else best
-                since = 0
-            else:
-                since += len(node)
-        return len(path) if since >= t.window else best
+        window = self.tree.window
+        return hit_end(path, window, lambda node: node.swa_live, lambda node: node.on_device)
 
     def adopt(self, node: Node, req, start: int, evicted: int) -> Node:
         """An insert passes a host-resident node: it takes the request's device KV for the same

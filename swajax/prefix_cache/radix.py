@@ -28,6 +28,7 @@ import numpy as np
 from swajax.arith import round_up
 from swajax.observe import Observer, observed
 from swajax.prefix_cache.eviction import Evictor
+from swajax.prefix_cache.hit_rule import hit_end
 from swajax.prefix_cache.host_tier import HostTier
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
 from swajax.prefix_cache.match_result import MatchResult
@@ -37,7 +38,6 @@ from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.requests import RequestCaching
 from swajax.sizing import PoolMode
 
-INF = float("inf")
 _EMPTY = np.zeros(0, np.int32)
 __all__ = ["LockHandle", "MatchResult", "RadixCache", "Releaser"]
 
@@ -238,15 +238,8 @@ class RadixCache:
         """Longest cached prefix of `tokens` that satisfies the window hit rule."""
         path = self.walk(self.aligned(tokens))
         best = len(path)
-        if self.swa:
-            best, since = 0, INF  # a path with no tombstone from the root is always fine
-            for i, node in enumerate(path):
-                if not node.swa_valid:  # (host-resident SWA counts: a load brings it back)
-                    best = i if since >= self.window else best
-                    since = 0
-                else:
-                    since += len(node)
-            best = len(path) if since >= self.window else best
+        if self.swa:  # host-resident SWA counts as valid: a load brings it back
+            best = hit_end(path, self.window, lambda node: node.swa_valid)
         loaded = (0, 0)
         if self.tier is not None:
             best, *loaded = self.tier.bring_back(path, best)

@@ -12,7 +12,7 @@ import dataclasses
 
 from swajax.arith import round_up
 from swajax.serving import window as win
-from swajax.sizing import PoolMode
+from swajax.sizing import PoolMode, swa_residency
 
 CLIP_MAX_NEW_TOKENS = 4096
 
@@ -63,7 +63,7 @@ def make_budget(cfg, options, ledger, cache, running, separate_swa: bool) -> Bud
         # workloads admit too much and then retract in storms. Only decoding requests reserve:
         # a prefilling request's own future decode must not park its next chunk (which once
         # parked every chunk, and the engine stalled).
-        grow = options.eviction_interval + cfg.page_size
+        grow = swa_residency(0, options.eviction_interval, cfg.page_size)  # beyond the window
         swa_reserve = sum(
             min(r.params.max_tokens - len(r.output), grow) + options.num_speculative_tokens
             for r in running

@@ -10,7 +10,7 @@ import numpy as np
 
 from swajax.errors import RequestError
 from swajax.prefix_cache.policy import DEFAULT, SWAJAX, CachePolicy, policy_of
-from swajax.sizing import PoolMode
+from swajax.sizing import DEFAULT_EVICTION_INTERVAL, PoolMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,7 @@ class EngineOptions:
     max_context: int | None = 4096  # None: as long as the pools allow (swajax.api resolves it)
     chunk_size: int | None = None  # chunked prefill (tokens per chunk); None = off
     prefix_cache: bool = True
-    eviction_interval: int = 128
+    eviction_interval: int = DEFAULT_EVICTION_INTERVAL
     cache_policy: str | CachePolicy = DEFAULT  # a profile of swajax.prefix_cache.policy
     # Exact SWA-tail rebuild of prefix hits the window rule cut (serving/tail_rebuild.py);
     # a profile with `fallback_only` (SGLang's) turns it off too.

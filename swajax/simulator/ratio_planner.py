@@ -52,7 +52,7 @@ def corrected_min_ratio(
     f, s = sizing.token_bytes(cfg, dtype)
     if not s or not f:
         return 1.0
-    per_request = (cfg.sliding_window or 0) + eviction_interval + page_size
+    per_request = sizing.swa_residency(cfg.sliding_window or 0, eviction_interval, page_size)
 
     def enough(r: float) -> bool:
         n_full = budget_bytes / (f + r * s)

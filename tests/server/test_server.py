@@ -94,7 +94,12 @@ def test_echo_gives_the_prompt_logprobs(server, llm):
 
 def test_chat_uses_the_template(server, model):
     chat_llm = swajax.LLM(
-        str(model), max_running_requests=16, page_size=4, kv_budget_gib=0.05, max_model_len=512
+        str(model),
+        dtype="float32",  # as the server (helpers.server.SETTINGS)
+        max_running_requests=16,
+        page_size=4,
+        kv_budget_gib=0.05,
+        max_model_len=512,
     )
     (expected,) = chat_llm.chat(
         [{"role": "user", "content": "write a loop"}],
