@@ -16,6 +16,7 @@ the folder through `swajax.LLM` and generates, in this process, printing one JSO
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import time
@@ -140,9 +141,10 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def measure_temporaries() -> list:
-    """Hook the program store: each step program's temporaries (XLA's memory_analysis) in the
-    returned list, as (program, bytes), when it is first compiled."""
+@contextlib.contextmanager
+def measuring_temporaries():
+    """Inside the block, each step program's temporaries (XLA's memory_analysis) are appended
+    to the yielded list as (program, bytes) when the program store first meets it."""
     from swajax.runner import program_store
 
     temps, call = [], program_store.ProgramStore.call
@@ -154,20 +156,23 @@ def measure_temporaries() -> list:
         return call(self, fn, args, statics)
 
     program_store.ProgramStore.call = measured
-    return temps
+    try:
+        yield temps
+    finally:
+        program_store.ProgramStore.call = call
 
 
 def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
     from swajax import LLM, SamplingParams
 
-    temps = measure_temporaries()
     t0 = time.perf_counter()
     llm = LLM(str(folder), dtype=dtype)  # the engine's default pools and context
     load_s = time.perf_counter() - t0
     loaded = peak_rss_gib()
     prompts = [[(7 * i + 13 * j) % 1000 + 3 for j in range(16)] for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)  # compiles
+    with measuring_temporaries() as temps:
+        llm.generate(prompts, params, use_tqdm=False)  # compiles
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
     w.add_argument("--layers", type=int, default=None)
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
-    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--dtype", default="auto")
     r.add_argument("--new", type=int, default=16)
     r.add_argument("--batch", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="a 1-layer checkpoint, written and run")
@@ -216,7 +221,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="swajax_shapes_") as tmp:
             folder = Path(tmp) / "gpt-oss-20b-1layer"
             written = write_gpt_oss(GPT_OSS_20B, folder, 1)
-            result = run(folder, "bfloat16", 2, 1)
+            result = run(folder, "auto", 2, 1)
         print(json.dumps(dict(written_gib=round(written / 2**30, 3), **result)))
         return 0
     if args.cmd == "write":

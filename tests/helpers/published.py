@@ -10,6 +10,7 @@ platform (`swajax.platform.lowering_for`) or compile for this one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import typing
 
@@ -29,13 +30,19 @@ class Program(typing.NamedTuple):
         return self.fn.lower(*self.args, **self.statics)
 
 
-def published_config(name: str = "gpt-oss-20b", layers: int | None = None) -> dict:
+@functools.cache
+def shapes_module():
+    """benchmarks/published_shapes.py: the published configs and the checkpoint writer."""
     spec = importlib.util.spec_from_file_location(
         "published_shapes", ROOT / "benchmarks" / "published_shapes.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    cfg = dict(module.MODELS[name])
+    return module
+
+
+def published_config(name: str = "gpt-oss-20b", layers: int | None = None) -> dict:
+    cfg = dict(shapes_module().MODELS[name])
     if layers is not None:
         kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
         cfg.update(num_hidden_layers=layers, layer_types=kinds)

@@ -31,6 +31,11 @@ SETTINGS = [
     "--host-cache-gib",
     "0.05",
 ]
+# The same settings as `swajax.LLM` keywords (the server's host tier aside), for the runs the
+# server's answers are compared with.
+LLM_SETTINGS = dict(
+    dtype="float32", max_running_requests=16, page_size=4, kv_budget_gib=0.05, max_model_len=512
+)
 
 
 def demo_folder(path):

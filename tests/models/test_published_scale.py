@@ -57,36 +57,19 @@ def test_tiles_give_the_plain_products_bits():
 @pytest.mark.slow
 def test_a_published_size_layer_steps_within_its_bound(tmp_path):
     """One layer of gpt-oss-20b as the hub ships it (MXFP4 experts, bfloat16 elsewhere; 1.5 GiB
-    written by benchmarks/published_shapes.py): every step program's temporaries under 0.6 GiB
-    (the KV pools and weights are its arguments), where they were 2.5 GiB."""
-    import importlib.util
+    written by benchmarks/published_shapes.py), loaded with the defaults: every step program's
+    temporaries under 0.6 GiB (the KV pools and weights are its arguments), where they were 2.5
+    GiB."""
+    from helpers.published import shapes_module
 
-    from helpers import ROOT
-
-    spec = importlib.util.spec_from_file_location(
-        "shapes", ROOT / "benchmarks" / "published_shapes.py"
-    )
-    shapes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shapes)
-    shapes.write_gpt_oss(shapes.GPT_OSS_20B, tmp_path / "m", 1)
     from swajax import LLM, SamplingParams
-    from swajax.runner import program_store
 
-    temps, call = [], program_store.ProgramStore.call
-
-    def measured(self, fn, args, statics):
-        if not any(f is fn for f, _ in temps):
-            analysis = fn.lower(*args, **statics).compile().memory_analysis()
-            temps.append((fn, analysis.temp_size_in_bytes))
-        return call(self, fn, args, statics)
-
-    program_store.ProgramStore.call = measured
-    try:
-        llm = LLM(str(tmp_path / "m"), dtype="bfloat16", max_model_len=128, kv_budget_gib=0.1)
-        params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    shapes = shapes_module()
+    shapes.write_gpt_oss(shapes.GPT_OSS_20B, tmp_path / "m", 1)
+    llm = LLM(str(tmp_path / "m"), max_model_len=128, kv_budget_gib=0.1)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    with shapes.measuring_temporaries() as temps:
         llm.generate([[5, 6, 7, 8] * 4], params, use_tqdm=False)
-    finally:
-        program_store.ProgramStore.call = call
     assert temps and max(t for _, t in temps) < 0.6 * 2**30, temps
 
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.server import http
+from helpers.server import LLM_SETTINGS, http
 from prometheus_client.parser import text_string_to_metric_families
 
 import swajax
@@ -22,14 +22,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def llm(model):
-    return swajax.LLM(
-        str(model),
-        dtype="float32",  # as the server (helpers.server.SETTINGS)
-        max_running_requests=16,
-        page_size=4,
-        kv_budget_gib=0.05,
-        max_model_len=512,
-    )
+    return swajax.LLM(str(model), **LLM_SETTINGS)
 
 
 def client(base):
@@ -93,14 +86,7 @@ def test_echo_gives_the_prompt_logprobs(server, llm):
 
 
 def test_chat_uses_the_template(server, model):
-    chat_llm = swajax.LLM(
-        str(model),
-        dtype="float32",  # as the server (helpers.server.SETTINGS)
-        max_running_requests=16,
-        page_size=4,
-        kv_budget_gib=0.05,
-        max_model_len=512,
-    )
+    chat_llm = swajax.LLM(str(model), **LLM_SETTINGS)
     (expected,) = chat_llm.chat(
         [{"role": "user", "content": "write a loop"}],
         swajax.SamplingParams(temperature=0.0, max_tokens=10),
