@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from swajax.memory.kv_allocator import KVAllocator
+from swajax.memory.host_allocator import HostAllocator
 from swajax.prefix_cache import RadixCache, stats
 from swajax.serving.window import eviction_frontier
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int | None:
     args = parser.parse_args(argv)
     args.conversations = 4 if args.smoke else args.conversations
     rng = np.random.default_rng(0)
-    alloc = KVAllocator.create(FULL, SWA, PS)
+    alloc = HostAllocator(FULL, SWA, PS)
     cache = RadixCache(alloc, page_size=PS, window=W)
     timer = Timer()
     system = rng.integers(0, 50_000, 512).tolist()

@@ -122,7 +122,7 @@ class HostAllocator:
 
     # -- allocation --------------------------------------------------------------------------
 
-    def extend(self, prefix_lens, seq_lens, last_loc) -> tuple[int, np.ndarray]:
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc) -> tuple[int, np.ndarray]:
         """Extend request i from prefix_lens[i] to seq_lens[i] tokens: (status, full slot of
         each new token, request after request). On failure nothing changes."""
         pre, seq = np.asarray(prefix_lens, np.int64), np.asarray(seq_lens, np.int64)
@@ -151,7 +151,7 @@ class HostAllocator:
             self._commit(num_pages, full, swa, full_pages, swa_pages)
         return status, full.astype(np.int32)
 
-    def decode(self, seq_lens, last_loc) -> tuple[int, np.ndarray]:
+    def alloc_decode(self, seq_lens, last_loc) -> tuple[int, np.ndarray]:
         """One new token per request (seq_lens include it; last_loc: the slot before it)."""
         seq, last = np.asarray(seq_lens, np.int64), np.asarray(last_loc, np.int64)
         ps = self.page_size

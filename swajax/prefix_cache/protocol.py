@@ -9,7 +9,8 @@ import numpy as np
 
 
 class Releaser(Protocol):
-    """What a cache needs from the pools (the engine's `PoolLedger`, or `KVAllocator`)."""
+    """What a cache needs from the pools (the engine's `PoolLedger`, or the numpy
+    twin of the device allocator, `HostAllocator`)."""
 
     def free(self, slots) -> None: ...
     def free_swa(self, slots) -> None: ...

@@ -83,9 +83,9 @@ class HostRunner:
             plan = overlap.resolved(plan, after.plan, after.result)
         self.apply_releases(plan.releases, plan.transfers)
         if plan.kind is StepKind.DECODE and not plan.lookahead:  # a round extends
-            status, slots = self.alloc.decode(plan.seq_lens, plan.last_loc)
+            status, slots = self.alloc.alloc_decode(plan.seq_lens, plan.last_loc)
         else:
-            status, slots = self.alloc.extend(plan.prefix_lens, plan.seq_lens, plan.last_loc)
+            status, slots = self.alloc.alloc_extend(plan.prefix_lens, plan.seq_lens, plan.last_loc)
         out = np.concatenate([[status, *self.alloc.available()], slots]).astype(np.int32)
         try:
             if plan.lookahead:  # the model emulates the round

@@ -17,12 +17,13 @@ from swajax.trace.recorder import observe
 
 
 def swajax_backend(init: dict):
-    """swajax's own allocator and prefix cache, sized by a trace header."""
+    """swajax's own allocator (its numpy twin, page for page the device's) and prefix cache,
+    sized by a trace header."""
     # Imported here: replaying against another backend (a peer's own environment, which has
     # no JAX) needs only the host code of this module.
-    from swajax.memory.kv_allocator import KVAllocator
+    from swajax.memory.host_allocator import HostAllocator
 
-    alloc = KVAllocator.create(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
+    alloc = HostAllocator(init["full_size"], init["swa_size"], init["page_size"], init["mode"])
     cache = RadixCache(
         alloc,
         page_size=init["page_size"],

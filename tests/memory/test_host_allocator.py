@@ -65,7 +65,7 @@ class HostAgainstDevice(RuleBasedStateMachine):
             return
         targets, extra, pre, seq, last = drawn
         self.state, result = A.alloc_extend(self.state, pre, seq, last)
-        status, slots = self.host.extend(pre, seq, last)
+        status, slots = self.host.alloc_extend(pre, seq, last)
         assert int(result.status) == status
         n = sum(extra)
         np.testing.assert_array_equal(np.asarray(result.full_slots)[:n], slots)
@@ -85,7 +85,7 @@ class HostAgainstDevice(RuleBasedStateMachine):
         seq = [len(t) + 1 for t in targets]
         last = [t[-1] for t in targets]
         self.state, result = A.alloc_decode(self.state, seq, last)
-        status, slots = self.host.decode(seq, last)
+        status, slots = self.host.alloc_decode(seq, last)
         assert int(result.status) == status
         np.testing.assert_array_equal(np.asarray(result.full_slots)[: len(seq)], slots)
         self._record(status, slots, targets, [1] * len(targets))

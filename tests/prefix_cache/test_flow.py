@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from helpers.cache_sim import evict_window, finish, start, unfinished
 
-from swajax.memory.kv_allocator import KVAllocator
+from swajax.memory.host_allocator import HostAllocator
 from swajax.prefix_cache import RadixCache, check_invariants
 from swajax.serving.window import eviction_frontier
 
 
 def setup(full=1024, swa=512, ps=1, window=4, cap=False):
-    alloc = KVAllocator.create(full, swa, ps)
+    alloc = HostAllocator(full, swa, ps)
     return alloc, RadixCache(alloc, page_size=ps, window=window, cap_leaf_to_window=cap)
 
 

@@ -8,7 +8,7 @@ the test's docstring says so.
 import numpy as np
 import pytest
 
-from swajax.memory.kv_allocator import KVAllocator
+from swajax.memory.host_allocator import HostAllocator
 from swajax.prefix_cache import ChunkCache, RadixCache, check_invariants
 
 
@@ -16,7 +16,7 @@ class Env:
     """A jitted allocator and a tree over it."""
 
     def __init__(self, full=128, swa=64, ps=1, window=4, cap=False, mode="hybrid"):
-        self.alloc = KVAllocator.create(full, swa, ps, mode)
+        self.alloc = HostAllocator(full, swa, ps, mode)
         self.tree = RadixCache(
             self.alloc, page_size=ps, window=window, pool_mode=mode, cap_leaf_to_window=cap
         )
