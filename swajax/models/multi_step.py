@@ -11,10 +11,10 @@ float rounding (a step whose shape buckets differ from a plain step's reduces ov
 masked keys; on the fixtures they are bit-identical).
 
 The host keeps each request's tokens up to its first stop token or length limit and gives the
-pages holding only positions after it back (`serving.speculation.take_round`, which a verify
+pages holding only positions after it back (`Scheduler._take_round`, which a verify
 round with every proposal accepted shares): a request that stops early costs the steps it
 computed past its stop, never a token. The loop's trip count is the round's longest request,
-on device; N (the setting, `serving/rounds.py`) only sizes the outputs.
+on device; N (the setting, `Scheduler._decode_lens`) only sizes the outputs.
 """
 
 from __future__ import annotations

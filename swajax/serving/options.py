@@ -32,8 +32,8 @@ class EngineOptions:
     # except on the null model, which emulates one.
     num_speculative_tokens: int = 0
     # Multi-step decode: up to this many decode steps in one program, read once, when every
-    # running request decodes and nothing waits (serving/rounds.py; each request takes what it
-    # has left, up to N); 1: off. Not with a speculative draft (its rounds come first). A
+    # running request decodes and nothing waits (`Scheduler._decode_lens`; each request takes
+    # what it has left, up to N); 1: off. Not with a speculative draft (its rounds come first). A
     # request that arrives during a round waits for its end, and streamed tokens come N at a
     # time: 1 for the lowest latency, larger for throughput at small batches. None: the
     # runner's own default (8 for a model in the fused program, where rounds amortize the

@@ -17,69 +17,30 @@ n + 1 (planned with n in flight) has finished reading it. On the host:
   read: the page it took, if new, goes back, and no token, slot or cache insert is kept.
 Only a steady decode overlaps: a waiting request, a prefill chunk, a suspect, a step that must
 evict to fit, speculative rounds and kept logits all take the plain (synchronous) path.
+
+`Scheduler.plan_ahead` makes those decisions; this module holds what they compute from plans
+alone: the pages a step takes, the plan launched ahead and, for a model that runs outside the
+fused program, its placeholders filled in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from swajax.serving.scheduler_view import SchedulerView
 
 import numpy as np
 
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
-from swajax.serving import rounds
-from swajax.serving.batch import Batch, ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
+from swajax.serving.batch import ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
 from swajax.serving.planning import round_batch, top_logprobs
-from swajax.serving.request import Request, Status
+from swajax.serving.request import Request
 
 
-def _new_pages(starts, counts, ps: int) -> int:
+def new_pages(starts, counts, ps: int) -> int:
     """Tokens of the new pages that positions [start, start + count) take, over requests."""
     return sum(ps * (-(-(s + n) // ps) - -(-s // ps)) for s, n in zip(starts, counts))
 
 
-def plan_ahead(sched: SchedulerView, prev: StepPlan) -> StepPlan | None:
-    """The decode step after `prev` (still running; a plain step or a multi-step round), or
-    None to take the plain path. It is a round when the scheduler would run one."""
-    if prev.kind is not StepKind.DECODE or prev.speculative or prev.return_logits:
-        return None
-    running = sched.running
-    ahead = set(map(id, prev.requests))
-    if sched.waiting or any(
-        id(r) not in ahead or r.suspect or not r.decoding or r.stale is not None for r in running
-    ):
-        return None
-    # After step n each request has n_r more positions and tokens (not known yet).
-    taken = (prev.seq_lens - prev.prefix_lens).tolist()
-    after = [
-        (r, n)
-        for r, n in zip(prev.requests, taken)
-        if r.status is Status.RUNNING and _left(r, n) > 0
-    ]
-    if not after:
-        return None
-    reqs, done = [r for r, _ in after], [n for _, n in after]
-    lens = [1] * len(reqs)
-    if rounds.rounds_allowed(sched, reqs):
-        lens = [min(sched.cfg.decode_steps, _left(r, n)) for r, n in after]
-    ps = sched.cfg.page_size
-    need = _new_pages(prev.prefix_lens, taken, ps)  # step n's pages, not yet counted
-    need += _new_pages((r.kv_len + n for r, n in after), lens, ps)
-    if need > min(sched.ledger.available()):
-        return None  # evicting or retracting to fit: the plain path decides that
-    batch = Batch(StepKind.DECODE, reqs, lens)
-    sched.evict_windows(batch)  # from the confirmed lengths: one step behind, never too far
-    releases = sched.ledger.take_releases()
-    steps = sched.cfg.decode_steps if max(lens) > 1 else 1
-    plan = build(reqs, done, lens, steps, prev, releases, sched.ledger.taken)
-    # An early window release may have copied a window to a host tier.
-    return dataclasses.replace(plan, transfers=sched.ledger.take_transfers())
-
-
-def _left(req: Request, taken: int) -> int:
+def left(req: Request, taken: int) -> int:
     """Tokens the request has left after the `taken` step n samples for it."""
     return req.params.max_tokens - len(req.output) - taken
 

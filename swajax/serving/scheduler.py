@@ -1,9 +1,14 @@
 """Scheduling with two budgets: admission, chunked prefill, decode memory, retraction, abort.
 
 Host code (no JAX). `schedule()` plans a step: an extend batch (new requests and prefill chunks)
-or a decode batch (every decoding request), with its evictions and releases queued on the
-ledger; `postprocess(plan, result)` takes the device's answer: new slots, sampled tokens,
-finishing and caching. The scheduler owns every `Request` mutation and every prefix-cache call.
+or a decode batch (every decoding request, or a round of several positions each), with its
+evictions and releases queued on the ledger; `plan_ahead(prev)` plans the decode step after one
+still running (overlap scheduling); `postprocess(plan, result)` takes the device's answer: new
+slots, sampled tokens, finishing and caching; `step_failed` handles a step that raised. The
+scheduler owns every `Request` mutation and every prefix-cache call: the whole lifecycle is this
+one class. What it computes without touching a request (the plan's arrays, the window's
+frontier, the budgets, a tail rebuild's plan, a plan launched ahead) are functions beside it
+(`planning`, `window`, `budget`, `tail_rebuild`, `overlap`).
 
 Admission checks the full budget (`rem_total`: free + evictable full tokens, less what running
 requests will still generate) and the SWA budget (`rem_swa`: free + evictable SWA tokens) as in
@@ -12,18 +17,24 @@ spec §9, from the ledger's host mirror of the free counts; see BUILD_NOTES.md f
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import deque
 
 import numpy as np
 
 from swajax.arith import ceil_div, round_up
-from swajax.serving import overlap, progress, results, rounds, tail_rebuild, window as win
+from swajax.serving import overlap, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.options import EngineOptions, SchedulerConfig
 from swajax.serving.planning import build_plan
 from swajax.serving.request import Request, Status
+
+
+class StepFailed(RuntimeError):
+    """The device refused a step the host had checked (a bookkeeping bug, never bad input)."""
 
 
 class Scheduler:
@@ -65,7 +76,7 @@ class Scheduler:
         that keeps failing is found and aborted without taking the others with it."""
         if not self.running and not self.waiting:
             return None
-        suspect = progress.suspect_batch(self)
+        suspect = self._suspect_batch()
         if suspect is not None:
             return suspect
         budget = self.budget()
@@ -93,7 +104,30 @@ class Scheduler:
 
     def _decode_batch(self) -> Batch:
         decoding = [r for r in self.running if r.decoding and not r.suspect]
-        return Batch(StepKind.DECODE, decoding, rounds.decode_lens(self, decoding))
+        return Batch(StepKind.DECODE, decoding, self._decode_lens(decoding))
+
+    def _decode_lens(self, decoding: list[Request]) -> list[int]:
+        """Each decoding request's positions this step (BUILD_NOTES.md, "Multi-step decode").
+        With a draft, k + 1 (a verify round). Multi-step decode: up to N =
+        `SchedulerConfig.decode_steps`, each request no more than it has tokens left (the
+        round's program is N's whatever each takes: one program per batch size); only when
+        every running request decodes and nothing waits (admission is settled) and none asks
+        for what a round does not return (penalties, top-N logprobs, kept logits). Otherwise
+        one each."""
+        k, one = self.options.num_speculative_tokens, [1] * len(decoding)
+        if k:
+            return [1 + k] * len(decoding)
+        if len(decoding) != len(self.running) or not self._rounds_allowed(decoding):
+            return one
+        cap = self.cfg.decode_steps
+        return [max(1, min(cap, r.params.max_tokens - len(r.output))) for r in decoding]
+
+    def _rounds_allowed(self, reqs) -> bool:
+        """Whether `reqs` (every running request, all decoding) may run a multi-step round: the
+        setting allows one, nothing waits, none asks for what a round does not return."""
+        if self.cfg.decode_steps <= 1 or self.options.num_speculative_tokens or self.waiting:
+            return False
+        return not any(r.keep_logits or r.params.penalized or r.params.logprobs for r in reqs)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -111,7 +145,7 @@ class Scheduler:
                 self.evict_windows(decode)
                 batch = self.fit(decode)
             else:
-                batch = progress.force(self)
+                batch = self._force()
         plan = build_plan(
             batch,
             self.ledger.take_releases(),
@@ -123,6 +157,75 @@ class Scheduler:
             req.stale = None  # the plan re-points the row
             req.penalties_seeded = True  # and loads its token counts, if it has penalties
         return plan
+
+    # ------------------------------------------------------------------------------------------
+    # The progress guarantee (BUILD_NOTES.md, "Progress guarantee and atomic steps"): what runs
+    # when the budgets stop everything, and how a suspect (a request whose step raised) runs
+    # alone.
+
+    def _suspect_batch(self) -> Batch | None:
+        """The oldest suspect's next step, alone (None when there is no suspect to run)."""
+        running = [r for r in self.running if r.suspect]
+        if running:
+            req = min(running, key=lambda r: r.rid)
+            if req.decoding:
+                return Batch(StepKind.DECODE, [req], [1 + self.options.num_speculative_tokens])
+            return Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
+        if (
+            self.waiting
+            and self.waiting[0].suspect
+            and len(self.running) < self.options.max_running
+        ):
+            return self._force_admit()
+        return None
+
+    def _chunk_len(self, req: Request) -> int:
+        chunk = self.options.chunk_size
+        return req.pending if chunk is None else min(req.pending, chunk)
+
+    def _force_admit(self) -> Batch:
+        """Admit the head of the queue whatever the budgets say (the pools decide in `fit`)."""
+        unlimited = Budget(2**62, 2**62 if self.separate_swa else None, self.options.chunk_size)
+        req = self.waiting[0]
+        n = self.admit(req, unlimited)
+        self.start(req)
+        return Batch(StepKind.EXTEND, [req], [n])
+
+    def _force(self) -> Batch:
+        """The budgets are estimates; when they park every prefill and nothing decodes, the
+        oldest prefill (or, with none running, the head of the queue) gets a chunk of what the
+        pools physically hold. If not one page fits, the newest other request is retracted; a
+        request alone that still cannot fit is aborted with the numbers."""
+        prefills = [r for r in self.running if r.pending > 0]
+        if prefills:
+            req = min(prefills, key=lambda r: r.rid)
+            batch = Batch(StepKind.EXTEND, [req], [self._chunk_len(req)])
+        elif self.waiting and len(self.running) < self.options.max_running:
+            batch = self._force_admit()
+            req = batch.reqs[0]
+        else:
+            raise RuntimeError(
+                f"no progress possible: {len(self.running)} running, {len(self.waiting)} waiting"
+            )
+        need = batch.lens[0]
+        self.evict_windows(batch)
+        batch = self.fit(batch)
+        if batch.reqs:
+            return batch
+        others = [r for r in self.running if r is not req]
+        if others:
+            self.retract(max(others, key=lambda r: r.rid))
+        else:
+            full, swa = self.ledger.available()
+            self.abort(
+                req,
+                f"out of memory: {need} more tokens do not fit in the free pools "
+                f"(full {full}, SWA {swa} tokens free after evicting the prefix cache)",
+            )
+        return batch
+
+    # ------------------------------------------------------------------------------------------
+    # Admission
 
     def _continue(self, req: Request, budget: Budget) -> int:
         if budget.rem_chunk is None:
@@ -317,20 +420,240 @@ class Scheduler:
         return batch
 
     # ------------------------------------------------------------------------------------------
-    # The plan and the device's answer
-
-    def postprocess(self, plan: StepPlan, result: StepResult, launched=None) -> None:
-        """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
-        `launched`: the step already launched after it (overlap scheduling), if any."""
-        results.take(self, plan, result, launched)
+    # Planning ahead (overlap scheduling)
 
     def plan_ahead(self, prev: StepPlan) -> StepPlan | None:
-        """Plan the decode step after `prev` while `prev` runs; None: take the plain path."""
-        return overlap.plan_ahead(self, prev)
+        """Overlap scheduling (`overlap.py` says why nothing the device may still read is freed
+        early): the decode step after `prev` (still running; a plain step or a multi-step
+        round), planned before its result is read, or None to take the plain path. It is a
+        round when the scheduler would run one."""
+        if prev.kind is not StepKind.DECODE or prev.speculative or prev.return_logits:
+            return None
+        ahead = set(map(id, prev.requests))
+        if self.waiting or any(
+            id(r) not in ahead or r.suspect or not r.decoding or r.stale is not None
+            for r in self.running
+        ):
+            return None
+        # After step n each request has n_r more positions and tokens (not known yet).
+        taken = (prev.seq_lens - prev.prefix_lens).tolist()
+        after = [
+            (r, n)
+            for r, n in zip(prev.requests, taken)
+            if r.status is Status.RUNNING and overlap.left(r, n) > 0
+        ]
+        if not after:
+            return None
+        reqs, done = [r for r, _ in after], [n for _, n in after]
+        lens = [1] * len(reqs)
+        if self._rounds_allowed(reqs):
+            lens = [min(self.cfg.decode_steps, overlap.left(r, n)) for r, n in after]
+        ps = self.cfg.page_size
+        need = overlap.new_pages(prev.prefix_lens, taken, ps)  # step n's, not yet counted
+        need += overlap.new_pages((r.kv_len + n for r, n in after), lens, ps)
+        if need > min(self.ledger.available()):
+            return None  # evicting or retracting to fit: the plain path decides that
+        batch = Batch(StepKind.DECODE, reqs, lens)
+        self.evict_windows(batch)  # from the confirmed lengths: one step behind, never too far
+        releases = self.ledger.take_releases()
+        steps = self.cfg.decode_steps if max(lens) > 1 else 1
+        plan = overlap.build(reqs, done, lens, steps, prev, releases, self.ledger.taken)
+        # An early window release may have copied a window to a host tier.
+        return dataclasses.replace(plan, transfers=self.ledger.take_transfers())
+
+    # ------------------------------------------------------------------------------------------
+    # Taking a step's result
+
+    def postprocess(
+        self, plan: StepPlan, result: StepResult, launched: StepPlan | None = None
+    ) -> None:
+        """Take a step's result: new slots, logits kept, sampled tokens, finishing, caching.
+        `launched`: a step launched since (overlap scheduling), whose releases the host counted
+        but the device has not applied yet."""
+        if result.status != 0:
+            raise StepFailed(
+                f"allocation failed with status {result.status} after the pools were checked"
+            )
+        plan, result, extra = self._without_ended(plan, result)
+        self.ledger.allocated(result.slots)
+        if len(extra):
+            self.ledger.allocated(extra)
+        in_flight = launched.released if launched is not None else (0, 0)
+        self.ledger.check(result.free_full, result.free_swa, in_flight)
+        if len(extra):
+            self.ledger.free(extra)
+        if plan.lookahead:
+            self._take_round(plan, result)
+            return
+        start, row, sampled = 0, 0, []
+        for req, pre, seq in zip(plan.requests, plan.prefix_lens, plan.seq_lens):
+            n = int(seq - pre)
+            req.append_slots(result.slots[start : start + n])
+            start += n
+            if req.keep_logits:
+                # A tail rebuild's positions before its end are inexact by design: they count
+                # as cached, so their logits are not kept.
+                skip = 0 if req.rebuild is None else min(n, max(0, req.rebuild.end - int(pre)))
+                req.add_logits(result.logits[row + skip : row + n])
+                row += n
+            if req.kv_len == req.num_tokens:
+                row += not req.keep_logits
+                sampled.append(req)
+        tops = _top_logprobs(sampled, result)
+        for req, token, logprob, top in zip(
+            sampled, result.tokens.tolist(), result.logprobs.tolist(), tops
+        ):
+            self._guarded(req, self._take_token, req, token, logprob, top)
+        last_chunk = self.cfg.policy.checkpoint_last_chunk
+        for req in plan.requests:
+            if req.status is not Status.RUNNING or not self.options.prefix_cache:
+                continue
+            # A chunk checkpoint between prefill chunks; SGLang also takes one after the last,
+            # and so does the first of n samples (the others take the prompt's KV from the
+            # cache).
+            after_last = (last_chunk or req.leads) and req in sampled and len(req.output) == 1
+            if not req.decoding or after_last:
+                self._guarded(req, self._cache_chunk, req)
+
+    def _without_ended(self, plan: StepPlan, result: StepResult):
+        """A decode step or round launched ahead may carry requests that ended while it ran (a
+        stop token in the step before, an abort): their tokens are dropped, and the new pages
+        their positions took, if any, are returned as `extra` (slots inside a page the request
+        held went back with the page)."""
+        ended = np.asarray([r.status is not Status.RUNNING for r in plan.requests], bool)
+        if not ended.any():
+            return plan, result, result.slots[:0]
+        if plan.kind is not StepKind.DECODE or plan.speculative:
+            raise StepFailed("only a decode step or round can outlive one of its requests")
+        keep = ~ended
+        self.dropped_tokens += int((plan.seq_lens - plan.prefix_lens)[ended].sum())
+        fresh = plan.fresh_slots(result.slots, self.cfg.page_size)
+        extra = [seg for seg, e in zip(fresh, ended) if e]
+        slots = [seg for seg, k in zip(plan.new_slots(result.slots), keep) if k]
+        plan = dataclasses.replace(
+            plan,
+            requests=tuple(r for r, k in zip(plan.requests, keep) if k),
+            prefix_lens=plan.prefix_lens[keep],
+            seq_lens=plan.seq_lens[keep],
+        )
+        rows = dict(tokens=result.tokens[keep], logprobs=result.logprobs[keep])
+        if result.top_ids is not None:
+            rows.update(top_ids=result.top_ids[keep], top_logprobs=result.top_logprobs[keep])
+        if result.accepted is not None:
+            rows.update(accepted=result.accepted[keep])
+        empty = result.slots[:0]
+        result = dataclasses.replace(result, slots=np.concatenate([empty, *slots]), **rows)
+        return plan, result, np.concatenate([empty, *extra])
+
+    def _take_round(self, plan: StepPlan, result: StepResult) -> None:
+        """Take a round's result: a speculative verify round, or a multi-step decode round whose
+        every step is kept up to a stop.
+
+        The round allocated n positions [p, p + n) per request in both pools (a verify round:
+        k + 1); the device returns the target's token at each position and how many of the
+        round's tokens after the first it accepted (a). The request keeps a + 1 new tokens
+        (fewer if a stop token or its length limit comes first): their KV positions are
+        [p, p + m), and the pages holding only rejected positions go back to both pools at
+        once. A page shared with a kept position stays with the request; the next allocation
+        continues inside it (`last_loc`), so no slot is handed out twice. Nothing rejected is
+        ever inserted in the prefix cache: the request's slots and length never include it."""
+        ps, n = self.cfg.page_size, plan.seq_lens - plan.prefix_lens  # positions per request
+        for i, (req, start) in enumerate(zip(plan.requests, np.cumsum(n) - n)):
+            slots = result.slots[start : start + n[i]]
+            new = result.tokens[i, : int(result.accepted[i]) + 1].tolist()
+            m = kept(req, new)
+            p = req.kv_len
+            req.append_slots(slots[:m])
+            own = round_up(p + m, ps) - p  # positions on pages that hold a kept position
+            if own < len(slots):
+                self.ledger.free(slots[own:])
+            if plan.speculative:
+                self.accepted_tokens += m - 1
+            for token, logprob in zip(new[:m], result.logprobs[i, :m].tolist()):
+                if req.status is Status.RUNNING:  # a round's tokens after a finish are dropped
+                    self._guarded(req, self._take_token, req, token, logprob)
+
+    def _guarded(self, req: Request, fn, *args) -> None:
+        """Run one request's part of a step; if it raises, that request fails, not the step."""
+        try:
+            fn(*args)
+        except Exception as error:  # noqa: BLE001 - reported on the request, never dropped
+            if req.status is Status.RUNNING:
+                self.abort(req, f"error: {type(error).__name__}: {error}")
+
+    def _take_token(
+        self, req: Request, token: int, logprob: float, top: dict | None = None
+    ) -> None:
+        if math.isnan(logprob):  # NaN logits: the sampled token means nothing
+            self.abort(
+                req,
+                f"error: the model's logits are NaN at position {req.num_tokens} "
+                "(non-finite weights or an overflow in the compute dtype)",
+            )
+            return
+        req.take_token(token, logprob, top)
+        if token in req.params.stop_token_ids:
+            self.finish(req, "stop")
+        elif len(req.output) >= req.params.max_tokens:
+            self.finish(req, "length")
+
+    def _cache_chunk(self, req: Request) -> None:
+        """Between chunks of a prefill: insert what is computed so far and use the cache's
+        slots. Policies: free the out-of-window SWA KV first (eager window free), insert no
+        further than the admission's full-KV match reached (branch insert)."""
+        policy, end = self.cfg.policy, req.kv_len
+        if not self._before_checkpoint(req):
+            return
+        if policy.eager_window_free:
+            self.evict_request_window(req)
+        if req.swa_branching_seqlen is not None:
+            end = min(end, req.swa_branching_seqlen)
+        prefix, handle = self.cache.cache_unfinished(
+            req.tokens[:end],
+            req.slots,
+            cache_protected_len=req.cache_protected_len,
+            swa_evicted_seqlen=req.swa_evicted_seqlen,
+            handle=req.handle,
+        )
+        req.checkpointed(prefix, handle)
 
     def step_failed(self, plan: StepPlan, error: Exception) -> None:
-        """The step raised before its result was taken; see `results.failed`."""
-        results.failed(self, plan, error)
+        """The step raised before its result was taken (the runner rolled its allocation
+        back): retract its requests as suspects, which then run alone; a suspect that fails
+        alone is aborted with the error."""
+        alone = len(plan.requests) == 1
+        for req in plan.requests:
+            if req.status is not Status.RUNNING:
+                continue
+            if alone and req.suspect:
+                self.abort(req, f"error: {type(error).__name__}: {error}")
+            else:
+                self.retract(req, suspect=True)
+
+    # ------------------------------------------------------------------------------------------
+    # A tail rebuild's request (`tail_rebuild.py` says what keeps it exact)
+
+    def _settle(self, req: Request) -> None:
+        """The request has computed up to L: free its SWA KV below `exact_from` (out of every
+        window by now), so what it inserts is exact; it is an ordinary request from here on."""
+        rebuild = req.rebuild
+        if rebuild is None or req.kv_len < rebuild.end:
+            return
+        start = max(req.swa_evicted_seqlen, req.cache_protected_len)  # below s0: the tree's
+        self.free_window(req, start, rebuild.exact_from)
+        req.rebuild_settled()
+
+    def _before_checkpoint(self, req: Request) -> bool:
+        """At a chunk checkpoint: whether the request may insert now. A request still
+        rebuilding only frees its own out-of-window SWA KV (the tree already has these
+        tokens)."""
+        if req.rebuild is None:
+            return True
+        if req.kv_len < req.rebuild.end:
+            self.evict_request_window(req)
+            return False
+        self._settle(req)
+        return True
 
     # ------------------------------------------------------------------------------------------
     # Leaving
@@ -350,7 +673,7 @@ class Scheduler:
     def _hand_over(self, req: Request, insert: bool) -> None:
         """Give the request's KV to the prefix cache (insert) or back to the pools, and unlock."""
         if insert:
-            tail_rebuild.settle(self, req)
+            self._settle(req)
         self.cache.cache_finished(
             req.tokens[: req.kv_len],
             req.slots,
@@ -396,3 +719,26 @@ class Scheduler:
             return
         req.reset_kv()
         req.status, req.finish_reason = Status.ABORTED, reason
+
+
+def kept(req: Request, tokens) -> int:
+    """How many of a round's new tokens the request keeps: up to and including the first stop
+    token, and no more than its length limit allows."""
+    room = req.params.max_tokens - len(req.output)
+    for i, token in enumerate(tokens[:room]):
+        if token in req.params.stop_token_ids:
+            return i + 1
+    return min(len(tokens), room)
+
+
+def _top_logprobs(sampled: list[Request], result: StepResult) -> list:
+    """Each sampled request's top-N {token: logprob} (N its own), or None if it asked none."""
+    if result.top_ids is None:
+        return [None] * len(sampled)
+    ids, lps = result.top_ids.tolist(), result.top_logprobs.tolist()
+    return [
+        dict(zip(ids[i][: r.params.logprobs], lps[i][: r.params.logprobs]))
+        if r.params.logprobs
+        else None
+        for i, r in enumerate(sampled)
+    ]

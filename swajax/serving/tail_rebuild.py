@@ -10,7 +10,8 @@ each local layer below the top one narrows the exact region by its window or chu
 derivation is in BUILD_NOTES.md). s0 is chosen so that the last W positions before L are exact
 in every local layer; they revive the tombstones there when the request inserts.
 
-The rules that keep it exact and leak-free, applied by the scheduler:
+The rules that keep it exact and leak-free, applied by the scheduler (`Scheduler._settle`,
+`_before_checkpoint`):
 - the request locks the node at L (the full KV it copies from stays) and owns [s0, ...) as any
   extend; its row holds the tree's slots for [0, s0);
 - no chunk checkpoint inserts before the request reaches L (the tree already holds those
@@ -20,11 +21,6 @@ The rules that keep it exact and leak-free, applied by the scheduler:
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from swajax.serving.scheduler_view import SchedulerView
 
 import dataclasses
 
@@ -79,26 +75,3 @@ def cut(n: int, rebuild: TailRebuild, kv_len: int) -> int:
     window before L while the request still holds its SWA KV (decode eviction would free it
     before a finishing insert), so later requests sharing the prefix hit at L."""
     return min(n, rebuild.end - kv_len) if kv_len < rebuild.end else n
-
-
-def settle(sched: SchedulerView, req) -> None:
-    """The request has computed up to L: free its SWA KV below `exact_from` (out of every
-    window by now), so what it inserts is exact; it is an ordinary request from here on."""
-    rebuild = req.rebuild
-    if rebuild is None or req.kv_len < rebuild.end:
-        return
-    start = max(req.swa_evicted_seqlen, req.cache_protected_len)  # below s0: the tree's slots
-    sched.free_window(req, start, rebuild.exact_from)
-    req.rebuild_settled()
-
-
-def before_checkpoint(sched: SchedulerView, req) -> bool:
-    """At a chunk checkpoint: whether the request may insert now. A request still rebuilding
-    only frees its own out-of-window SWA KV (the tree already has these tokens)."""
-    if req.rebuild is None:
-        return True
-    if req.kv_len < req.rebuild.end:
-        sched.evict_request_window(req)
-        return False
-    settle(sched, req)
-    return True
