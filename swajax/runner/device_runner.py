@@ -46,7 +46,7 @@ MIN_REQS, MIN_EDITS = 8, 64
 def _mode(plan: StepPlan) -> SampleMode:
     """The step's static sampling: an all-greedy batch compiles no drawing at all."""
     draw = bool(np.any(plan.forward.temperature > 0))
-    return SampleMode(plan.penalize, plan.top_logprobs, draw)
+    return SampleMode(plan.sampling.penalize, plan.sampling.top_logprobs, draw)
 
 
 class DeviceRunner:
@@ -131,7 +131,7 @@ class DeviceRunner:
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
         r = bucket(len(plan.requests), self.min_reqs)
-        rp = plan.repoint
+        rp = plan.memory.repoint
         n = rp.ends - rp.starts
         kinds = np.concatenate(
             [
@@ -197,10 +197,10 @@ class DeviceRunner:
         """Apply what must run before the step's program: a host tier's copies (with loads,
         every release first), and releases a move orders; returns the releases left for the
         step's own commit."""
-        if plan.transfers:  # (rare: a step that evicts to or loads from the host)
-            self.apply_releases(plan.releases, plan.transfers)
+        if plan.memory.transfers:  # (rare: a step that evicts to or loads from the host)
+            self.apply_releases(plan.memory.releases, plan.memory.transfers)
             return Releases()
-        releases = list(plan.releases)
+        releases = list(plan.memory.releases)
         last = releases.pop() if releases and not releases[-1].has_moves else Releases()
         self.apply_releases(tuple(releases))  # only when a move forces an order (rare)
         return last
@@ -218,7 +218,7 @@ class DeviceRunner:
             d_state = self.draft.params if self.draft is not None else None
             pen = self._penalties(plan)
             state = (self.alloc, self.r2t, self.pools, self.draft_pools, pen)
-            if plan.lookahead and not plan.speculative:  # multi-step decode
+            if plan.round.lookahead and not plan.round.speculative:  # multi-step decode
                 shape = round_shape(
                     plan.prefix_lens,
                     plan.seq_lens,
@@ -226,15 +226,15 @@ class DeviceRunner:
                     window=self.window,
                     min_tokens=self.min_reqs,
                 )
-                step, extra = fused_round, dict(steps=plan.lookahead + 1, shape=shape)
-            elif plan.lookahead:
+                step, extra = fused_round, dict(steps=plan.round.lookahead + 1, shape=shape)
+            elif plan.round.lookahead:
                 step = fused_verify
-                extra = dict(k=plan.lookahead, draft_shapes=self._draft_shapes(plan))
+                extra = dict(k=plan.round.lookahead, draft_shapes=self._draft_shapes(plan))
             else:
-                step, extra = fused_step, dict(return_logits=plan.return_logits)
+                step, extra = fused_step, dict(return_logits=plan.sampling.return_logits)
             if after is not None:
                 start, size = offset(commit["layout"], "tokens")
-                accepted = after.sampled[2] if after.plan.lookahead else None  # a round's
+                accepted = after.sampled[2] if after.plan.round.lookahead else None  # a round's
                 packed = fill_placeholders(
                     packed, after.sampled[0], accepted, start=start, size=size
                 )
@@ -251,7 +251,7 @@ class DeviceRunner:
 
     def _penalties(self, plan: StepPlan):
         """The token counts if this step penalizes (made on first use), else None."""
-        if not plan.penalize or self.model.vocab_size is None:
+        if not plan.sampling.penalize or self.model.vocab_size is None:
             return None
         if self.penalties is None:
             self.penalties = self._place(init_penalties(self._rows, self.model.vocab_size))
@@ -273,13 +273,13 @@ class DeviceRunner:
             metadata_shape(
                 plan.prefix_lens + j, plan.prefix_lens + j + 1, page_size=ps, window=self.window
             )
-            for j in range(plan.lookahead + 1)
+            for j in range(plan.round.lookahead + 1)
         )
 
     def _prepare(self, plan: StepPlan, last: Releases):
         """The step's one upload (every input packed in one int32 buffer) and the static
         arguments of `commit_step`."""
-        decode = plan.kind is StepKind.DECODE and not plan.lookahead  # a round extends
+        decode = plan.kind is StepKind.DECODE and not plan.round.lookahead  # a round extends
         num_tokens = 0 if decode else bucket(plan.num_new_tokens, MIN_TOKENS)  # static
         # A decode step's rows pad like its requests: a batch one request larger or smaller (a
         # request that ended while an overlapped step ran) keeps the program, and so every
@@ -294,13 +294,13 @@ class DeviceRunner:
         fwd = pad_forward(
             plan.forward,
             shape.num_tokens,
-            self.min_reqs if decode or plan.lookahead else 1,  # a round: one row per request
+            self.min_reqs if decode or plan.round.lookahead else 1,  # a round: one row per request
         )
         arrays = self._inputs(plan, last)
         arrays.update(fwd._asdict())  # the model's inputs ride in the same buffer
-        if plan.full_src is not None:
-            arrays["full_src"] = pad(plan.full_src, shape.num_tokens)
-        if plan.lookahead:
+        if plan.memory.full_src is not None:
+            arrays["full_src"] = pad(plan.memory.full_src, shape.num_tokens)
+        if plan.round.lookahead:
             arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
         arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)

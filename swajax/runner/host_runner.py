@@ -81,15 +81,15 @@ class HostRunner:
         before, whose sampled tokens and slots fill this plan's placeholders."""
         if after is not None:
             plan = overlap.resolved(plan, after.plan, after.result)
-        self.apply_releases(plan.releases, plan.transfers)
-        if plan.kind is StepKind.DECODE and not plan.lookahead:  # a round extends
+        self.apply_releases(plan.memory.releases, plan.memory.transfers)
+        if plan.kind is StepKind.DECODE and not plan.round.lookahead:  # a round extends
             status, slots = self.alloc.alloc_decode(plan.seq_lens, plan.last_loc)
         else:
             status, slots = self.alloc.alloc_extend(plan.prefix_lens, plan.seq_lens, plan.last_loc)
         out = np.concatenate([[status, *self.alloc.available()], slots]).astype(np.int32)
         try:
-            if plan.lookahead:  # the model emulates the round
-                sampled = self.model.verify(plan, plan.lookahead)
+            if plan.round.lookahead:  # the model emulates the round
+                sampled = self.model.verify(plan, plan.round.lookahead)
             else:
                 sampled = self.model.forward_and_sample(None, plan.forward, None)[2]
         except Exception:

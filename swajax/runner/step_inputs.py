@@ -14,7 +14,7 @@ SEEDS = ("seed_reset_rows", "seed_rows", "seed_tokens", "seed_is_output")
 
 def seed_arrays(plan: StepPlan) -> dict[str, np.ndarray]:
     """A step's penalty seeds, padded (out-of-range rows: the device drops them)."""
-    seeds = plan.penalty_seeds
+    seeds = plan.sampling.penalty_seeds
     if seeds is None:
         return {}
     r, n, drop = bucket(len(seeds.reset_rows), 8), bucket(len(seeds.rows), MIN_TOKENS), 2**30

@@ -32,7 +32,7 @@ def step_result(plan: StepPlan, out: np.ndarray, sampled) -> StepResult:
         free_full=int(out[OUT_FREE_FULL]),
         free_swa=int(out[OUT_FREE_SWA]),
     )
-    if plan.lookahead:  # a verify round: every row of every request, and the accepted counts
+    if plan.round.lookahead:  # a verify round: every row of every request, and the accepted counts
         n = len(plan.requests)
         tokens, logprobs, accepted = (np.asarray(x)[:n] for x in sampled)
         return StepResult(**head, tokens=tokens, logprobs=logprobs, accepted=accepted)

@@ -146,8 +146,48 @@ class PenaltySeeds:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryOps:
+    """What a step does to the pools and `req_to_token` besides allocating its new tokens."""
+
+    releases: tuple[Releases, ...] = ()  # in order; the runner applies them before allocating
+    # Host-tier copies, each in its place among the releases (`Transfer.after`).
+    transfers: tuple[Transfer, ...] = ()
+    repoint: Repoint = dataclasses.field(default_factory=Repoint)
+    # i32[T] or None: per new token, the full slot whose KV full layers store instead of
+    # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
+    full_src: np.ndarray | None = None
+    # (full, SWA) tokens its releases give back: counted on the host when it was planned, on
+    # the device only when it runs (overlap scheduling checks the previous step against it).
+    released: tuple[int, int] = (0, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """A decode round of `lookahead` + 1 positions per request, allocated as an extend: a
+    speculative verify round (k draft tokens) when `speculative`, else multi-step decode
+    (N = lookahead + 1 steps in one program); lookahead 0: a plain step."""
+
+    lookahead: int = 0
+    speculative: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOps:
+    """How the step samples and what it returns besides its tokens: some sampled request has
+    penalties (the device reads and counts its tokens), the counts to load first, N of the
+    top-N logprobs (0: none), and whether the full logits of the logit rows come back
+    (teacher forcing)."""
+
+    penalize: bool = False
+    penalty_seeds: PenaltySeeds | None = None
+    top_logprobs: int = 0
+    return_logits: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """One step as the scheduler planned it (host arrays, unpadded)."""
+    """One step as the scheduler planned it (host arrays, unpadded): its requests and their
+    lengths, the model's inputs, and three records: memory, round, sampling."""
 
     kind: StepKind
     requests: tuple[Request, ...]
@@ -155,28 +195,10 @@ class StepPlan:
     prefix_lens: np.ndarray  # i32[R]: tokens with KV before the step
     seq_lens: np.ndarray  # i32[R]: after it
     last_loc: np.ndarray  # i32[R]: full slot of token prefix - 1, or -1
-    releases: tuple[Releases, ...]  # in order; the runner applies them before allocating
-    repoint: Repoint
     forward: ForwardBatch
-    # Host-tier copies, each in its place among the releases (`Transfer.after`).
-    transfers: tuple[Transfer, ...] = ()
-    return_logits: bool = False  # full logits of the logit rows come back (teacher forcing)
-    # i32[T] or None: per new token, the full slot whose KV full layers store instead of
-    # computing it (a tail rebuild copies the prefix cache's KV); 0: compute it.
-    full_src: np.ndarray | None = None
-    # A decode round of `lookahead` + 1 positions per request, allocated as an extend: a
-    # speculative verify round (k draft tokens) when `speculative`, else multi-step decode
-    # (N = lookahead + 1 steps in one program); 0: a plain step.
-    lookahead: int = 0
-    speculative: bool = False
-    # (full, SWA) tokens its releases give back: counted on the host when it was planned, on
-    # the device only when it runs (overlap scheduling checks the previous step against it).
-    released: tuple[int, int] = (0, 0)
-    # Sampling: some sampled request has penalties (the device reads and counts its tokens),
-    # the counts to load first, and N of the top-N logprobs to return (0: none).
-    penalize: bool = False
-    penalty_seeds: PenaltySeeds | None = None
-    top_logprobs: int = 0
+    memory: MemoryOps = MemoryOps()
+    round: Round = Round()
+    sampling: SamplingOps = SamplingOps()
 
     @property
     def num_new_tokens(self) -> int:
@@ -185,7 +207,7 @@ class StepPlan:
     @property
     def r2t_tokens_written(self) -> int:
         """Slots this step writes into req_to_token: new tokens plus re-pointed ranges."""
-        return self.num_new_tokens + self.repoint.num_tokens
+        return self.num_new_tokens + self.memory.repoint.num_tokens
 
     def new_slots(self, slots: np.ndarray) -> list[np.ndarray]:
         """`slots` (the step's new slots, request after request) split per request."""

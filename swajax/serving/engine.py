@@ -244,7 +244,7 @@ class Engine:
         if plan is None:
             return None
         if not plan.requests:  # the step only retracted or aborted: its releases still go
-            self.runner.apply_releases(plan.releases, plan.transfers)
+            self.runner.apply_releases(plan.memory.releases, plan.memory.transfers)
             return self._record(plan)
         try:
             self._launched = self.runner.dispatch(plan)
@@ -317,7 +317,7 @@ class Engine:
         ) * ps
         c = self.cache
         tier = getattr(c, "tier", None)
-        loads = [t for t in plan.transfers if t.kind == "load"]
+        loads = [t for t in plan.memory.transfers if t.kind == "load"]
         m = StepMetrics(
             step=self._steps,
             kind=plan.kind.value,

@@ -54,7 +54,7 @@ class NullModel:
             greedy[:, j] = t
         draws = (self.next_token(pos[:, None] + np.arange(k), 7) % 1000) / 1000.0
         accepted = np.cumprod(draws < self.acceptance, axis=1).sum(axis=1).astype(np.int32)
-        if not plan.speculative:  # multi-step decode: every step a request took is kept
+        if not plan.round.speculative:  # multi-step decode: every step a request took is kept
             accepted = (n - 1).astype(np.int32)
         return greedy, np.zeros(greedy.shape, np.float32), accepted
 

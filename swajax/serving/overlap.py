@@ -30,7 +30,15 @@ import dataclasses
 import numpy as np
 
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
-from swajax.serving.batch import ForwardBatch, Repoint, StepKind, StepPlan, sampling_fields
+from swajax.serving.batch import (
+    ForwardBatch,
+    MemoryOps,
+    Round,
+    SamplingOps,
+    StepKind,
+    StepPlan,
+    sampling_fields,
+)
 from swajax.serving.planning import round_batch, top_logprobs
 from swajax.serving.request import Request
 
@@ -67,13 +75,13 @@ def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:
         prefix_lens=pre,
         seq_lens=pre + lens,
         last_loc=np.full(n, LAST_LOC_ON_DEVICE, np.int32),
-        releases=releases,
-        repoint=Repoint(),
         forward=forward,
-        lookahead=steps - 1,
-        penalize=any(p.penalized for p in params),
-        top_logprobs=top_logprobs(reqs) if steps == 1 else 0,
-        released=released,
+        memory=MemoryOps(releases=releases, released=released),
+        round=Round(lookahead=steps - 1),
+        sampling=SamplingOps(
+            penalize=any(p.penalized for p in params),
+            top_logprobs=top_logprobs(reqs) if steps == 1 else 0,
+        ),
     )
 
 
@@ -95,6 +103,6 @@ def resolved(plan: StepPlan, prev: StepPlan, result) -> StepPlan:
 def last_tokens(prev: StepPlan, result) -> np.ndarray:
     """The token each of `prev`'s requests sampled last (a round's: at its last step)."""
     tokens = np.asarray(result.tokens)
-    if not prev.lookahead:
+    if not prev.round.lookahead:
         return tokens
     return tokens[np.arange(len(tokens)), np.asarray(result.accepted)]

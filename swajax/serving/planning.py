@@ -12,9 +12,12 @@ import numpy as np
 
 from swajax.serving.batch import (
     ForwardBatch,
+    MemoryOps,
     PenaltySeeds,
     Releases,
     Repoint,
+    Round,
+    SamplingOps,
     StepKind,
     StepPlan,
     sampling_fields,
@@ -54,22 +57,25 @@ def build_plan(
         prefix_lens=pre,
         seq_lens=seq,
         last_loc=np.asarray([r.slots[-1] if r.kv_len else -1 for r in reqs], np.int32),
-        releases=releases,
-        transfers=transfers,
-        repoint=Repoint(
-            np.asarray(rows, np.int32),
-            np.asarray(starts, np.int32),
-            np.asarray(ends, np.int32),
-            np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
-        ),
         forward=round_batch(reqs, lens) if spec else forward_batch(reqs, lens),
-        return_logits=any(r.keep_logits for r in reqs),
-        full_src=full_sources(reqs, lens),
-        lookahead=spec,
-        speculative=speculative and spec > 0,
-        penalize=any(r.params.penalized for r in reqs),
-        penalty_seeds=penalty_seeds(reqs),
-        top_logprobs=top_logprobs(reqs),
+        memory=MemoryOps(
+            releases=releases,
+            transfers=transfers,
+            repoint=Repoint(
+                np.asarray(rows, np.int32),
+                np.asarray(starts, np.int32),
+                np.asarray(ends, np.int32),
+                np.concatenate(stale).astype(np.int32) if stale else np.zeros(0, np.int32),
+            ),
+            full_src=full_sources(reqs, lens),
+        ),
+        round=Round(spec, speculative and spec > 0),
+        sampling=SamplingOps(
+            penalize=any(r.params.penalized for r in reqs),
+            penalty_seeds=penalty_seeds(reqs),
+            top_logprobs=top_logprobs(reqs),
+            return_logits=any(r.keep_logits for r in reqs),
+        ),
     )
 
 

@@ -427,7 +427,11 @@ class Scheduler:
         early): the decode step after `prev` (still running; a plain step or a multi-step
         round), planned before its result is read, or None to take the plain path. It is a
         round when the scheduler would run one."""
-        if prev.kind is not StepKind.DECODE or prev.speculative or prev.return_logits:
+        if (
+            prev.kind is not StepKind.DECODE
+            or prev.round.speculative
+            or prev.sampling.return_logits
+        ):
             return None
         ahead = set(map(id, prev.requests))
         if self.waiting or any(
@@ -459,7 +463,8 @@ class Scheduler:
         steps = self.cfg.decode_steps if max(lens) > 1 else 1
         plan = overlap.build(reqs, done, lens, steps, prev, releases, self.ledger.taken)
         # An early window release may have copied a window to a host tier.
-        return dataclasses.replace(plan, transfers=self.ledger.take_transfers())
+        memory = dataclasses.replace(plan.memory, transfers=self.ledger.take_transfers())
+        return dataclasses.replace(plan, memory=memory)
 
     # ------------------------------------------------------------------------------------------
     # Taking a step's result
@@ -478,11 +483,11 @@ class Scheduler:
         self.ledger.allocated(result.slots)
         if len(extra):
             self.ledger.allocated(extra)
-        in_flight = launched.released if launched is not None else (0, 0)
+        in_flight = launched.memory.released if launched is not None else (0, 0)
         self.ledger.check(result.free_full, result.free_swa, in_flight)
         if len(extra):
             self.ledger.free(extra)
-        if plan.lookahead:
+        if plan.round.lookahead:
             self._take_round(plan, result)
             return
         start, row, sampled = 0, 0, []
@@ -523,7 +528,7 @@ class Scheduler:
         ended = np.asarray([r.status is not Status.RUNNING for r in plan.requests], bool)
         if not ended.any():
             return plan, result, result.slots[:0]
-        if plan.kind is not StepKind.DECODE or plan.speculative:
+        if plan.kind is not StepKind.DECODE or plan.round.speculative:
             raise StepFailed("only a decode step or round can outlive one of its requests")
         keep = ~ended
         self.dropped_tokens += int((plan.seq_lens - plan.prefix_lens)[ended].sum())
@@ -567,7 +572,7 @@ class Scheduler:
             own = round_up(p + m, ps) - p  # positions on pages that hold a kept position
             if own < len(slots):
                 self.ledger.free(slots[own:])
-            if plan.speculative:
+            if plan.round.speculative:
                 self.accepted_tokens += m - 1
             for token, logprob in zip(new[:m], result.logprobs[i, :m].tolist()):
                 if req.status is Status.RUNNING:  # a round's tokens after a finish are dropped

@@ -133,7 +133,7 @@ class Tracer:
             self.lines.append(dict(op=name, **encode_args(name, args, kwargs), expect=expect))
 
     def _launch(self, plan, step) -> None:
-        if plan.kind is StepKind.DECODE and not plan.lookahead:
+        if plan.kind is StepKind.DECODE and not plan.round.lookahead:
             op, args = "alloc_decode", dict(seq_lens=plan.seq_lens)
         else:  # a prefill, or a speculative round's k + 1 positions per request
             op, args = "alloc_extend", dict(prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens)

@@ -62,6 +62,16 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
+# The default run: the fixture with both the wide windows and the odd rates; the others with
+# `-m slow` (the same property on narrower or evenly spaced boundaries).
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        n if n == "deepseek_v4_wide_odd" else pytest.param(n, marks=pytest.mark.slow)
+        for n in sorted(BETWEEN)
+    ],
+    indirect=True,
+)
 def test_matches_transformers_with_a_prefix_hit_between_boundaries(fixture):
     """The prompt twice: the second finds the first cached up to a point between two window
     ends, so its first entries are made from pending projections the first request left in

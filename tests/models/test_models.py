@@ -212,9 +212,10 @@ def test_bfloat16_stays_close_to_float32(family):
 
 
 NEW_FAMILIES = ["olmo3", "exaone4", "cohere2", "gemma4", "gemma4_e", "step3p7"]
-# Default run: the six first families and Gemma 4 (KV-shared layers, keys that are values);
-# the others' hybrid-off runs go to -m slow (their engine runs above already evict every step).
-OFF_SLOW = {"olmo3", "exaone4", "cohere2", "gemma4_e", "step3p7"}
+# Default run: GPT-OSS (sinks, MoE), MiMo-V2-Flash (other KV heads per kind), Gemma 3 (soft
+# caps) and Gemma 4 (KV-shared layers, keys that are values); the others' hybrid-off runs go to
+# -m slow (their engine runs above already evict every step).
+OFF_SLOW = {"llama4", "qwen3", "mistral", "olmo3", "exaone4", "cohere2", "gemma4_e", "step3p7"}
 
 
 @pytest.mark.parametrize("family", grouped(FAMILIES + NEW_FAMILIES, slow=OFF_SLOW))
@@ -239,7 +240,7 @@ SCANNED = [
     "exaone4",
     "cohere2",
 ]
-SCAN_SLOW = {"gemma3", "qwen3", "mistral", "qwen2", "olmo3", "exaone4", "cohere2"}
+SCAN_SLOW = {"llama4", "gemma3", "qwen3", "mistral", "qwen2", "olmo3", "exaone4", "cohere2"}
 # Never scanned: KV-shared layers or per-layer inputs (Gemma 4 E), layers that never repeat
 # (Step 3.x's fixture), DeepSeek-V4 (its layers' stores differ).
 UNSCANNED = ["gemma4", "gemma4_e", "step3p7", "deepseek_v4", "deepseek_v4_wide"]

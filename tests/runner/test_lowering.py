@@ -53,7 +53,11 @@ def clean(text: str) -> None:
     assert not any("callback" in c for c in custom_calls(text)), custom_calls(text)
 
 
-@pytest.mark.parametrize("target, device_kind", TARGETS)
+# TPU v6e runs the same Mosaic front end as v5e: with `-m slow`.
+@pytest.mark.parametrize(
+    "target, device_kind",
+    [TARGETS[0], pytest.param(*TARGETS[1], marks=pytest.mark.slow), TARGETS[2]],
+)
 def test_each_step_program_lowers_with_the_compiled_kernels(target, device_kind):
     found = programs("cuda" if target == "cuda" else "tpu", "pallas")
     assert set(found) == set(PROGRAMS)
@@ -67,7 +71,10 @@ def test_each_step_program_lowers_with_the_compiled_kernels(target, device_kind)
         assert wanted in text, name
 
 
-@pytest.mark.parametrize("target, device_kind", [TARGETS[0], TARGETS[2]])
+# The XLA path has no platform-specific kernels: TPU in the default run, CUDA with `-m slow`.
+@pytest.mark.parametrize(
+    "target, device_kind", [TARGETS[0], pytest.param(*TARGETS[2], marks=pytest.mark.slow)]
+)
 def test_each_step_program_lowers_with_the_xla_path(target, device_kind):
     found = programs("cuda" if target == "cuda" else "tpu", "xla")
     for name in PROGRAMS:

@@ -88,7 +88,7 @@ def family(request):
 # (sinks, MoE) and Gemma 3 (soft caps, sandwich norms); the rest of the matrix with `-m slow`.
 DEFAULT = {
     "gpt_oss": ("hybrid off", "page size 16", "chunk 64", "pallas"),
-    "gemma3": ("hybrid off", "pallas"),
+    "gemma3": ("pallas",),
 }
 CASES = [
     (f, v) if v in DEFAULT[f] else pytest.param(f, v, marks=pytest.mark.slow)

@@ -104,8 +104,10 @@ def null_engine(steps, *, logprobs=0):
     dispatch, engine.rounds = engine.runner.dispatch, []
 
     def seen(plan, *args, **kwargs):  # each round's N and its requests' steps
-        if plan.lookahead:
-            engine.rounds.append((plan.lookahead + 1, (plan.seq_lens - plan.prefix_lens).tolist()))
+        if plan.round.lookahead:
+            engine.rounds.append(
+                (plan.round.lookahead + 1, (plan.seq_lens - plan.prefix_lens).tolist())
+            )
         return dispatch(plan, *args, **kwargs)
 
     engine.runner.dispatch = seen
@@ -196,7 +198,7 @@ def test_an_arrival_waits_at_most_the_round_in_flight():
     engine.add_request(list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=200))
     while engine.launched_ahead == 0:
         engine.step()
-    assert engine._launched is not None and engine._launched.plan.lookahead == 7
+    assert engine._launched is not None and engine._launched.plan.round.lookahead == 7
     late = engine.requests[
         engine.add_request(list(range(1, 20)), SamplingParams(temperature=0.0, max_tokens=5))
     ]
