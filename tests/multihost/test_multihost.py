@@ -97,19 +97,23 @@ def _same(joined: dict, reference: dict, what: str) -> None:
 def test_two_processes_match_one_process_and_one_device(
     procs, tmp_path, fixture, attention, hybrid
 ):
-    """Tokens and logprobs of 2 processes x 2 devices against 1 process x 4 devices and 1
-    device, with a prefix hit, eviction every step, chunked prefill, overlap, an abort and
-    retractions; every process ends with both pools free (checked inside each worker) and the
-    same results as the others."""
+    """Tokens and logprobs of 2 processes x 2 devices against 1 device, with a prefix hit,
+    eviction every step, chunked prefill, overlap, an abort and retractions; every process ends
+    with both pools free (checked inside each worker) and the same results as the others."""
     joined = _joined(procs, tmp_path, fixture, attention, hybrid)
-    path = str(FIXTURES / fixture)
-    four = workload.run(path, 4, attention, hybrid)
-    one = workload.run(path, 1, attention, hybrid)
+    one = workload.run(str(FIXTURES / fixture), 1, attention, hybrid)
     assert joined[0] == joined[1]  # the processes agree bit for bit
     assert joined[0]["cached"][3] > 0  # the second wave hit the first's prefix
     assert joined[0]["retractions"] > 0 and joined[0]["aborted"].startswith("abort")
-    _same(joined[0], four, "2 processes vs 1 process on 4 devices")
     _same(joined[0], one, "2 processes vs 1 device")
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_on_four_devices(procs, tmp_path):
+    """The same workload split 2 x 2 over processes and 4 ways in one process."""
+    joined = _joined(procs, tmp_path, "gpt_oss_kv4", "xla", True)
+    four = workload.run(str(FIXTURES / "gpt_oss_kv4"), 4, "xla", True)
+    _same(joined[0], four, "2 processes vs 1 process on 4 devices")
 
 
 @pytest.mark.parametrize("victim", [1, pytest.param(0, marks=pytest.mark.slow)])
