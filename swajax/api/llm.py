@@ -114,6 +114,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int  # prompt tokens the prefix cache supplied (first sample)
+    # Why the prefix cache supplied what it did (first sample; `MatchReport.as_dict()`: matched
+    # and missed tokens, where the match stopped and why, what evicted the rest).
+    prefix_cache: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,6 +446,7 @@ class LLM:
             outputs=[self._completion(x, req) for x, req in zip(mine, reqs)],
             finished=all(r.done for r in reqs),
             num_cached_tokens=first.cached_tokens,
+            prefix_cache=first.cache_report.as_dict() if first.cache_report else None,
         )
 
     def _completion(self, x: SampleStream, req) -> CompletionOutput:

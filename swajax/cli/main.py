@@ -109,6 +109,29 @@ def _run_replay(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _run_explain(args: argparse.Namespace) -> int:
+    from swajax.trace.explanations import explain_trace
+
+    result = explain_trace(args.trace)
+    if args.json:
+        print(json.dumps(result))
+        return 0 if result["ok"] else 1
+    for m in result["matches"]:
+        print(f"operation {m['op']}: {m['reason']}")
+    asked = sum(m["asked"] for m in result["matches"])
+    matched = sum(m["matched"] for m in result["matches"])
+    print(f"{len(result['matches'])} matches: {matched} of {asked} tokens matched")
+    for reason, tokens in sorted(result["missed"].items(), key=lambda kv: -kv[1]):
+        if tokens:
+            print(f"  missed {tokens} tokens: {reason}")
+    if not result["ok"]:
+        print(
+            f"stopped at operation {result['op_number']} ({result['op']}): swajax's cache "
+            "does not reproduce the trace from there"
+        )
+    return 0 if result["ok"] else 1
+
+
 def _register_tools(sub) -> None:
     from swajax.simulator.workloads import WORKLOADS
 
@@ -171,6 +194,11 @@ def _register_tools(sub) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_replay)
+
+    p = sub.add_parser("explain", help="why each prefix-cache match of a trace gave what it gave")
+    p.add_argument("trace", metavar="TRACE.jsonl")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_explain)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from swajax.observe import Observer, observed
+from swajax.prefix_cache.explain import POLICY, MatchReport
 from swajax.prefix_cache.protocol import Releaser
 from swajax.prefix_cache.radix import MatchResult
 from swajax.sizing import PoolMode
@@ -37,7 +38,8 @@ class ChunkCache:
 
     @observed
     def match(self, tokens) -> MatchResult:
-        return MatchResult(_EMPTY, None)
+        n = len(tokens)
+        return MatchResult(_EMPTY, None, report=MatchReport(n, n, 0, 0, POLICY))
 
     @observed
     def lock(self, node):

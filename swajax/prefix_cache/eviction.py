@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swajax.prefix_cache.explain import RELEASED
 from swajax.prefix_cache.node import Node
 from swajax.prefix_cache.protocol import Tree
 from swajax.sizing import PoolMode
@@ -16,20 +17,22 @@ class Evictor:
     def __init__(self, tree: Tree):
         self.tree = tree
 
-    def tombstone(self, node: Node, counted: bool = True, split: bool = True) -> None:
+    def tombstone(
+        self, node: Node, counted: bool = True, split: bool = True, cause: int | None = None
+    ) -> None:
         """Free a live node's SWA KV (with a host tier, its last window is copied there first;
         the node may be split at the window, unless `split` is False, as inside a lock's walk,
         and both parts become tombstones)."""
         t = self.tree
         parts = t.tier.copy_window(node, split) if t.tier is not None else [node]
         for part in parts:
-            self._tombstone(part, counted)
+            self._tombstone(part, counted, t.evicting if cause is None else cause)
 
-    def _tombstone(self, node: Node, counted: bool) -> None:
+    def _tombstone(self, node: Node, counted: bool, cause: int | None) -> None:
         t = self.tree
         t.releaser.free_swa(node.value)
         t.swa_lru.remove(node)
-        node.swa_live = False
+        node.swa_live, node.tombstoned_by = False, cause
         if t.mode is PoolMode.ALL_SWA:  # the one pool's slots went back: keep no stale numbers
             node.value = np.zeros(len(node), np.int32)
         if counted:
@@ -54,6 +57,10 @@ class Evictor:
                 if moved is not None:
                     return full + moved[0], swa + moved[1]
                 t.tier.drop_subtree(node)
+            # Remembered for explanations: an eviction's, or the tombstone's own cause (a
+            # tombstone leaf deleted as its last lock goes).
+            cause = t.evicting if t.evicting is not None else node.tombstoned_by
+            t.ghosts.record(node, t.ps, RELEASED if cause is None else cause)
             t.free_node(node)
             live = node.swa_live and t.swa
             full += len(node) if (node.swa_live or t.mode is not PoolMode.ALL_SWA) else 0

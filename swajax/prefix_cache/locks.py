@@ -7,6 +7,7 @@ import itertools
 
 from swajax.arith import round_up
 from swajax.prefix_cache.eviction import Evictor
+from swajax.prefix_cache.explain import RELEASED
 from swajax.prefix_cache.node import Node
 from swajax.prefix_cache.protocol import Tree
 
@@ -129,6 +130,6 @@ class WindowLocks:
     def _tombstone_leaf_or_evictable(self, node: Node) -> None:
         t = self.tree
         if node.is_leaf:  # nobody else can resume at a leaf this request still holds
-            self.evictor.tombstone(node, counted=False, split=False)  # (inside a walk)
+            self.evictor.tombstone(node, counted=False, split=False, cause=RELEASED)  # in a walk
         else:
             t.sizes.swa_evictable += len(node)

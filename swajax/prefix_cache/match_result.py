@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from swajax.prefix_cache.explain import MatchReport
 from swajax.prefix_cache.node import Node
 
 _EMPTY = np.zeros(0, np.int32)
@@ -20,6 +21,7 @@ class MatchResult:
     tail: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY)
     tail_node: Node | None = None
     loaded: tuple[int, int] = (0, 0)  # (full, SWA) tokens the match brought back from the host
+    report: MatchReport | None = None  # why it gave what it gave (explain.py)
 
     @property
     def tail_miss(self) -> int:

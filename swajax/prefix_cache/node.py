@@ -36,6 +36,8 @@ class Node:
         "host_full",
         "host_swa",
         "last_access",
+        "tombstoned_by",
+        "chain",
     )
 
     def __init__(self, key=(), value=None, parent=None, swa_live=True):
@@ -50,6 +52,10 @@ class Node:
         self.swa_skips: set[int] = set()  # locks that passed this node as a tombstone
         self.host_full: np.ndarray | None = None  # host pages of its full KV, if off the device
         self.host_swa: np.ndarray | None = None  # host pages of its SWA KV, if kept there
+        # A tombstone: what took its SWA KV (an eviction's number, or explain.INSERTED /
+        # RELEASED); None while live. `chain`: its path's hash, memoized by explain.path_hash.
+        self.tombstoned_by: int | None = None
+        self.chain: int | None = None
         self.touch()
 
     def __len__(self) -> int:

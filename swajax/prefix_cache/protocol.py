@@ -73,6 +73,8 @@ class Tree(Protocol):
     tier: object  # host_tier.HostTier or None
     policy: object
     evictor: object
+    evicting: int | None  # the number of the eviction under way (explain.py), or None
+    ghosts: object  # explain.Ghosts: pages whose full KV was deleted, for explanations
 
     def aligned(self, tokens) -> tuple[int, ...]: ...
     def walk(self, key, visit=None) -> list: ...

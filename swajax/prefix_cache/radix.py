@@ -28,6 +28,7 @@ import numpy as np
 from swajax.arith import round_up
 from swajax.observe import Observer, observed
 from swajax.prefix_cache.eviction import Evictor
+from swajax.prefix_cache.explain import INSERTED, Ghosts, explain
 from swajax.prefix_cache.hit_rule import hit_end
 from swajax.prefix_cache.host_tier import HostTier
 from swajax.prefix_cache.locks import LockHandle, WindowLocks
@@ -85,6 +86,9 @@ class RadixCache:
         self.full_lru, self.swa_lru = LRUList(), LRUList()
         self.sizes = Sizes()
         self.hit_tokens = self.tail_miss_tokens = 0
+        # Evictions are numbered from 1 (explain.py); `evicting`: the one under way, if any.
+        self.evictions, self.evicting = 0, None
+        self.ghosts = Ghosts()
         self.evictor = Evictor(self)
         self.locks = WindowLocks(self, self.evictor)
         self.requests = RequestCaching(self)
@@ -133,7 +137,12 @@ class RadixCache:
 
     @observed
     def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
-        return self.evictor.evict(full_tokens, swa_tokens)
+        self.evictions += 1
+        self.evicting = self.evictions
+        try:
+            return self.evictor.evict(full_tokens, swa_tokens)
+        finally:
+            self.evicting = None
 
     @observed
     def cache_finished(self, tokens, slots, **kwargs) -> None:
@@ -194,6 +203,7 @@ class RadixCache:
         upper.swa_tops, child.swa_tops = child.swa_tops, set()  # a window ends at the top part
         upper.swa_skips = set(child.swa_skips)
         upper.last_access = child.last_access
+        upper.tombstoned_by = child.tombstoned_by
         child.parent.children[upper.key[: self.ps]] = upper
         child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
         upper.children = {child.key[: self.ps]: child}
@@ -235,8 +245,10 @@ class RadixCache:
 
     @observed
     def match(self, tokens) -> MatchResult:
-        """Longest cached prefix of `tokens` that satisfies the window hit rule."""
-        path = self.walk(self.aligned(tokens))
+        """Longest cached prefix of `tokens` that satisfies the window hit rule, with its
+        explanation (`MatchResult.report`)."""
+        key = self.aligned(tokens)
+        path = self.walk(key)
         best = len(path)
         if self.swa:  # host-resident SWA counts as valid: a load brings it back
             best = hit_end(path, self.window, lambda node: node.swa_valid)
@@ -251,7 +263,10 @@ class RadixCache:
         self.hit_tokens += len(slots)
         self.tail_miss_tokens += len(tail)
         node = accepted[-1] if accepted else self.root
-        return MatchResult(slots, node, tail, cut[-1] if cut else None, tuple(loaded))
+        report = explain(
+            self, key, len(tokens), path, len(accepted), len(slots) + len(tail), tuple(loaded)
+        )
+        return MatchResult(slots, node, tail, cut[-1] if cut else None, tuple(loaded), report)
 
     # ------------------------------------------------------------------------------------------
     # Releasing KV the cache or a request held
@@ -343,7 +358,7 @@ class RadixCache:
         else:  # other requests read the node's full slots: move the SWA KV under them
             self.releaser.move_swa(node.value, req)
             self.releaser.free(req)
-        node.swa_live = True
+        node.swa_live, node.tombstoned_by = True, None
         if node.host_swa is not None:
             self.tier.forget_swa(node)
         self.swa_lru.add(node)
@@ -356,6 +371,8 @@ class RadixCache:
         if not live and self.mode is PoolMode.ALL_SWA:  # the slots were freed with the SWA KV
             value = np.zeros(len(key), np.int32)
         node = Node(key, value, parent, live)
+        if not live and self.swa:
+            node.tombstoned_by = INSERTED
         parent.children[key[: self.ps]] = node
         self.full_lru.add(node)
         self.sizes.full_evictable += len(node)

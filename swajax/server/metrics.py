@@ -102,6 +102,7 @@ STATE = {
     "full_cached_locked_tokens": "gauge",
     "prefix_cache_tombstones": "gauge",
     "prefix_cache_hits": "counter",
+    "prefix_cache_missed_tokens": "counter",  # labelled by reason (prefix_cache/explain.py)
     "num_preemptions": "counter",
     "swa_freed_tokens": "counter",
     "tail_rebuilt_tokens": "counter",
@@ -172,6 +173,14 @@ class _EngineCollector:
         yield counter(
             "prefix_cache_hits", "prompt tokens the prefix cache supplied", sched.hit_tokens
         )
+        missed = CounterMetricFamily(
+            PREFIX + "prefix_cache_missed_tokens",
+            "prompt tokens the prefix cache did not supply, by where the match stopped and why",
+            labels=["model_name", "reason"],
+        )
+        for reason, tokens in sched.missed_tokens.items():
+            missed.add_metric([self.model, reason], float(tokens))
+        yield missed
         yield counter("num_preemptions", "requests retracted for memory", sched.retractions)
         yield counter("swa_freed_tokens", "out-of-window SWA KV given back", sched.swa_freed_tokens)
         yield counter(

@@ -45,6 +45,8 @@ class Request:
     rebuild: object = None  # a `tail_rebuild.TailRebuild` until the request has passed its end
     retractions: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied at its last admission
+    # Why the prefix cache gave what it gave at its last admission (prefix_cache/explain.py).
+    cache_report: object = None
     suspect: bool = False  # its batch raised: it runs alone until it finishes
     keep_logits: bool = False  # record the logits of every computed position (teacher forcing)
     penalties_seeded: bool = False  # its row's device token counts hold its tokens

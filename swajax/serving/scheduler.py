@@ -24,6 +24,8 @@ from collections import deque
 import numpy as np
 
 from swajax.arith import ceil_div, round_up
+from swajax.prefix_cache import explain
+from swajax.prefix_cache.explain import MatchReport
 from swajax.serving import overlap, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
@@ -50,6 +52,8 @@ class Scheduler:
         # Tail rebuilds: tokens recomputed to rebuild SWA KV the tree lacked, and tokens the
         # fallback would have recomputed on top of those.
         self.rebuilt_tokens = self.rebuild_saved_tokens = 0
+        # Per admission: prompt tokens the prefix cache did not supply, by why (explain.py).
+        self.missed_tokens = dict.fromkeys(explain.REASONS, 0)
         self.accepted_tokens = 0  # draft tokens kept by speculative rounds
         self.dropped_tokens = 0  # overlap: tokens of requests that ended while a step ran
 
@@ -287,6 +291,8 @@ class Scheduler:
         req.handle = self.cache.lock(node)
         budget.rem_total -= held
         req.cached_tokens = hit
+        req.cache_report = self._report(req, match, rebuild)
+        self.missed_tokens[req.cache_report.stop] += req.cache_report.missed
         self.hit_tokens += hit
         self.tail_miss_tokens += match.tail_miss
         self.admitted_tokens += len(tokens)
@@ -301,6 +307,15 @@ class Scheduler:
             req.swa_branching_seqlen = match.full_length
         self._charge(budget, n, max_new if n == extend else 0)
         return n
+
+    def _report(self, req: Request, match, rebuild) -> MatchReport:
+        """The match's explanation, with what a tail rebuild recovered; a request that takes
+        no cached prefix (its prompt's logits are wanted) is the policy's."""
+        if not req.cache_hits:
+            n = len(req.tokens) - 1
+            return MatchReport(n, n, 0, 0, explain.POLICY)
+        rebuilt = 0 if rebuild is None else rebuild.start - len(match)
+        return dataclasses.replace(match.report, rebuilt=rebuilt)
 
     # ------------------------------------------------------------------------------------------
     # Memory for a batch

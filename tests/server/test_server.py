@@ -16,6 +16,7 @@ from helpers.server import LLM_SETTINGS, http
 from prometheus_client.parser import text_string_to_metric_families
 
 import swajax
+from swajax.prefix_cache import explain
 
 openai = pytest.importorskip("openai")
 
@@ -238,6 +239,10 @@ def test_every_metric_parses_histograms_included(server):
     client(server).completions.create(model="demo", prompt="def f", max_tokens=4)
     families = {f.name: f for f in text_string_to_metric_families(http(f"{server}/metrics")[1])}
     assert {PREFIX + n for n in {**STATE, **EVENTS}} <= set(families)
+    missed = {
+        s.labels["reason"]: s.value for s in families[PREFIX + "prefix_cache_missed_tokens"].samples
+    }
+    assert set(missed) == set(explain.REASONS) and sum(missed.values()) > 0
     for name, kind in EVENTS.items():
         family = families[PREFIX + name]
         assert family.type == kind and all(
