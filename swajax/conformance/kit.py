@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swajax.conformance import boundary
 from swajax.conformance.protocol import OPS_SCHEMA
 from swajax.prefix_cache.policy import DEFAULT as DEFAULT_POLICY, policy_of
 
@@ -33,6 +34,8 @@ OPS = (
     ("tiny-mimo", "shared-prefix", 16, 24, 1_280, 0.3, 3),
     ("tiny-all-swa", "multi-turn", 1, 8, 1_400, 1.0, 4),
 )
+# Every operation case of a full export: the recorded workloads and the boundary scripts.
+NUM_OPS_CASES = len(OPS) + len(boundary.SCRIPTS)
 DRAIN_EVERY = 50  # steps between evict-everything lines, whose free counts must be exact
 DEMO_PROMPT = b'def sliding_window(tokens, size):\n    """Return the last size tokens."""\n    '
 ATTENTION_RTOL = 1e-5
@@ -97,6 +100,10 @@ def export(
     for sub in ("ops", "attention", "logits"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     cases = [_record(folder, cache_policy, *spec) for spec in ops] if "ops" in parts else []
+    if "ops" in parts and ops is OPS:  # the hand-written boundary cases (boundary.py)
+        for name, script in boundary.scripts(cache_policy).items():
+            script.write(folder / "ops" / f"{name}.jsonl")
+            cases.append(dict(name=name, kind="ops", path=f"ops/{name}.jsonl"))
     for seed, spec in enumerate(CASES if "attention" in parts else ()):
         np.savez(folder / "attention" / f"{spec[0]}.npz", **make_case(spec, seed))
         cases.append(

@@ -227,7 +227,8 @@ def observe(name, result, alloc, cache) -> dict:
         ],
     )
     if name in ("alloc_extend", "alloc_decode"):
-        out.update(status=int(result[0]), slots=_ints(result[1]))
+        ok = int(result[0]) == 0  # a refused allocation hands out nothing, whatever it returns
+        out.update(status=int(result[0]), slots=_ints(result[1]) if ok else [])
     elif name == "match":
         out.update(length=len(result), slots=_ints(result.slots), tail_miss=int(result.tail_miss))
     elif name == "insert":

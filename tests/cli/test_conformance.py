@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES
 from helpers.conformance_adapters import PythonModelAdapter
-from helpers.mutants import MUTANTS, MutantAdapter
+from helpers.mutants import MUTANTS, SURVIVORS, MutantAdapter
 
-from swajax.conformance import kit as kit_lib
+from swajax.conformance import boundary, kit as kit_lib
 from swajax.conformance.adapter import SwajaxAdapter, SwajaxPallasAdapter
 from swajax.conformance.attention_cases import CASES
 
@@ -42,7 +42,7 @@ def _run(cli, kit, adapter):
 def test_manifest_and_files(kit):
     manifest = json.loads((kit / "manifest.json").read_text())
     kinds = [c["kind"] for c in manifest["cases"]]
-    assert kinds.count("ops") == len(kit_lib.OPS) and kinds.count("attention") == len(CASES)
+    assert kinds.count("ops") == kit_lib.NUM_OPS_CASES and kinds.count("attention") == len(CASES)
     assert manifest["cache_policy"] == "lean"
     assert {c["name"] for c in manifest["cases"] if c["kind"] == "logits"} == {
         "logits_demo",
@@ -78,7 +78,7 @@ def test_an_independent_allocator_passes_the_operation_cases(cli, kit):
         "--adapter",
         "helpers.conformance_adapters:PythonModelAdapter",
     )
-    assert code == 0 and f"{len(kit_lib.OPS)} ok, 0 failed" in out  # the table's last line
+    assert code == 0 and f"{kit_lib.NUM_OPS_CASES} ok, 0 failed" in out  # the table's last line
     rows = [line.split() for line in out.splitlines()[:-1]]
     assert {r[0] for r in rows if r[1] == "ops"} == {"OK"}
     assert {r[0] for r in rows if r[1] != "ops"} == {"SKIPPED"}
@@ -100,16 +100,36 @@ def test_bad_kits(cli, kit, tmp_path):
     assert code == 2 and "not empty" in err
 
 
+_CAUGHT: dict[str, list] = {}
+
+
+def _caught(kit, name) -> list:
+    """The operation cases a planted bug fails (each mutant run once per worker)."""
+    if name not in _CAUGHT:
+        results = kit_lib.run(kit, MutantAdapter(name))
+        _CAUGHT[name] = [r for r in results if r.kind == "ops" and r.status == "fail"]
+    return _CAUGHT[name]
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_every_planted_bug_is_caught(kit, name):
+def test_every_planted_bug_is_caught_or_explained(kit, name):
     """A bug planted in a copy of the reference allocator / tree fails at least one operation
-    case, which names the operation and the field that differed."""
-    results = kit_lib.run(kit, MutantAdapter(name))
-    failed = [r for r in results if r.kind == "ops" and r.status == "fail"]
+    case, which names the operation and the field that differed; a listed survivor survives
+    (the list is not a place to hide a bug the kit should catch)."""
+    failed = _caught(kit, name)
+    if name in SURVIVORS:
+        assert not failed, f"{name} is caught now: take it off SURVIVORS"
+        return
     assert failed, f"{name}: no operation case caught it"
     assert all(re.match(r"operation \d+ \(\w+\) \[\w+(, \w+)*\]: ", r.detail) for r in failed), (
         failed
     )
+
+
+def test_the_kits_mutation_score(kit):
+    """At least 20 planted bugs, nine in ten caught (the score is in docs/oracle.md)."""
+    caught = sum(bool(_caught(kit, name)) for name in MUTANTS)
+    assert len(MUTANTS) >= 20 and caught / len(MUTANTS) >= 0.9, (caught, len(MUTANTS))
 
 
 @pytest.mark.parametrize("policy", ["swajax", "sglang-0.5.23"])
@@ -197,4 +217,6 @@ def test_an_adapter_written_from_the_protocol_alone(kit, tmp_path, backend, ok):
     checker = [sys.executable, str(EXAMPLES / "kit_checker.py"), str(kit), str(answers)]
     run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
     assert (run.returncode == 0) is ok, run.stdout
-    assert run.stdout.count("OK") == (len(kit_lib.OPS) if ok else 1), run.stdout  # all-SWA: no leak
+    # The mutant passes the cases that insert no duplicate: all-SWA's and the boundary scripts'.
+    passing = kit_lib.NUM_OPS_CASES if ok else 1 + len(boundary.SCRIPTS)
+    assert run.stdout.count("OK") == passing, run.stdout

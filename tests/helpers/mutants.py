@@ -159,6 +159,120 @@ def _release_swa_noop(alloc, cache):
     cache.locks.release_swa = lambda handle: None
 
 
+def _hit_rule_one_short(alloc, cache):
+    """A match accepts an end with W - 1 live tokens before it."""
+    match = cache.match
+
+    def lax(tokens):
+        cache.window -= 1
+        try:
+            return match(tokens)
+        finally:
+            cache.window += 1
+
+    cache.match = lax
+
+
+def _window_lock(delta):
+    def mutate(alloc, cache):
+        lock = cache.locks.lock
+
+        def shifted(node):
+            cache.window += delta
+            try:
+                return lock(node)
+            finally:
+                cache.window -= delta
+
+        cache.locks.lock = shifted
+
+    mutate.__doc__ = f"A window lock pins W {'+' if delta > 0 else '-'} 1 tokens, not W."
+    return mutate
+
+
+def _swa_lru_reversed(alloc, cache):
+    """SWA eviction tombstones the most recently used node first."""
+    lru = cache.swa_lru
+
+    def newest(accept):
+        return next((n for n in reversed(list(lru)) if accept(n)), None)
+
+    lru.oldest = newest
+
+
+def _no_revival(alloc, cache):
+    """An insert over a tombstone frees the request's SWA KV instead of reviving the node."""
+    cache._revive = lambda node, req: cache.releaser.free(req)
+
+
+def _keep_childless_tombstones(alloc, cache):
+    """Deleting a leaf leaves its childless tombstone parent (holding full KV no match can
+    reach through the window rule)."""
+    import dataclasses
+
+    cache.policy = dataclasses.replace(cache.policy, keep_childless_tombstones=True)
+
+
+def _sentinel_lost(alloc, cache):
+    """The mapping's -1 sentinel is lost: translating -1 gives 0."""
+    model = alloc.model
+    translate = model.translate
+    model.translate = lambda slot: 0 if slot < 0 else translate(slot)
+
+
+def _available_full_only(alloc, cache):
+    """The free count reports the full pool's for both pools."""
+    available = alloc.available
+    alloc.available = lambda: (available()[0],) * 2
+
+
+def _extend_ignores_swa(alloc, cache):
+    """An extend checks only the full pool's free pages."""
+    model = alloc.model
+    if model.mode != "hybrid":
+        return
+    check = model._check
+
+    def full_only(pages, needs_last_slot):
+        status = check(pages, needs_last_slot)
+        if status == 2 and pages <= len(model.full_free):  # SWA_SHORT: allocate anyway
+            model.swa_free += [0] * (pages - len(model.swa_free))
+            return 0
+        return status
+
+    model._check = full_only
+
+
+def _free_forgets_swa(alloc, cache):
+    """free returns the full pages but not the SWA pages mapped to them."""
+    model = alloc.model
+
+    def free(slots):
+        if model.mode != "all_swa":
+            model._release(model.full_free, model._used_pages(model.full_free, slots))
+
+    model.free = free
+
+
+def _unlock_keeps_swa_lock(alloc, cache):
+    """Unlocking releases the full lock but leaves the window's SWA lock counted."""
+    unlock = cache.locks.unlock
+
+    def partial(handle):
+        if handle is not None:
+            handle.swa_released = True  # the SWA part is skipped, never released
+        return unlock(handle)
+
+    cache.locks.unlock = partial
+
+
+def _evict_short(alloc, cache):
+    """Eviction stops one page short of what it was asked for."""
+    evict = cache.evictor.evict
+    ps = cache.ps
+    cache.evictor.evict = lambda full=0, swa=0: evict(max(0, full - ps), max(0, swa - ps))
+
+
 MUTANTS = {
     "free_swa keeps the mapping": _free_swa_keeps_mapping,
     "free_swa ignores the page": _free_swa_unexpanded,
@@ -172,6 +286,26 @@ MUTANTS = {
     "eviction of a locked leaf": _evict_locked,
     "LRU order reversed": _lru_reversed,
     "early release is a no-op": _release_swa_noop,
+    "hit rule one token short": _hit_rule_one_short,
+    "window lock one token short": _window_lock(-1),
+    "window lock one token long": _window_lock(+1),
+    "SWA LRU reversed": _swa_lru_reversed,
+    "no revival": _no_revival,
+    "childless tombstones kept": _keep_childless_tombstones,
+    "-1 sentinel lost": _sentinel_lost,
+    "available reports the full pool": _available_full_only,
+    "extend ignores the SWA pool": _extend_ignores_swa,
+    "free forgets the SWA pages": _free_forgets_swa,
+    "unlock keeps the SWA lock": _unlock_keeps_swa_lock,
+    "eviction stops short": _evict_short,
+}
+
+# Planted bugs the kit does not catch, and why.
+SURVIVORS = {
+    # Equivalent in the protocol: a request with no prefix passes last_loc -1 and no operation
+    # reads its translation (the sentinel matters to attention's gather, whose cases are the
+    # kit's attention cases, not its operation cases).
+    "-1 sentinel lost": "equivalent: no operation translates last_loc -1",
 }
 
 

@@ -92,26 +92,37 @@ class Allocator:
     def available(self):
         return int(self.sg.full_available_size()), int(self.sg.swa_available_size())
 
-    def _result(self, out):
+    def _result(self, out, pages: int):
+        """SGLang returns None when either pool is short and does not say which: the
+        protocol's status is read off the free counts it reports (full short first, as the
+        protocol orders them)."""
         if out is None:
-            return 1, np.zeros(0, np.int32)
+            full, swa = self.available()
+            need = pages * self.ps
+            return (1 if need > full else 2 if need > swa else 3), np.zeros(0, np.int32)
         return 0, _ints(out)
+
+    def _pages(self, prefix_lens, seq_lens) -> int:
+        ps = self.ps
+        return sum(-(-int(s) // ps) - -(-int(p) // ps) for p, s in zip(prefix_lens, seq_lens))
 
     def alloc_extend(self, prefix_lens, seq_lens, last_loc):
         pre = torch.tensor([int(x) for x in prefix_lens], dtype=torch.int64)
         seq = torch.tensor([int(x) for x in seq_lens], dtype=torch.int64)
         n = int((seq - pre).sum())
+        pages = self._pages(prefix_lens, seq_lens)
         if self.ps == 1:
-            return self._result(self.sg.alloc(n))
+            return self._result(self.sg.alloc(n), pages)
         loc = torch.tensor([int(x) for x in last_loc], dtype=torch.int64)
-        return self._result(self.sg.alloc_extend(pre, pre, seq, seq, loc, n))
+        return self._result(self.sg.alloc_extend(pre, pre, seq, seq, loc, n), pages)
 
     def alloc_decode(self, seq_lens, last_loc):
+        pages = self._pages([int(s) - 1 for s in seq_lens], seq_lens)
         if self.ps == 1:
-            return self._result(self.sg.alloc(len(seq_lens)))
+            return self._result(self.sg.alloc(len(seq_lens)), pages)
         seq = torch.tensor([int(x) for x in seq_lens], dtype=torch.int64)
         loc = torch.tensor([int(x) for x in last_loc], dtype=torch.int64)
-        return self._result(self.sg.alloc_decode(seq, seq, loc))
+        return self._result(self.sg.alloc_decode(seq, seq, loc), pages)
 
     def free(self, slots):
         self.sg.free(torch.as_tensor(np.asarray(slots, np.int64)))

@@ -1,0 +1,138 @@
+"""Operation cases written at the rules' boundaries, where recorded workloads rarely go.
+
+A workload's trace exercises what its scheduler does; it never asks for an allocation that
+cannot succeed (admission checks first), and a match end rarely sits exactly W - 1, W or W + 1
+live tokens after a tombstone. These scripts do, op by op, on swajax's own allocator and cache
+(the expected answers are theirs, as in every operation case):
+
+- the hit rule with W - 1, W and W + 1 live tokens before the match end (page size 1), and with
+  the window straddling a page (page size 4, W not a multiple of it);
+- window locks at the same boundaries: a lock pins exactly the last W tokens, so an SWA
+  eviction right after takes exactly the tokens above them;
+- allocations the pools refuse: the SWA pool short while the full pool has room, and the full
+  pool short.
+
+The scripts declare window-capped leaves (`cap_leaf_to_window`), as SGLang's tree always has
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from swajax.trace.recorder import observe
+from swajax.trace.replay import _apply, swajax_backend
+
+FORMAT_VERSION = 3
+
+
+class Script:
+    """Operations applied to swajax's allocator and cache and recorded with their answers."""
+
+    def __init__(self, *, full: int, swa: int, ps: int, window: int, profile: str):
+        self.header = dict(
+            op="init",
+            full_size=full,
+            swa_size=swa,
+            page_size=ps,
+            mode="hybrid",
+            window=window,
+            cap_leaf_to_window=True,
+            profile=profile,
+            config=dict(model_type="scripted"),
+        )
+        self.alloc, self.cache = swajax_backend(self.header)
+        self.lines: list[dict] = []
+        self.handles: dict[int, object] = {}
+        self.first_token = 1  # each branch starts with a token of its own
+
+    def op(self, name: str, **args):
+        line = dict(op=name, **{k: _plain(v) for k, v in args.items()})
+        result = _apply(line, self.alloc, self.cache, self.handles)
+        if name == "lock":
+            result.trace_id = len(self.handles)
+            self.handles[result.trace_id] = result
+        line["expect"] = observe(name, result, self.alloc, self.cache)
+        self.lines.append(line)
+        return result
+
+    def tokens(self, n: int) -> list[int]:
+        """n tokens no other branch starts with."""
+        first, self.first_token = self.first_token, self.first_token + 1
+        return [first] + [1000 + i for i in range(n - 1)]
+
+    def branch(self, n: int, live: int) -> list[int]:
+        """Cache n tokens whose last `live` have SWA KV (the rest freed before the insert, as a
+        request's runtime window eviction does); returns the tokens."""
+        tokens = self.tokens(n)
+        _, slots = self.op("alloc_extend", prefix_lens=[0], seq_lens=[n], last_loc=[-1])
+        if n > live:
+            self.op("free_swa", slots=slots[: n - live])
+        self.op(
+            "insert", tokens=tokens, slots=slots, prev_prefix_len=0, swa_evicted_seqlen=n - live
+        )
+        return tokens
+
+    def drain(self) -> None:
+        """Evict everything unlocked: the free counts after it are exact."""
+        total = self.header["full_size"] + self.header["swa_size"]
+        self.op("evict", full=0, swa=total)
+        self.op("evict", full=total, swa=0)
+
+    def write(self, path: Path) -> None:
+        header = dict(self.header, version=FORMAT_VERSION, ops=len(self.lines))
+        lines = [header, *self.lines, dict(op="end", ops=len(self.lines))]
+        path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+
+
+def _plain(value):
+    if isinstance(value, np.ndarray):
+        return [int(x) for x in value]
+    if isinstance(value, (list, tuple)):
+        return [int(x) for x in value]
+    return value
+
+
+def window_edges(profile: str, ps: int, window: int) -> Script:
+    """Branches with live runs just below, at and above the window (whole pages), each matched
+    one token past its end, then locked and SWA-evicted: the lock keeps exactly W."""
+    s = Script(full=512, swa=512, ps=ps, window=window, profile=profile)
+    runs = sorted({max(ps, (window + d) // ps * ps) for d in (-ps, -1, 0, 1, ps)})
+    for live in runs:
+        n = live + 2 * ps
+        tokens = s.branch(n, live)
+        s.op("match", tokens=tokens + [7])
+        handle = s.op("lock", node=tokens)
+        s.op("evict", full=0, swa=n)  # whatever the lock does not pin
+        s.op("unlock", handle=handle.trace_id)
+        s.drain()
+    return s
+
+
+def refusals(profile: str) -> Script:
+    """Allocations the pools refuse: the SWA pool short while the full pool has room, and the
+    full pool short. (Continuing a page whose SWA slot was freed is the caller's bug: swajax
+    refuses it with its own status, SGLang 0.5.23 does not check, so it is no case.)"""
+    s = Script(full=64, swa=32, ps=4, window=4, profile=profile)
+    _, held = s.op("alloc_extend", prefix_lens=[0], seq_lens=[24], last_loc=[-1])
+    s.op("alloc_extend", prefix_lens=[0], seq_lens=[16], last_loc=[-1])  # SWA short: 8 free
+    s.op("free_swa", slots=held)
+    s.op("alloc_extend", prefix_lens=[0], seq_lens=[48], last_loc=[-1])  # full short: 40 free
+    _, slots = s.op("alloc_extend", prefix_lens=[0], seq_lens=[6], last_loc=[-1])
+    s.op("alloc_decode", seq_lens=[7], last_loc=[int(slots[5])])
+    s.op("free", slots=list(held) + list(slots) + [int(slots[5]) + 1])
+    return s
+
+
+SCRIPTS = {
+    "boundary_window_ps1": lambda profile: window_edges(profile, 1, 6),
+    "boundary_window_ps4": lambda profile: window_edges(profile, 4, 6),
+    "boundary_refusals": refusals,
+}
+
+
+def scripts(profile: str) -> dict[str, Script]:
+    return {name: make(profile) for name, make in SCRIPTS.items()}
