@@ -129,7 +129,8 @@ def test_sglang_agrees_op_for_op(sglang_results, case):
 def test_the_example_adapter_drives_sglang_through_the_kit(tmp_path):
     """`examples/kit_adapter.py`, written from the protocol alone, answers a kit exported
     under the sglang-0.5.23 rules with SGLang's objects; `examples/kit_checker.py` accepts
-    every case (the all-SWA one is declined: SGLang's unified tree here is FULL + SWA)."""
+    every case, the boundary scripts included (the all-SWA one is declined: SGLang's unified tree
+    here is FULL + SWA)."""
     if not SGLANG_PYTHON.exists():
         pytest.skip(f"no SGLang environment at {SGLANG_PYTHON}: bash tests/peers/setup_sglang.sh")
     kit, answers, examples = tmp_path / "kit", tmp_path / "answers", HERE.parents[1] / "examples"
@@ -164,4 +165,30 @@ def test_the_example_adapter_drives_sglang_through_the_kit(tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("OK") == 4 and run.stdout.count("SKIP") == 1, run.stdout  # all-SWA
+    from swajax.conformance.boundary import SCRIPTS
+
+    recorded = 4 + len(SCRIPTS)  # the hybrid workloads and the boundary scripts; all-SWA declined
+    assert run.stdout.count("OK") == recorded and run.stdout.count("SKIP") == 1, run.stdout
+
+
+def test_the_kits_mutation_score_on_sglang(tmp_path):
+    """Bugs planted in SGLang 0.5.23's own objects (tests/peers/sglang_mutants.py), one at a
+    time, against the kit's operation cases exported under its profile: at least nine in ten
+    of at least twenty caught, the survivors exactly the listed ones."""
+    if not SGLANG_PYTHON.exists():
+        pytest.skip(f"no SGLang environment at {SGLANG_PYTHON}: bash tests/peers/setup_sglang.sh")
+    from swajax.conformance import kit as kit_lib
+
+    kit_lib.export(tmp_path, cache_policy="sglang-0.5.23", parts=("ops",))
+    run = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "sglang_mutants.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    *lines, last = map(json.loads, run.stdout.splitlines())
+    caught = {line["mutant"]: line["caught"] for line in lines}
+    survivors = {name for name, cases in caught.items() if not cases}
+    assert survivors == set(last["listed_survivors"]), (survivors, last)
+    assert len(caught) >= 20 and 1 - len(survivors) / len(caught) >= 0.9, caught
