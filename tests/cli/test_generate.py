@@ -23,14 +23,18 @@ def test_embedded_default_generates_and_reports_memory(cli):
     "flags",
     [
         [],
-        ["--disable-hybrid-swa-memory"],
-        ["--disable-radix-cache"],
-        ["--page-size", "1"],
+        # Memory settings never change outputs (tests/serving/test_equivalence.py); that these
+        # flags reach the engine is checked with -m slow.
+        pytest.param(["--disable-hybrid-swa-memory"], marks=pytest.mark.slow),
+        pytest.param(["--disable-radix-cache"], marks=pytest.mark.slow),
+        pytest.param(["--page-size", "1"], marks=pytest.mark.slow),
         ["--dtype", "bfloat16", "--kv-cache-dtype", "fp32"],  # greedy survives bf16 (test_models)
         ["--draft-model", str(FIXTURES / "qwen3"), "--num-speculative-tokens", "3"],
         ["--no-overlap"],
         ["--decode-steps", "1"],  # plain steps (rounds of 8 are the default)
-        ["--unroll-layers"],  # every layer traced on its own (the default scans S F x 2)
+        # every layer traced on its own (the default scans S F x 2): scanned and unrolled runs
+        # agree in tests/models/test_models.py
+        pytest.param(["--unroll-layers"], marks=pytest.mark.slow),
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
