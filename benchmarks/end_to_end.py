@@ -20,9 +20,11 @@ transformers on this machine.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +61,7 @@ def folder(family: str) -> Path:
         sliding_window=config["sliding_window_size"] + 1,
     )
     path = Path(tempfile.mkdtemp(prefix="swajax_e2e_"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)  # ours: gone when the run ends
     _floor_module().random_checkpoint(config, path)
     return path
 
