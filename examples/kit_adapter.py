@@ -16,6 +16,7 @@ numbers both ways):
     alloc_extend(prefix_lens, seq_lens, last_loc) -> (status, slots)
     alloc_decode(seq_lens, last_loc) -> (status, slots)
     free(slots), free_swa(slots)
+    translate(slots) -> SWA slots      (hybrid: the full -> SWA mapping, 0 where none)
     match(tokens) -> (length, slots, tail_miss)
     lock(tokens) -> a lock (any object): the node that ends after `tokens` (root when empty)
     unlock(lock or None), release_swa(lock)
@@ -87,10 +88,19 @@ def answer_case(case_path, factory):
             answer["handle"] = len(locks) - 1
         if op in ALLOCS and answer["status"] == 0 and expect.get("status") == 0:
             slots.pair(expect["slots"], answer["slots"])
+        if op in ("free", "free_swa") and header["mode"] == "hybrid":
+            answer["mapped"] = _mapped(backend, args["slots"], header["page_size"])
         answer["available"] = [int(x) for x in backend.available()]
         answer["sizes"] = [int(x) for x in backend.sizes()]
         answers.append(answer)
     return answers
+
+
+def _mapped(backend, slots, ps):
+    """Slots on the pages of `slots` still mapped to an SWA slot."""
+    pages = sorted({int(s) // ps for s in slots if int(s) > 0})
+    full = [p * ps + offset for p in pages for offset in range(ps)]
+    return sum(1 for swa in backend.translate(full) if int(swa) > 0) if full else 0
 
 
 def _call(backend, op, args):

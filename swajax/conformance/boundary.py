@@ -55,7 +55,7 @@ class Script:
         if name == "lock":
             result.trace_id = len(self.handles)
             self.handles[result.trace_id] = result
-        line["expect"] = observe(name, result, self.alloc, self.cache)
+        line["expect"] = observe(name, result, self.alloc, self.cache, line)
         self.lines.append(line)
         return result
 

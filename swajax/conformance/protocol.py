@@ -22,8 +22,8 @@ the backend derives SWA slots itself. Tokens are ints; all lists are lists of in
                    request: cached length, length after the      full slots, requests in order)
                    step, slot of the last cached token or -1)
     alloc_decode   seq_lens (after the step), last_loc          status, slots (one per request)
-    free           slots (their full and SWA KV)
-    free_swa       slots (SWA KV only; page_size > 1: one slot
+    free           slots (their full and SWA KV)               mapped (hybrid; see below)
+    free_swa       slots (SWA KV only; page_size > 1: one slot  mapped (hybrid)
                    per page, meaning the whole page)
     match          tokens                                      length, slots, tail_miss
     lock           node (the tokens from the root to the end    handle
@@ -53,6 +53,10 @@ tokens the cache holds after the call). A backend's answer must equal `expect` i
   backend translates them through the pairing. A slot passed in may lie on a page freed and
   handed out again since (an all-SWA request's positions that slid out of its window, which
   the backend must skip): it translates as its page last did. -1 and 0 map to themselves.
+- `mapped` (hybrid only): how many full slots on the pages of `slots` still map to an SWA
+  slot after the call: 0, since a release takes whole pages and every slot's mapping with them
+  (a backend that clears only the slots it was given keeps the rest mapped). A backend answers
+  it through a `translate(full slots) -> SWA slots` of its mapping.
 - `handle`: locks are numbered 0, 1, 2, ... in the order they are taken: each `lock`, and each
   `cache_unfinished` that moves the request's lock (it answers the new lock's number; when it
   keeps the lock it was given, that lock's number, or null if it was given none). Arguments
@@ -90,6 +94,9 @@ _COMMON = {
 }
 
 
+HYBRID_ONLY = {"mapped"}  # answered in hybrid mode only (no mapping otherwise)
+
+
 def _op(name: str, args: dict, optional) -> dict:
     answer = ANSWERS[name]
     return {
@@ -100,7 +107,7 @@ def _op(name: str, args: dict, optional) -> dict:
             "expect": {
                 "type": "object",
                 "properties": {**_COMMON, **answer},
-                "required": sorted({*_COMMON, *answer}),
+                "required": sorted({*_COMMON, *answer} - HYBRID_ONLY),
                 "additionalProperties": False,
             },
         },
@@ -116,8 +123,8 @@ _STATUS = {"status": {"enum": [0, 1, 2, 3]}, "slots": _INTS}
 ANSWERS = {
     "alloc_extend": _STATUS,
     "alloc_decode": _STATUS,
-    "free": {},
-    "free_swa": {},
+    "free": {"mapped": {"type": "integer", "minimum": 0}},
+    "free_swa": {"mapped": {"type": "integer", "minimum": 0}},
     "match": {"length": {"type": "integer"}, "slots": _INTS, "tail_miss": {"type": "integer"}},
     "lock": {"handle": {"type": "integer"}},
     "unlock": {},

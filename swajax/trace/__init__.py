@@ -11,7 +11,8 @@ processed. Every other line is one operation with its arguments and an
 
   alloc_extend  prefix_lens, seq_lens, last_loc     -> status, slots
   alloc_decode  seq_lens, last_loc                   -> status, slots
-  free / free_swa  slots                             -> available
+  free / free_swa  slots                             -> available, mapped (hybrid: slots of
+                                                        the freed pages still mapped, 0)
   match         tokens                               -> length, slots, tail_miss
   insert        tokens, slots, prev_prefix_len, swa_evicted_seqlen -> prefix_len
   lock          node (tokens from the root to the node's end) -> handle

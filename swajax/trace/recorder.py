@@ -129,8 +129,9 @@ class Tracer:
                 free = line["expect"]["available"]
                 line["expect"]["available"] = [a - b for a, b in zip(free, result)]
         else:
-            expect = self.observe(name, result)
-            self.lines.append(dict(op=name, **encode_args(name, args, kwargs), expect=expect))
+            encoded = encode_args(name, args, kwargs)
+            expect = observe(name, result, self.alloc, self.cache, encoded)
+            self.lines.append(dict(op=name, **encoded, expect=expect))
 
     def _launch(self, plan, step) -> None:
         if plan.kind is StepKind.DECODE and not plan.round.lookahead:
@@ -216,7 +217,10 @@ def encode_args(name, args, kwargs) -> dict:
     return out
 
 
-def observe(name, result, alloc, cache) -> dict:
+def observe(name, result, alloc, cache, args: dict | None = None) -> dict:
+    """What a call's line expects (or what a backend answered): the free counts and the
+    cache's sizes after it, and the call's own answer. `args`: the call's arguments (in the
+    backend's numbering), which a free's answer reads."""
     out = dict(
         available=list(alloc.available()),
         sizes=[
@@ -239,4 +243,19 @@ def observe(name, result, alloc, cache) -> dict:
         out.update(evicted=[int(result[0]), int(result[1])])
     elif name == "cache_unfinished":
         out.update(prefix=_ints(result[0]), handle=getattr(result[1], "trace_id", None))
+    elif name in ("free", "free_swa") and args is not None and str(alloc.mode) == "hybrid":
+        out.update(mapped=mapped(alloc, args["slots"]))
     return out
+
+
+def mapped(alloc, slots) -> int:
+    """Full slots on the pages of `slots` that still map to an SWA slot: after a free or an
+    SWA free, none (a free releases whole pages, and with them every slot's mapping). Read
+    through the allocator's `translate`, or, for the engine's ledger, its paired pages."""
+    ps = int(alloc.page_size)
+    pages = np.unique(np.asarray(slots, np.int64) // ps)
+    pages = pages[pages > 0]
+    if not hasattr(alloc, "translate"):
+        return int(np.count_nonzero(alloc.paired[pages])) * ps
+    full = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
+    return int(np.count_nonzero(np.asarray(alloc.translate(full)) > 0))

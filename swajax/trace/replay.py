@@ -62,7 +62,7 @@ def replay(path: str | Path, backend=swajax_backend, answers: list | None = None
             op = dict(line)
             for name in SLOT_INPUTS.get(line["op"], ()):
                 op[name] = pages.to_backend(line[name])
-            actual = observe(line["op"], _apply(op, alloc, cache, handles), alloc, cache)
+            actual = observe(line["op"], _apply(op, alloc, cache, handles), alloc, cache, op)
             if answers is not None:
                 answers.append(actual)
             if "slots" in actual and line["op"].startswith("alloc") and actual["status"] == 0:

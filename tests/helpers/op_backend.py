@@ -36,6 +36,9 @@ class OpBackend:
     def free_swa(self, slots):
         self.alloc.free_swa(np.asarray(slots, np.int32))
 
+    def translate(self, slots):
+        return self.alloc.translate(np.asarray(slots, np.int32))
+
     def match(self, tokens):
         m = self.cache.match(tokens)
         return len(m), m.slots, m.tail_miss

@@ -67,7 +67,7 @@ class Allocator:
 
     def __init__(self, header: dict):
         ps = header["page_size"]
-        self.ps = ps
+        self.ps = self.page_size = ps
         pool = SWAKVPool(
             size=header["full_size"],
             size_swa=header["swa_size"],
@@ -89,8 +89,14 @@ class Allocator:
             need_sort=False,
         )
 
+    mode = "hybrid"  # (the only layout SGLang's unified FULL + SWA tree has)
+
     def available(self):
         return int(self.sg.full_available_size()), int(self.sg.swa_available_size())
+
+    def translate(self, slots):
+        index = torch.as_tensor(np.asarray(slots, np.int64))
+        return _ints(self.sg.full_to_swa_index_mapping[index])
 
     def _result(self, out, pages: int):
         """SGLang returns None when either pool is short and does not say which: the

@@ -223,10 +223,6 @@ MUTANTS = {
 # Planted bugs the kit does not catch, and why.
 SURVIVORS = {
     "-1 sentinel lost": "equivalent: no operation translates last_loc -1",
-    # A case the kit still lacks: the page's other slots keep stale full -> SWA entries, and
-    # the protocol never reads the mapping back after a free (SGLang's own frees release
-    # whole pages, so no count moves).
-    "free_swa ignores the page": "not observed: the mapping after a free",
 }
 _SWA = None  # ComponentType.SWA, set on first use (SGLang imported by the adapter)
 
