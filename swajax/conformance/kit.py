@@ -22,18 +22,21 @@ from swajax.conformance.protocol import OPS_SCHEMA
 from swajax.prefix_cache.policy import DEFAULT as DEFAULT_POLICY, policy_of
 
 KIT_VERSION = 3  # 3: frees answer `mapped` in hybrid mode
-# Operation cases: (preset, workload, page size, requests, full-pool tokens, ratio, seed). The
-# budgets oversubscribe the pools (LRU eviction with a choice of leaves, retraction, tombstones
-# and their revival); windows 7 and 8 against page sizes 1, 4 and 16 put the window's end
-# inside a page and on a page boundary, where off-by-ones show. Measured: twelve planted bugs
-# (tests/helpers/mutants.py) are each caught, by operation and field.
+# Operation cases: (preset, workload, page size, requests, full-pool tokens, ratio, seed[, k]).
+# The budgets oversubscribe the pools (LRU eviction with a choice of leaves, retraction,
+# tombstones and their revival); windows 7 and 8 against page sizes 1, 4 and 16 put the window's
+# end inside a page and on a page boundary, where off-by-ones show; k > 0: speculative rounds of
+# k draft tokens (emulated acceptance), whose rejected pages go back mid-page. What the cases
+# catch is measured with planted bugs (benchmarks/README.md, "The kit's mutation score").
 OPS = (
     ("tiny-hybrid", "multi-turn", 1, 12, 1_400, 0.3, 1),
     ("tiny-hybrid", "shared-prefix", 4, 32, 1_200, 0.3, 5),
     ("tiny-mimo", "multi-turn", 4, 12, 1_500, 0.3, 2),
     ("tiny-mimo", "shared-prefix", 16, 24, 1_280, 0.3, 3),
     ("tiny-all-swa", "multi-turn", 1, 8, 1_400, 1.0, 4),
+    ("tiny-hybrid", "multi-turn", 4, 8, 1_400, 0.3, 6, 3),
 )
+SPECULATIVE_ACCEPTANCE = 0.6
 # Every operation case of a full export: the recorded workloads and the boundary scripts.
 NUM_OPS_CASES = len(OPS) + len(boundary.SCRIPTS)
 DRAIN_EVERY = 50  # steps between evict-everything lines, whose free counts must be exact
@@ -52,6 +55,7 @@ def _record(
     tokens: int,
     ratio: float,
     seed: int,
+    speculative: int = 0,
 ):
     from swajax import sizing
     from swajax.presets import load_preset
@@ -63,7 +67,13 @@ def _record(
     cfg = load_preset(preset)
     sizes = sizing.solve_pool_sizes(cfg, tokens, ratio=ratio, page_size=ps)
     tracers = []
-    options = EngineOptions(max_running=16, max_context=33_792, chunk_size=64, cache_policy=policy)
+    options = EngineOptions(
+        max_running=16,
+        max_context=33_792,
+        chunk_size=64,
+        cache_policy=policy,
+        num_speculative_tokens=speculative,
+    )
     run_workload(
         cfg,
         sizes,
@@ -71,9 +81,10 @@ def _record(
         options=options,
         progress=False,
         on_engine=lambda e: tracers.append(Tracer(e, drain_every=DRAIN_EVERY)),
+        acceptance=SPECULATIVE_ACCEPTANCE,
     )
     tracers[0].finish()
-    name = f"{preset}_{workload}_ps{ps}"
+    name = f"{preset}_{workload}_ps{ps}" + (f"_spec{speculative}" if speculative else "")
     tracers[0].write(folder / "ops" / f"{name}.jsonl", plain=True)
     return dict(name=name, kind="ops", path=f"ops/{name}.jsonl")
 

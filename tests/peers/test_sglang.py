@@ -165,10 +165,10 @@ def test_the_example_adapter_drives_sglang_through_the_kit(tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    from swajax.conformance.boundary import SCRIPTS
+    from swajax.conformance import kit as kit_lib
 
-    recorded = 4 + len(SCRIPTS)  # the hybrid workloads and the boundary scripts; all-SWA declined
-    assert run.stdout.count("OK") == recorded and run.stdout.count("SKIP") == 1, run.stdout
+    hybrid = kit_lib.NUM_OPS_CASES - 1  # every case but the all-SWA one, which is declined
+    assert run.stdout.count("OK") == hybrid and run.stdout.count("SKIP") == 1, run.stdout
 
 
 def test_the_kits_mutation_score_on_sglang(tmp_path):
