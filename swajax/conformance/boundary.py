@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swajax.trace.recorder import observe
+from swajax.trace.recorder import ints, observe
 from swajax.trace.replay import _apply, swajax_backend
 
 FORMAT_VERSION = 3
@@ -50,7 +50,13 @@ class Script:
         self.first_token = 1  # each branch starts with a token of its own
 
     def op(self, name: str, **args):
-        line = dict(op=name, **{k: _plain(v) for k, v in args.items()})
+        line = dict(
+            op=name,
+            **{
+                k: ints(v) if isinstance(v, (np.ndarray, list, tuple)) else v
+                for k, v in args.items()
+            },
+        )
         result = _apply(line, self.alloc, self.cache, self.handles)
         if name == "lock":
             result.trace_id = len(self.handles)
@@ -86,14 +92,6 @@ class Script:
         header = dict(self.header, version=FORMAT_VERSION, ops=len(self.lines))
         lines = [header, *self.lines, dict(op="end", ops=len(self.lines))]
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
-
-
-def _plain(value):
-    if isinstance(value, np.ndarray):
-        return [int(x) for x in value]
-    if isinstance(value, (list, tuple)):
-        return [int(x) for x in value]
-    return value
 
 
 def window_edges(profile: str, ps: int, window: int) -> Script:

@@ -106,16 +106,19 @@ def page_hash(previous: int, page: tuple[int, ...]) -> int:
 
 
 def path_hash(node, ps: int) -> int:
-    """The hash of the path from the root to the end of `node`, memoized on the node (a split
-    keeps the lower part's: its path ends where it did)."""
-    if node.parent is None:
-        return 0
-    if node.chain is None:
-        h = path_hash(node.parent, ps)
-        for i in range(0, len(node.key), ps):
-            h = page_hash(h, node.key[i : i + ps])
-        node.chain = h
-    return node.chain
+    """The hash of the path from the root to the end of `node`, memoized on the nodes (a split
+    keeps the lower part's: its path ends where it did). Iterative: a path may be thousands
+    of nodes deep."""
+    pending = []
+    while node.parent is not None and node.chain is None:
+        pending.append(node)
+        node = node.parent
+    h = 0 if node.parent is None else node.chain
+    for x in reversed(pending):
+        for i in range(0, len(x.key), ps):
+            h = page_hash(h, x.key[i : i + ps])
+        x.chain = h
+    return h
 
 
 class Ghosts:

@@ -26,7 +26,8 @@ CACHE_OPS = (
 )
 
 
-def _ints(x) -> list[int]:
+def ints(x) -> list[int]:
+    """A slot or token list (any array-like) as plain ints, as a trace writes it."""
     return [int(v) for v in np.asarray(x).reshape(-1)]
 
 
@@ -138,7 +139,7 @@ class Tracer:
             op, args = "alloc_decode", dict(seq_lens=plan.seq_lens)
         else:  # a prefill, or a speculative round's k + 1 positions per request
             op, args = "alloc_extend", dict(prefix_lens=plan.prefix_lens, seq_lens=plan.seq_lens)
-        line = dict(op=op, **{k: _ints(v) for k, v in args.items()}, last_loc=_ints(plan.last_loc))
+        line = dict(op=op, **{k: ints(v) for k, v in args.items()}, last_loc=ints(plan.last_loc))
         line["expect"] = self.observe(op, (0, []))
         self.launched[id(step)] = (len(self.lines), plan)
         self.lines.append(line)
@@ -146,7 +147,7 @@ class Tracer:
     def _read(self, step, result) -> None:
         number, plan = self.launched.pop(id(step))
         line = self.lines[number]
-        line["expect"].update(status=int(result.status), slots=_ints(result.slots))
+        line["expect"].update(status=int(result.status), slots=ints(result.slots))
         on_device = plan.last_loc == LAST_LOC_ON_DEVICE  # overlap: the previous step's slot
         line["last_loc"] = [
             self.last_slot[id(req)] if ahead else loc
@@ -213,7 +214,7 @@ def encode_args(name, args, kwargs) -> dict:
         elif isinstance(value, (int, np.integer)):
             out[key] = int(value)
         else:
-            out[key] = _ints(value)
+            out[key] = ints(value)
     return out
 
 
@@ -232,9 +233,9 @@ def observe(name, result, alloc, cache, args: dict | None = None) -> dict:
     )
     if name in ("alloc_extend", "alloc_decode"):
         ok = int(result[0]) == 0  # a refused allocation hands out nothing, whatever it returns
-        out.update(status=int(result[0]), slots=_ints(result[1]) if ok else [])
+        out.update(status=int(result[0]), slots=ints(result[1]) if ok else [])
     elif name == "match":
-        out.update(length=len(result), slots=_ints(result.slots), tail_miss=int(result.tail_miss))
+        out.update(length=len(result), slots=ints(result.slots), tail_miss=int(result.tail_miss))
     elif name == "insert":
         out.update(prefix_len=int(result))
     elif name == "lock":
@@ -242,7 +243,7 @@ def observe(name, result, alloc, cache, args: dict | None = None) -> dict:
     elif name == "evict":
         out.update(evicted=[int(result[0]), int(result[1])])
     elif name == "cache_unfinished":
-        out.update(prefix=_ints(result[0]), handle=getattr(result[1], "trace_id", None))
+        out.update(prefix=ints(result[0]), handle=getattr(result[1], "trace_id", None))
     elif name in ("free", "free_swa") and args is not None and str(alloc.mode) == "hybrid":
         out.update(mapped=mapped(alloc, args["slots"]))
     return out

@@ -144,14 +144,20 @@ def _evict_locked(alloc, cache):
     cache.full_lru.oldest = any_leaf
 
 
-def _lru_reversed(alloc, cache):
-    """Full eviction takes the most recently used leaf first."""
-    lru = cache.full_lru
+def _lru_reversed(name: str):
+    """Eviction walks one recency list from its most recent end."""
 
-    def newest(accept):
-        return next((n for n in reversed(list(lru)) if accept(n)), None)
+    def mutate(alloc, cache):
+        lru = getattr(cache, name)
+        lru.oldest = lambda accept: next((n for n in reversed(list(lru)) if accept(n)), None)
 
-    lru.oldest = newest
+    part = (
+        "Full eviction takes the most recently used leaf"
+        if name == "full_lru"
+        else ("SWA eviction tombstones the most recently used node")
+    )
+    mutate.__doc__ = f"{part} first."
+    return mutate
 
 
 def _release_swa_noop(alloc, cache):
@@ -188,16 +194,6 @@ def _window_lock(delta):
 
     mutate.__doc__ = f"A window lock pins W {'+' if delta > 0 else '-'} 1 tokens, not W."
     return mutate
-
-
-def _swa_lru_reversed(alloc, cache):
-    """SWA eviction tombstones the most recently used node first."""
-    lru = cache.swa_lru
-
-    def newest(accept):
-        return next((n for n in reversed(list(lru)) if accept(n)), None)
-
-    lru.oldest = newest
 
 
 def _no_revival(alloc, cache):
@@ -284,12 +280,12 @@ MUTANTS = {
     "hit rule off by one": _hit_rule_off_by_one,
     "lock covers the whole path": _lock_whole_path,
     "eviction of a locked leaf": _evict_locked,
-    "LRU order reversed": _lru_reversed,
+    "LRU order reversed": _lru_reversed("full_lru"),
     "early release is a no-op": _release_swa_noop,
     "hit rule one token short": _hit_rule_one_short,
     "window lock one token short": _window_lock(-1),
     "window lock one token long": _window_lock(+1),
-    "SWA LRU reversed": _swa_lru_reversed,
+    "SWA LRU reversed": _lru_reversed("swa_lru"),
     "no revival": _no_revival,
     "childless tombstones kept": _keep_childless_tombstones,
     "-1 sentinel lost": _sentinel_lost,

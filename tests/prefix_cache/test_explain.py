@@ -2,6 +2,7 @@
 the engine."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -143,3 +144,25 @@ def test_explain_names_evictions_in_a_recorded_trace(cli, tmp_path):
     summary = next(i for i, line in enumerate(lines) if line.endswith("tokens matched"))
     assert summary == len(result["matches"]) and lines[summary].startswith(f"{summary} matches")
     assert any(line.strip().endswith(": full_evicted") for line in lines[summary + 1 :])
+
+
+def test_a_deep_path_is_explained_in_constant_stack():
+    """Regression: the path hash recursed once per node and overflowed Python's stack on paths
+    past ~1,000 nodes (a long multi-turn chain at page size 1). Here 400 nodes under a
+    recursion limit of 300."""
+    alloc, cache = tree(full=1024, swa=1024)
+    tokens, slots = [], np.zeros(0, np.int32)
+    for i in range(400):  # one node per insert: each is one token longer
+        tokens.append(i + 1)
+        slots = np.concatenate([slots, alloc.alloc_extend([0], [1], [-1])[1]])
+        cache.insert(list(tokens), slots)
+    assert sum(1 for _ in cache.nodes()) == 400
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)
+    try:
+        assert cache.match(tokens + [5000]).report.stop == explain.NO_ENTRY
+        cache.evict(400, 0)  # deletes the chain leaf by leaf: every page remembered
+    finally:
+        sys.setrecursionlimit(limit)
+    report = cache.match(tokens).report
+    assert report.stop == explain.FULL_EVICTED and report.cause == 1
