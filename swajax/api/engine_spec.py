@@ -54,6 +54,10 @@ class EngineSpec:
     # "auto": the Pallas kernels, compiled, on GPU and TPU; the XLA path on CPU. "pallas" on
     # CPU runs the kernels in Pallas' interpreter (a test of the kernels, not a fast path).
     attention: str = "auto"
+    # Batch-invariant numerics: a request's logits are the same bits however its prefix was
+    # obtained (cold, prefix hit, tail rebuild, host tier, after retraction) and whatever it
+    # was batched with (`swajax.models.invariant`). Runs the XLA attention path.
+    deterministic: bool = False
     scan_layers: bool = True  # repeating runs of layers as one scan (swajax.models.layer_stack)
     # Devices the model splits over (KV heads, MLP intermediate: `swajax.models.sharding`).
     # None: 1 in one process; every device of every process when several are joined.
@@ -192,16 +196,24 @@ def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOpti
 ATTENTION = ("auto", "xla", "pallas")
 
 
-def attention_path(attention: str, backend: str | None = None) -> tuple[str, bool]:
+def attention_path(
+    attention: str, backend: str | None = None, *, deterministic: bool = False
+) -> tuple[str, bool]:
     """(implementation, interpret) for `EngineSpec.attention` on `backend` (default: JAX's):
     the compiled Pallas kernels on GPU and TPU, the XLA path on CPU for "auto"; Pallas' interpreter
-    only on CPU, where the kernels cannot be compiled."""
+    only on CPU, where the kernels cannot be compiled. Deterministic mode runs the XLA path
+    (its batch-invariant form) everywhere."""
     if attention not in ATTENTION:
         raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if deterministic and attention == "pallas":
+        raise InputError(
+            "attention 'pallas' cannot run deterministic (--deterministic): the kernels fold "
+            "keys a page at a time, so their sums follow the page size; use 'auto' or 'xla'"
+        )
     backend = backend or platform.target()
     device = backend in ("gpu", "cuda", "rocm", "tpu")
     if attention == "auto":
-        attention = "pallas" if device else "xla"
+        attention = "pallas" if device and not deterministic else "xla"
     return attention, attention == "pallas" and not device
 
 
@@ -260,11 +272,17 @@ def make_engine(
         )
     _check_host_memory(spec.host_cache_gib)
     sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
-    implementation, interpret = attention_path(spec.attention)
+    implementation, interpret = attention_path(spec.attention, deterministic=spec.deterministic)
+    if spec.deterministic and decoder.spec.family == "deepseek_v4":
+        raise InputError(
+            "deterministic mode (--deterministic) is not built for deepseek_v4: its compressed "
+            "attention and hyper-connections run products of their own"
+        )
     lm = dict(
         dtype=kv,
         implementation=implementation,
         interpret=interpret,
+        deterministic=spec.deterministic,
         scan_layers=spec.scan_layers,
         mesh=tensor_mesh(spec.tensor_parallel),
     )

@@ -41,6 +41,7 @@ RENAMED = {
     "swa_full_tokens_ratio": "ratio",
     "chunked_prefill_size": "chunk_size",
     "max_running_requests": "max_running",
+    "enable_deterministic_inference": "deterministic",
 }
 # The engine's own fields a script may set under the same name (the rest are renamed above).
 PASSED = (
@@ -49,6 +50,7 @@ PASSED = (
     "kv_budget_gib",
     "cache_policy",
     "attention",
+    "deterministic",
     "scan_layers",
     "host_cache_gib",
     "decode_steps",

@@ -6,6 +6,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 
+from swajax.attention.invariant import attention_invariant
 from swajax.attention.metadata import AttentionMetadata
 from swajax.attention.xla import attention_xla
 from swajax.config import LayerSpec
@@ -23,6 +24,9 @@ class AttentionMode(NamedTuple):
     # built): part of every step program's static key, so a program traced for one platform is
     # never reused for another.
     target: str | None = None
+    # Batch-invariant attention (`swajax.attention.invariant`): a query's output bits do not
+    # depend on how it was batched; the XLA implementation only.
+    deterministic: bool = False
 
 
 def as_pages(buffer: jax.Array, page_size: int) -> jax.Array:
@@ -70,6 +74,7 @@ def attention(
     interpret: bool = False,
     backend: str | None = None,
     mesh=None,
+    deterministic: bool = False,
 ) -> jax.Array:
     """Paged attention of a flattened batch for one layer.
 
@@ -92,12 +97,20 @@ def attention(
       mesh: a `jax.sharding.Mesh` whose axis "tp" splits the KV heads (tensor parallel): each
         device runs the implementation on its own heads inside `shard_map` (a kernel sees only
         local arrays; query head h reads KV head h // group on the same device).
+      deterministic: batch-invariant attention (`swajax.attention.invariant`), with the XLA
+        implementation only.
     Returns:
       [T, Hq, Dv] in q's dtype.
     """
     _validate(q, k_pages, v_pages, meta, sinks)
+    if deterministic and implementation != "xla":
+        raise ValueError(
+            f"deterministic attention runs the XLA implementation only, not {implementation!r}"
+        )
     if key_transform is not None:
         implementation = "xla"
+    if deterministic:
+        implementation = "invariant"
     kwargs = dict(
         scale=scale,
         soft_cap=soft_cap,
@@ -143,6 +156,10 @@ def _local(
     backend,
 ):
     kwargs = dict(scale=scale, sinks=sinks, soft_cap=soft_cap)
+    if implementation == "invariant":
+        return attention_invariant(
+            q, k_pages, v_pages, meta, layer, key_transform=key_transform, **kwargs
+        )
     if implementation == "xla":
         return attention_xla(
             q, k_pages, v_pages, meta, layer, key_transform=key_transform, **kwargs

@@ -83,6 +83,7 @@ def engine_fields(args) -> dict:
         overlap=not getattr(args, "no_overlap", False),
         **({"decode_steps": args.decode_steps} if getattr(args, "decode_steps", None) else {}),
         attention=args.attention,
+        deterministic=args.deterministic,
         scan_layers=not args.unroll_layers,
         tensor_parallel=args.tp_size,
         dtype=args.dtype,
@@ -267,6 +268,14 @@ def add_model_args(p, prompts: bool = True) -> None:
         default="auto",
         help="auto: the compiled Pallas kernels on GPU / TPU, the XLA path on CPU; pallas on CPU "
         "runs the kernels in Pallas' interpreter",
+    )
+    p.add_argument(
+        "--deterministic",
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="batch-invariant numerics: a request's logits are the same bits whether its prefix "
+        "came from a cold prefill, a prefix hit, a tail rebuild or the host tier, and whatever "
+        "it is batched with (slower; the XLA attention path)",
     )
     p.add_argument(
         "--unroll-layers",

@@ -15,7 +15,7 @@ from flax import nnx
 from swajax import platform
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
-from swajax.models import layer_stack
+from swajax.models import invariant, layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
@@ -76,6 +76,7 @@ class DecoderLayer(nnx.Module):
         `LayerStack` scans it (a MoE reads its copy's experts out of the whole stack)."""
         block = self.spec.block
         mlp = self.mlp if isinstance(self.mlp, DenseMLP) else functools.partial(self.mlp, copy=copy)
+        mlp = invariant.per_token(mlp)  # a router's reductions too
         if block is Block.POST:
             a, pools = self.self_attn(x, positions, pools, meta, mode, slot)
             x = x + self.post_attention_layernorm(a)
@@ -180,7 +181,8 @@ class Forward:
         """Logits of the flat rows `rows` of a forward of `tokens` (a draft's proposals, a
         verify step's rows), and the pools with the batch's KV written."""
         model = self._model(params)
-        return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
+        with invariant.batch_invariant(self.mode.deterministic):
+            return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
     def __call__(
         self,
@@ -194,9 +196,10 @@ class Forward:
     ):
         """(pools, penalties, Sampled): forward the batch, then sample its sampled rows."""
         model = self._model(params)
-        logits, pools = model(
-            batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
-        )
+        with invariant.batch_invariant(self.mode.deterministic):
+            logits, pools = model(
+                batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
+            )
         sampled, penalties = sample(logits[batch.sample_index], batch, penalties, mode)
         return pools, penalties, sampled._replace(logits=logits if return_logits else None)
 
@@ -233,12 +236,18 @@ class HybridLM:
         mesh=None,
         scan_layers: bool = True,
         consume: bool = False,
+        deterministic: bool = False,
     ):
         """`scan_layers`: run repeating runs of layers as scans (`layer_stack`); the caller's
         `decoder` is left as it is, unless `consume`: then its scanned layers' arrays are freed
         as they are restacked (the weights are never held twice; the decoder is not usable
-        afterwards)."""
+        afterwards). `deterministic`: batch-invariant numerics (`invariant`), XLA attention."""
         self.spec = decoder.spec
+        if deterministic and self.spec.family == "deepseek_v4":
+            raise ValueError(
+                "deterministic mode is not built for deepseek_v4: its compressed attention and "
+                "hyper-connections run their own products"
+            )
         # A decoder of shapes only (`nnx.eval_shape`): a model to lower ahead of time, for this
         # platform or another (`swajax.platform.lowering_for`); it cannot run.
         self.abstract = any(
@@ -270,7 +279,7 @@ class HybridLM:
             self.state = jax.device_put(self.state)
         # What every step passes: the parameters as one flat tuple (see `Forward`).
         self.params = tuple(jax.tree.leaves(self.state))
-        mode = AttentionMode(implementation, interpret, mesh, platform.target())
+        mode = AttentionMode(implementation, interpret, mesh, platform.target(), deterministic)
         self.forward = forward_of(self.graphdef, mode, jax.tree.structure(self.state))
 
     @property

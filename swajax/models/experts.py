@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from swajax import platform
 from swajax.arith import ceil_div, round_up
-from swajax.models import quantized
+from swajax.models import invariant, quantized
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -59,7 +59,10 @@ class Routing(NamedTuple):
 
 
 def dense(x, routing: Routing, experts: Experts, act: Callable) -> jax.Array:
-    """Every expert on every token, unselected weighing 0 (reference)."""
+    """Every expert on every token, unselected weighing 0 (reference). Its products' shapes
+    follow the token count, so batch-invariant mode runs `routed` instead."""
+    if invariant.on():
+        return routed(x, routing, experts, act)
     experts = experts.alone()
     t, e = x.shape[0], experts.count
     rows = jnp.arange(t)[:, None]
@@ -200,9 +203,12 @@ def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str, copy=
 def routed(
     x, routing: Routing, experts: Experts, act: Callable, *, block=None, method: str = "auto"
 ):
-    """Each token through its own k experts only (`method`: auto | loop | ragged)."""
+    """Each token through its own k experts only (`method`: auto | loop | ragged). In
+    batch-invariant mode every block has ROW_TILE rows and runs the loop: one product shape."""
     t, e = x.shape[0], experts.count
     k = routing.experts.shape[1]
+    if invariant.on():
+        block, method = invariant.ROW_TILE, "loop"
     block = block or block_rows(t * k, e)
     layout = _layout(routing, t, e, block)
     xz = jnp.concatenate([x.astype(F32), jnp.zeros((1, x.shape[-1]), F32)])
@@ -214,5 +220,9 @@ def routed(
     out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)
     out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
     picked = out[layout.slot].reshape(t, k, -1)
-    y = jnp.einsum("tk,tkh->th", routing.weight.astype(F32), picked, precision=HIGHEST)
+    weight = routing.weight.astype(F32)
+    if invariant.on():  # the choices added in order, elementwise: no product over k
+        y = sum(weight[:, j, None] * picked[:, j] for j in range(k))
+    else:
+        y = jnp.einsum("tk,tkh->th", weight, picked, precision=HIGHEST)
     return y.astype(x.dtype)

@@ -8,13 +8,15 @@ their source layer's pool rows (`KVPools.layers` maps them there); they write no
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
-from swajax.models import experts as ex
+from swajax.models import experts as ex, invariant
 from swajax.models.layers import (
     F32,
     DenseMLP,
@@ -195,9 +197,10 @@ class Gemma4Layer(nnx.Module):
         `LayerStack` scans it."""
         a, pools = self.self_attn(self.input_layernorm(x), positions, pools, meta, mode, slot)
         x = x + self.post_attention_layernorm(a)
-        h = self.mlp(self.pre_feedforward_layernorm(x))
+        h = invariant.per_token(self.mlp)(self.pre_feedforward_layernorm(x))
         if self.moe is not None:
-            routed = self.moe(x, self.pre_feedforward_layernorm_2(x), copy)
+            moe = invariant.per_token(functools.partial(self.moe, copy=copy))
+            routed = moe(x, self.pre_feedforward_layernorm_2(x))
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
         x = x + self.post_feedforward_layernorm(h)
         if per_layer is not None:

@@ -15,7 +15,7 @@ from flax import nnx
 from swajax import platform
 from swajax.attention import AttentionMode, attention
 from swajax.memory import pool as pool_lib
-from swajax.models import quantized
+from swajax.models import invariant, quantized
 from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
 from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
@@ -55,9 +55,17 @@ def unhoisted(weight, varying):
 
 
 def dot(x, w):
-    """x @ w in w's dtype with float32 accumulation; the float32 result."""
+    """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
+    batch-invariant mode, `invariant.rows`)."""
     w, x = unhoisted(w, x)
-    return jnp.dot(x.astype(w.dtype), w, precision=HIGHEST, preferred_element_type=F32)
+
+    def product(x):
+        return jnp.dot(x.astype(w.dtype), w, precision=HIGHEST, preferred_element_type=F32)
+
+    if invariant.on():
+        lead = x.shape[:-1]
+        return invariant.rows(product, x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
+    return product(x)
 
 
 HEAD_TILE = 8192  # vocabulary columns per tile of a tiled head product
@@ -147,6 +155,9 @@ class RMSNorm(nnx.Module):
         self.centered = centered
 
     def __call__(self, x):
+        return invariant.per_token(self._norm)(x)
+
+    def _norm(self, x):
         x32 = x.astype(jnp.float32)
         if self.centered:
             x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
@@ -263,8 +274,13 @@ SCALAR = Layout(_scalar, lambda a: a)
 
 def unit_rms(x, eps):
     """A weightless RMS norm in float32 (Llama 4's q/k after RoPE, Gemma 4's v norm)."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+    def norm(x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+        return y.astype(x.dtype)
+
+    return invariant.per_token(norm)(x)
 
 
 def paged_attention(
@@ -298,6 +314,7 @@ def paged_attention(
         implementation=mode.implementation,
         interpret=mode.interpret,
         mesh=mode.mesh,
+        deterministic=mode.deterministic,
         **kwargs,
     )
 
