@@ -113,6 +113,33 @@ class TestXla(AttentionCases):
             check(case, layer, self.run(case, layer, scale=0.25), scale=0.25)
 
 
+class TestBatchInvariant(AttentionCases):
+    OPTIONS = dict(implementation="xla", deterministic=True)
+
+    @pytest.mark.parametrize("kind", list(LAYERS))
+    def test_a_query_does_not_depend_on_its_batch(self, kind):
+        """The same queries over the same KV, batched as a decode, as the tail of prefills of
+        several lengths (other token counts, blocks and page-table widths): the same bits."""
+        seq, hq = 70, 4
+        queries = np.random.default_rng(5).normal(size=(seq, hq, 16)).astype(np.float32)
+        outs = []
+        for prefix in (69, 62, 38, 6, 0):
+            case = make_case(np.random.default_rng(1), ps=4, prefix=[prefix], seq=[seq])
+            q = np.zeros((case.meta.num_tokens, hq, 16), np.float32)
+            q[: seq - prefix] = queries[prefix:]
+            k, v = case.pages["swa" if LAYERS[kind].kind.is_local else "full"]
+            out = jitted(LAYERS[kind], **self.OPTIONS, scale=0.25)(jnp.asarray(q), k, v, case.meta)
+            outs.append(np.asarray(out)[seq - prefix - 1])
+        for out in outs[1:]:
+            np.testing.assert_array_equal(out, outs[0])
+
+    def test_not_with_the_kernels(self):
+        case = make_case(np.random.default_rng(4), ps=4, prefix=[0], seq=[8])
+        run = jitted(LAYERS["full"], implementation="pallas", deterministic=True, scale=0.2)
+        with pytest.raises(ValueError, match="XLA implementation only"):
+            run(case.q, *case.pages["full"], case.meta)
+
+
 class TestPallasGpuInterpret(AttentionCases):
     OPTIONS = dict(implementation="pallas", interpret=True, backend="gpu")
 

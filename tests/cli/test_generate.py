@@ -35,6 +35,7 @@ def test_embedded_default_generates_and_reports_memory(cli):
         # every layer traced on its own (the default scans S F x 2): scanned and unrolled runs
         # agree in tests/models/test_models.py
         pytest.param(["--unroll-layers"], marks=pytest.mark.slow),
+        ["--deterministic"],
     ],
 )
 def test_checkpoint_greedy_matches_transformers(cli, flags):
