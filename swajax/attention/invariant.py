@@ -28,9 +28,16 @@ from swajax.attention.mask import lookback, visible, window_start
 from swajax.attention.metadata import AttentionMetadata
 from swajax.config import LayerSpec
 from swajax.kernels import common
+from swajax.memory import bits
 
 KEY_TILE = 64  # key positions per softmax step (independent of the page size)
 QUERY_BATCH = 8  # queries per vectorized step of the map
+# Key rows gathered out of the pools at once. Gathered outside any loop, the keys of a whole
+# decode batch are read with no copy of the pools: a loop that reads a pool, which the step
+# then updates in place (the next layer's KV write), makes XLA copy the whole sub-pool first
+# (measured: 6 copies of a 0.25 GiB pool per layer, 100x the decode step). Larger batches
+# (prefill) gather a chunk of queries at a time inside a loop and pay that copy per chunk.
+GATHERED_KEYS = 1 << 16
 
 
 def fenced_loop(trips, body, carry):
@@ -65,8 +72,8 @@ def key_tiles(meta: AttentionMetadata, layer: LayerSpec) -> int:
 
 
 def tile_slots(meta: AttentionMetadata, layer: LayerSpec, req, positions):
-    """Pool rows of key `positions` of request `req` (page table + offset) and whether the
-    table holds them; local layers read the translated SWA table."""
+    """(page, row in the page) of key `positions` of request `req`, and whether the table holds
+    them; local layers read the translated SWA table."""
     ps = meta.page_size
     if layer.kind.is_local:
         table, cols = meta.swa_page_table[req], positions // ps - meta.swa_first_page[req]
@@ -74,7 +81,13 @@ def tile_slots(meta: AttentionMetadata, layer: LayerSpec, req, positions):
         table, cols = meta.full_page_table[req], positions // ps
     held = (positions >= 0) & (cols >= 0) & (cols < table.shape[0])
     pages = jnp.where(held, table[jnp.clip(cols, 0, table.shape[0] - 1)], 0)
-    return pages * ps + positions % ps, held
+    return (pages, positions % ps), held
+
+
+def gather(pages, slots):
+    """pages[slots] moved as bits (`memory.bits`): XLA:CPU would widen a bfloat16 pool whole
+    to gather from it, every layer of every step."""
+    return bits.from_bits(bits.to_bits(pages)[slots], pages.dtype)
 
 
 def attention_invariant(
@@ -93,28 +106,28 @@ def attention_invariant(
     t, hq, dk = q.shape
     hkv, dv = k_pages.shape[2], v_pages.shape[3]
     g = hq // hkv
-    k_rows = k_pages.reshape(-1, hkv, dk)
-    v_rows = v_pages.reshape(-1, hkv, dv)
     sink = None if sinks is None else sinks.astype(jnp.float32).reshape(hkv, g)
     tiles = key_tiles(meta, layer)
     local = layer.kind.is_local
 
-    def one_query(args):
-        qh, pos, req, valid = args  # qh [Hkv, G, Dk]
+    def keys(pos, req, valid):
+        """One query's key tiles, gathered: K [tiles, KEY_TILE, Hkv, Dk], V, and its mask."""
         first = (window_start(pos, layer) if local else pos * 0) // KEY_TILE
+        k_pos = (first + jnp.arange(tiles, dtype=jnp.int32))[:, None] * KEY_TILE
+        k_pos = k_pos + jnp.arange(KEY_TILE, dtype=jnp.int32)
+        slots, held = tile_slots(meta, layer, req, k_pos)
+        k = gather(k_pages, slots)
+        k = k if key_transform is None else key_transform(k.reshape(-1, hkv, dk), k_pos.ravel())
+        sees = visible(pos, k_pos, layer) & held & (k_pos < meta.seq_lens[req]) & valid
+        return k.reshape(tiles, KEY_TILE, hkv, dk), gather(v_pages, slots), sees
 
+    def fold(qh, k, v, sees):  # one query: qh [Hkv, G, Dk]; its gathered tiles
         def step(j, carry):
-            k_pos = (first + j) * KEY_TILE + jnp.arange(KEY_TILE, dtype=jnp.int32)
-            slots, held = tile_slots(meta, layer, req, k_pos)
-            k = k_rows[slots]
-            k = k if key_transform is None else key_transform(k, k_pos)
-            v = v_rows[slots]
-            sees = visible(pos, k_pos, layer) & held & (k_pos < meta.seq_lens[req]) & valid
-            mask = jnp.broadcast_to(sees, (g, KEY_TILE))
-            fold = lambda c, qq, kk, vv: common.softmax_step(  # noqa: E731
+            mask = jnp.broadcast_to(sees[j], (g, KEY_TILE))
+            one = lambda c, qq, kk, vv: common.softmax_step(  # noqa: E731
                 *c, qq, kk, vv, mask, scale=scale, soft_cap=soft_cap
             )
-            return jax.vmap(fold, in_axes=(0, 0, 1, 1))(carry, qh, k, v)
+            return jax.vmap(one, in_axes=(0, 0, 1, 1))(carry, qh, k[j], v[j])
 
         if sink is None:
             init = jax.vmap(lambda _: common.softmax_init(g, dv))(jnp.arange(hkv))
@@ -123,6 +136,23 @@ def attention_invariant(
         _, l, acc = fenced_loop(tiles, step, init)
         return jax.vmap(common.softmax_finish)(l, acc)  # [Hkv, G, Dv]
 
+    def chunk(qs, pos, req, valid):
+        """Gather a chunk's keys, then fold them in `QUERY_BATCH` queries at a time."""
+        k, v, sees = jax.vmap(keys)(pos, req, valid)
+        return tiled(jax.vmap(fold), (qs, k, v, sees), QUERY_BATCH)
+
     args = (q.reshape(t, hkv, g, dk), meta.positions, meta.token_req, meta.token_valid)
-    out = tiled(jax.vmap(lambda *a: one_query(a)), args, QUERY_BATCH)
+    size = chunk_queries(tiles, t)
+    if size >= t:  # no loop reads the pools (see GATHERED_KEYS)
+        out = chunk(*args)
+    else:
+        out = tiled(chunk, args, size)
     return out.reshape(t, hq, dv).astype(q.dtype)
+
+
+def chunk_queries(tiles: int, num_tokens: int) -> int:
+    """Queries whose keys are gathered at once: all of a batch's up to GATHERED_KEYS keys (a
+    multiple of QUERY_BATCH)."""
+    per_query = tiles * KEY_TILE
+    fit = max(QUERY_BATCH, GATHERED_KEYS // per_query // QUERY_BATCH * QUERY_BATCH)
+    return min(fit, round_up(num_tokens, QUERY_BATCH))

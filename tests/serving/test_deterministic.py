@@ -164,8 +164,9 @@ def test_a_resume_after_retraction(family):
 
 
 def test_a_changed_reused_value_is_seen(family):
-    """The negative control: the device hit with one value of the shared prefix's KV (a full
-    layer's, position 40) nudged by one part in a million differs from the cold run."""
+    """The negative control: the device hit with one number of the shared prefix's KV (a
+    value of the first full layer at position 40) nudged by one part in 10,000 differs from
+    the cold run."""
     decoder, cold = family
     engine = make_engine(decoder, SETUP)
     _run(engine, FIRST)
@@ -177,8 +178,8 @@ def test_a_changed_reused_value_is_seen(family):
         if start <= 40 < start + len(node.key)
     )
     pools = engine.runner.pools
-    nudged = pools.full_k.at[0, slot, 0, 0].multiply(1 + 1e-6)
-    engine.runner.pools = dataclasses.replace(pools, full_k=nudged)
+    nudged = pools.full_v.at[0, slot, 0, 0].multiply(1 + 1e-4)
+    engine.runner.pools = dataclasses.replace(pools, full_v=nudged)
     got = _run(engine, SECOND)
     assert got[2] == len(SHARED)
     assert not np.array_equal(got[1], cold[1]) and kl(cold[1], got[1]) != 0
