@@ -1,7 +1,7 @@
 """What deterministic mode (batch-invariant numerics) costs: default vs deterministic, same run.
 
     python benchmarks/deterministic.py [--model tiny|DIR] [--batch 1,16] [--prompt-len 256]
-        [--new 64] [--repeats 3] [--json]
+        [--new 64] [--repeats 3] [--json] [--smoke]
 
 For each batch size and mode, on an engine compiled beforehand (one warm-up run): prefill
 tokens per second (the prompts' tokens over the time to their first tokens) and decode tokens
@@ -81,7 +81,10 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.batch, args.prompt_len, args.new, args.repeats = "2", 16, 4, 1
     rows = [
         measure(args.model, int(b), args.prompt_len, args.new, args.repeats)
         for b in args.batch.split(",")

@@ -11,6 +11,7 @@ import pytest
 BENCHMARKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
 SLOW = {
     "cache_policy",
+    "deterministic",
     "floor",
     "kv_dtype",
     "loading",
