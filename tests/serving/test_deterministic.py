@@ -94,6 +94,7 @@ def test_refused_for_deepseek_v4():
         make_engine(load_decoder(FIXTURES / "deepseek_v4"), SETUP)
 
 
+@pytest.mark.slow  # page size 1 and chunks of 64 run by default (test_batch_companions)
 def test_other_page_and_chunk_sizes_and_multi_step(family):
     decoder, cold = family
     for changes in (dict(page_size=16, chunk_size=32), dict(page_size=1, chunk_size=64)):
@@ -103,9 +104,9 @@ def test_other_page_and_chunk_sizes_and_multi_step(family):
 
 def test_batch_companions(family):
     """Prefilled and decoded beside three requests of other lengths (one prefilling while it
-    decodes), with overlap scheduling on."""
+    decodes), with overlap scheduling on, page size 1 and chunks of 64."""
     decoder, cold = family
-    engine = make_engine(decoder, SETUP.replace(chunk_size=64, overlap=True))
+    engine = make_engine(decoder, SETUP.replace(page_size=1, chunk_size=64, overlap=True))
     rid = _add(engine, SECOND)
     for prompt in COMPANIONS:
         engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=9))
