@@ -2,8 +2,9 @@
 took — a cold prefill, a device prefix hit, an exact tail rebuild, a host-tier load, a resume
 after retraction — at any chunk size, page size and multi-step setting, alone or batched with
 others. Three families: gpt-oss (sinks, MoE, S/F layers), Gemma 3 (F after five S, q/k norms)
-and Llama 4 (chunked attention, NoPE layers, top-1 MoE). The negative control: one value of a
-reused page changed is seen."""
+and Llama 4 (chunked attention, NoPE layers, top-1 MoE); bfloat16 weights and pools (the demo
+model); tensor parallel over two devices. The negative control: one value of a reused page
+changed is seen."""
 
 import dataclasses
 
@@ -204,3 +205,40 @@ def test_the_llm_takes_it_by_its_name_and_sglangs():
         params = swajax.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         outs.append(llm.generate([SECOND], params)[0].outputs[0].token_ids)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_over_two_devices():
+    """Split over KV heads (attention per device inside shard_map, the products' sums across
+    devices): a hit and a batch with companions give the cold run's bits there too."""
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    spec = SETUP.replace(tensor_parallel=2)
+    cold = _run(make_engine(decoder, spec), SECOND)
+    engine = make_engine(decoder, spec.replace(page_size=1, chunk_size=64))
+    _run(engine, FIRST)
+    _run(engine, OTHER)
+    rid = _add(engine, SECOND)
+    engine.add_request(COMPANIONS[1], SamplingParams(temperature=0.0, max_tokens=9))
+    engine.run()
+    got = _result(engine, rid)
+    assert got[2] == len(SHARED)
+    same_bits(got, cold)
+
+
+def test_bfloat16_weights_and_pools():
+    """The demo model as shipped (bfloat16): a hit beside a companion, page size 1, chunks of
+    64, gives the cold run's bits."""
+    from swajax.demo import demo_decoder
+
+    decoder = demo_decoder()
+    assert decoder.spec.dtype == "bfloat16"
+    prompt = [(3 * i + 1) % 250 + 3 for i in range(90)]
+    cold = _run(make_engine(decoder, SETUP), prompt)
+    engine = make_engine(decoder, SETUP.replace(page_size=1, chunk_size=64))
+    _run(engine, prompt[:70] + [9, 9, 9, 9])
+    rid = _add(engine, prompt)
+    engine.add_request(prompt[:20], SamplingParams(temperature=0.0, max_tokens=9))
+    engine.run()
+    got = _result(engine, rid)
+    assert got[2] >= 64
+    same_bits(got, cold)
