@@ -21,6 +21,7 @@ from swajax.api.engine_spec import EngineSpec, load_model, make_engine, tensor_m
 from swajax.api.generation import summary
 from swajax.api.hub import resolve_model
 from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
+from swajax.api.state import restore_state, save_state
 from swajax.errors import InputError
 from swajax.generation_config import sampling_defaults, stop_token_ids
 from swajax.progress_bar import progress
@@ -60,7 +61,14 @@ PASSED = (
     "max_logprobs",
     "num_speculative_tokens",
 )
-OWN = ("dtype", "revision", "draft_model", "dequantize_weights", "generation_config")
+OWN = (
+    "dtype",
+    "revision",
+    "draft_model",
+    "dequantize_weights",
+    "generation_config",
+    "restore_from",
+)
 INVERTED = ("disable_hybrid_swa_memory",)  # its engine field is the opposite: hybrid_memory
 
 
@@ -158,13 +166,18 @@ class LLM:
         generation_config: str = "auto",
         draft_model: str | None = None,
         dequantize_weights: bool = False,
+        restore_from: str | None = None,
         **settings: object,
     ):
+        """`restore_from`: a folder `save_state` wrote, from an LLM built the same way: the
+        prefix cache starts as it was saved (`swajax.api.state`)."""
         fields = engine_settings(settings)
         if draft_model is not None:
             fields.setdefault("num_speculative_tokens", 4)
         spec = EngineSpec.of(dtype=dtype, **fields)
         self._build(model, spec, revision, generation_config, draft_model, dequantize_weights)
+        if restore_from is not None:
+            restore_state(self.engine, restore_from)
 
     @classmethod
     def from_spec(
@@ -280,6 +293,12 @@ class LLM:
     def summary(self) -> dict:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
         return summary(self.engine)
+
+    def save_state(self, folder: str, *, force: bool = False) -> None:
+        """Save the engine at rest, its prefix cache warm, for `LLM(..., restore_from=folder)`
+        (`swajax.api.state.save_state`; `force` replaces only a folder a save wrote)."""
+        with self._call():
+            save_state(self.engine, folder, force=force)
 
     # ------------------------------------------------------------------------------------------
     # Inside

@@ -30,6 +30,7 @@ class SampleStream:
     rid: int  # the engine request
     watch: StopWatch
     prompt_len: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (set when it is done)
     seen: int = 0  # tokens handed out
     shown: str = ""  # text handed out
     decoder: object = None  # IncrementalDecoder (None: no text)

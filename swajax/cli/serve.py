@@ -1,7 +1,9 @@
 """`swajax serve`: the OpenAI-compatible server (FastAPI + uvicorn, the `serve` extra).
 
 On SIGTERM / SIGINT the requests in flight are aborted first (each client gets its answer, with
-the reason), then the HTTP server closes: a stop never waits for generations to run out."""
+the reason), then the HTTP server closes: a stop never waits for generations to run out. With
+`--state-dir` the engine, then at rest, saves its prefix cache there, and the next start from
+the same folder restores it (`swajax.api.state`): a restarted server serves warm."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def run_serve(args) -> int:
         dequantize_weights=args.dequantize_weights,
         flags=("--model", "--draft-model"),
     )
+    if args.state_dir is not None:
+        _restore(llm, Path(args.state_dir))
     folder = None if args.model == "tiny" else llm.folder
     name = args.served_model_name or served_name(args.model)
     api_key = args.api_key or os.environ.get("SWAJAX_API_KEY") or None
@@ -51,8 +55,39 @@ def run_serve(args) -> int:
         timeout_graceful_shutdown=GRACE_SECONDS,
     )
     server = _server_class(uvicorn)(config, app.state.loop.abort_all, name, api_key is not None)
+    server.at_rest = (lambda: _save(llm, Path(args.state_dir))) if args.state_dir else None
     server.run()
     return 0
+
+
+def _restore(llm, folder: Path) -> None:
+    """Restore a snapshot if `folder` holds one (a first start finds none)."""
+    from swajax.api.state import HEADER, restore_state
+
+    if not (folder / HEADER).is_file():
+        print(f"swajax serve: no saved state in {folder} yet: starting cold", file=sys.stderr)
+        return
+    got = restore_state(llm.engine, folder)
+    print(
+        f"swajax serve: restored the prefix cache from {folder} ({got['tokens']} tokens in "
+        f"{got['nodes']} nodes)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _save(llm, folder: Path) -> None:
+    """Save the engine at rest; a state that cannot be saved is said, not raised: the stop
+    itself succeeded."""
+    from swajax.api.state import save_state
+    from swajax.errors import InputError
+
+    try:
+        save_state(llm.engine, folder, force=True)
+    except InputError as e:
+        print(f"swajax serve: the state was not saved: {e}", file=sys.stderr, flush=True)
+        return
+    print(f"swajax serve: saved the prefix cache to {folder}", file=sys.stderr, flush=True)
 
 
 def served_name(model: str) -> str:
@@ -79,9 +114,16 @@ def _server_class(uvicorn):
             super().__init__(config)
             self.abort_all, self.model, self.keyed = abort_all, model, keyed
 
+        at_rest = None  # called once the engine loop has stopped (`--state-dir`'s save)
+
         def handle_exit(self, sig, frame) -> None:
             self.abort_all()
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)  # the app's lifespan stops the engine loop
+            if self.at_rest is not None:  # before uvicorn re-raises the stop signal
+                self.at_rest()
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
@@ -138,4 +180,10 @@ def register(sub) -> None:
         "--no-overlap", action="store_true", help="read each step's result before planning the next"
     )
     add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made
+    p.add_argument(
+        "--state-dir",
+        help="keep the prefix cache across restarts: restore it from this folder at start (if "
+        "a stop saved one there) and save it there at a stop (only a folder swajax wrote is "
+        "replaced)",
+    )
     p.set_defaults(func=run_serve)

@@ -141,6 +141,14 @@ class Ghosts:
     def cause(self, h: int) -> int | None:
         return self._pages.get(h)
 
+    def items(self):
+        """(path hash, cause), oldest first (a snapshot's order)."""
+        return self._pages.items()
+
+    def restore(self, h: int, cause: int) -> None:
+        """Append one page of a snapshot (`items` order)."""
+        self._pages[h] = cause
+
 
 def explain(tree, key: tuple, asked: int, path: list, best: int, full: int, loaded) -> MatchReport:
     """The report of a match of `key` (page aligned, of a key of `asked` tokens) that walked

@@ -96,6 +96,20 @@ class DeviceRunner:
         self.programs = ProgramStore(folder, jax.devices()[0])
         self._edits: dict[bool, int] = {}  # edit bucket high-water marks (see `_inputs`)
 
+    def device_state(self) -> dict:
+        """What a snapshot saves of the device (`swajax.api.state`): the allocator, the request
+        table and the KV pools (the draft's too)."""
+        state = dict(alloc=self.alloc, r2t=self.r2t, pools=self.pools)
+        if self.draft_pools is not None:
+            state["draft_pools"] = self.draft_pools
+        return state
+
+    def load_device_state(self, state: dict) -> None:
+        """Take a snapshot's device state (the same pytrees, shapes and placements)."""
+        self.alloc, self.r2t, self.pools = state["alloc"], state["r2t"], state["pools"]
+        if self.draft_pools is not None:
+            self.draft_pools = state["draft_pools"]
+
     def compilations(self) -> int:
         """XLA compilations since this runner was made (process-wide counter)."""
         return compilation_count() - self._compiles0

@@ -209,6 +209,7 @@ class EngineLoop:
             for x in job.samples:
                 req = self.engine.requests[x.rid]
                 prompt = prompt_logprobs(req, top) if job.keep_logits else None
+                x.cached_tokens = req.cached_tokens
                 ends.append((x, req.finish_reason, prompt))
                 if self.observer is not None:
                     self.observer.finished(now - job.created, req.finish_reason or "")

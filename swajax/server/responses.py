@@ -33,6 +33,7 @@ class _Shape:
         self.created = int(time.time())
         self.choices: dict[int, _Choice] = {}
         self.prompt_tokens: dict[int, int] = {}
+        self.cached_tokens: dict[int, int] = {}  # per prompt: its first sample's
 
     def _choice(self, x) -> tuple[int, _Choice]:
         i = x.index * self.n + x.sample
@@ -56,6 +57,7 @@ class _Shape:
             for x, reason, prompt in message[1]:
                 i, c = self._choice(x)
                 self.prompt_tokens[x.index] = x.prompt_len
+                self.cached_tokens.setdefault(x.index, x.cached_tokens)
                 c.finish, c.prompt = reason, prompt
         return added
 
@@ -69,8 +71,12 @@ class _Shape:
     def usage(self) -> dict:
         prompt = sum(self.prompt_tokens.values())
         completion = sum(len(c.tokens) for c in self.choices.values())
+        cached = sum(self.cached_tokens.values())
         return dict(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=dict(cached_tokens=cached),  # OpenAI's (and vLLM's) field
         )
 
     def _head(self) -> dict:

@@ -50,7 +50,20 @@ class PoolLedger:
         self._transfers: list[Transfer] = []  # host-tier copies, in order
 
     # ------------------------------------------------------------------------------------------
-    # Reading
+    # A snapshot (`swajax.api.state`): the mirror at rest, nothing queued
+
+    def state(self) -> dict:
+        if self.has_pending:
+            raise RuntimeError("the ledger has queued releases: flush the engine first")
+        free = np.array([self.free_primary, self.free_swa_pages], np.int64)
+        return dict(used=self.used.copy(), paired=self.paired.copy(), free=free)
+
+    def load_state(self, state: dict) -> None:
+        used, paired = np.asarray(state["used"], bool), np.asarray(state["paired"], bool)
+        if used.shape != self.used.shape or paired.shape != self.paired.shape:
+            raise ValueError(f"a ledger of {used.shape[0] - 1} pages into {self.primary_pages}")
+        self.used[:], self.paired[:] = used, paired
+        self.free_primary, self.free_swa_pages = (int(x) for x in state["free"])
 
     def available(self) -> tuple[int, int]:
         """(full, SWA) free tokens; outside hybrid mode both are the one pool's count."""

@@ -8,8 +8,9 @@ from swajax.server.responses import Completion
 
 
 class Sample:
-    def __init__(self, index, sample, prompt_len=2):
+    def __init__(self, index, sample, prompt_len=2, cached_tokens=0):
         self.index, self.sample, self.prompt_len = index, sample, prompt_len
+        self.cached_tokens = cached_tokens
 
 
 def decode(ids):

@@ -1,0 +1,91 @@
+"""A resting tree as plain data, and back: what a snapshot of the prefix cache holds.
+
+A tree at rest (no lock held but the root's, nothing on a host tier) is saved whole: every
+node's tokens, full slots, whether its SWA KV is live and what made it a tombstone, both recency
+lists in order, the eviction counter and the deleted pages that explanations name. Loaded into
+an empty tree of the same layout it is the same tree: the same matches, the same evictions in
+the same order, the same explanations. Locks are not saved (a tree at rest has none); a host
+tier's pages live in host memory the snapshot does not carry, so such a tree is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swajax.errors import InputError
+from swajax.prefix_cache.node import Node
+from swajax.prefix_cache.radix import RadixCache
+
+FORMAT = 1
+
+
+def tree_state(cache: RadixCache) -> dict:
+    """The tree as JSON-able lists (node 0 is the root; a node's parent comes before it)."""
+    held = [n for n in cache.nodes() if n.full_lock or n.swa_lock]
+    if held:
+        raise InputError(
+            f"the prefix cache has {len(held)} locked nodes: a snapshot is of a tree at rest "
+            "(no running requests)"
+        )
+    if cache.tier is not None and (cache.tier.full.used or cache.tier.swa.used):
+        raise InputError("the prefix cache holds KV on its host tier, which a snapshot lacks")
+    order = [cache.root, *cache.nodes()]
+    index = {node: i for i, node in enumerate(order)}
+    nodes = [
+        dict(
+            parent=index[n.parent],
+            key=[int(t) for t in n.key],
+            value=[int(s) for s in n.value],
+            swa_live=bool(n.swa_live),
+            tombstoned_by=n.tombstoned_by,
+        )
+        for n in order[1:]
+    ]
+    return dict(
+        format=FORMAT,
+        page_size=cache.ps,
+        window=cache.window,
+        mode=cache.mode.value,
+        nodes=nodes,
+        full_lru=[index[n] for n in cache.full_lru],
+        swa_lru=[index[n] for n in cache.swa_lru],
+        # Recency among nodes the lists do not order (explanations and splits read it).
+        last_access=sorted(range(1, len(order)), key=lambda i: order[i].last_access),
+        evictions=cache.evictions,
+        ghosts=[[h, cause] for h, cause in cache.ghosts.items()],
+        hit_tokens=cache.hit_tokens,
+        tail_miss_tokens=cache.tail_miss_tokens,
+    )
+
+
+def load_tree_state(cache: RadixCache, state: dict) -> None:
+    """Fill the empty tree `cache` (the same page size, window and mode) from `tree_state`."""
+    if next(iter(cache.nodes()), None) is not None:
+        raise InputError("a prefix cache state loads into an empty tree only")
+    ours = dict(page_size=cache.ps, window=cache.window, mode=cache.mode.value)
+    theirs = {k: state.get(k) for k in ours}
+    if theirs != ours:
+        diff = ", ".join(
+            f"{k} {theirs[k]} (this engine: {ours[k]})" for k in ours if theirs[k] != ours[k]
+        )
+        raise InputError(f"the saved prefix cache has another layout: {diff}")
+    order = [cache.root]
+    for spec in state["nodes"]:
+        parent = order[spec["parent"]]
+        node = Node(spec["key"], np.asarray(spec["value"], np.int32), parent, spec["swa_live"])
+        node.tombstoned_by = spec["tombstoned_by"]
+        parent.children[node.key[: cache.ps]] = node
+        order.append(node)
+        cache.sizes.full_evictable += len(node)
+        if node.swa_live and cache.swa:
+            cache.sizes.swa_evictable += len(node)
+    for i in state["last_access"]:
+        order[i].touch()
+    for i in state["full_lru"]:
+        cache.full_lru.add(order[i])
+    for i in state["swa_lru"]:
+        cache.swa_lru.add(order[i])
+    cache.evictions = state["evictions"]
+    for h, cause in state["ghosts"]:
+        cache.ghosts.restore(h, cause)
+    cache.hit_tokens, cache.tail_miss_tokens = state["hit_tokens"], state["tail_miss_tokens"]

@@ -1,0 +1,118 @@
+"""Snapshots of an engine at rest (`swajax.api.state`): a fresh engine restored from one serves
+a later turn from the saved prefix cache, reading the very KV bytes that were saved (logits bit
+for bit those of the engine that was never stopped), with its tombstones and recency lists as
+they were; a snapshot of another layout is refused by name; a busy engine is not saved; an
+unrelated folder is never replaced."""
+
+import numpy as np
+import pytest
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean
+
+from swajax.api import EngineSpec, make_engine
+from swajax.api.state import restore_state, save_state
+from swajax.errors import InputError
+from swajax.models import load_decoder
+from swajax.prefix_cache import check_invariants
+from swajax.serving.sampling_params import SamplingParams
+
+SETUP = EngineSpec.of(
+    kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256
+)
+SHARED = [(7 * i + 3) % 120 + 1 for i in range(80)]
+FIRST, OTHER = SHARED + [5, 6, 7, 8, 9, 10, 11, 12], SHARED + [15, 16, 17, 18]
+SECOND = SHARED + [11, 45, 90, 2, 67, 31, 8, 100]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+def _run(engine, prompt):
+    rid = engine.add_request(prompt, PARAMS, keep_logits=True)
+    engine.run()
+    req = engine.requests[rid]
+    return req.output, np.stack(req.logits), req.cached_tokens
+
+
+def _shape(cache):
+    """The tree as data: each node's path and slots, its tombstones, both recency orders."""
+
+    def path(node):
+        return tuple(n.key for n in reversed(list(node.path_to_root())))
+
+    nodes = {path(n): (n.swa_live, n.value.tolist()) for n in cache.nodes()}
+    return nodes, [path(n) for n in cache.full_lru], [path(n) for n in cache.swa_lru]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """An engine after two turns sharing SHARED, saved; and what it then gives for SECOND."""
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    engine = make_engine(decoder, SETUP)
+    _run(engine, FIRST)
+    _run(engine, OTHER)
+    folder = tmp_path_factory.mktemp("state") / "snap"
+    save_state(engine, folder)
+    shape = _shape(engine.cache)
+    assert not all(live for live, _ in shape[0].values())  # a tombstone is among what is saved
+    return decoder, folder, shape, _run(engine, SECOND)
+
+
+def test_a_restored_engine_serves_from_the_saved_cache(warm):
+    decoder, folder, shape, (tokens, logits, cached) = warm
+    engine = make_engine(decoder, SETUP)
+    report = restore_state(engine, folder)
+    assert report["nodes"] > 0 and report["tokens"] >= len(SHARED)
+    assert _shape(engine.cache) == shape
+    check_invariants(engine.cache)
+    got_tokens, got_logits, got_cached = _run(engine, SECOND)
+    assert got_cached == cached == len(SHARED)
+    assert got_tokens == tokens
+    assert np.array_equal(got_logits, logits)  # the same KV bytes
+    check_invariants(engine.cache)
+    check_clean(engine)
+
+
+def test_another_layout_is_refused_by_name(warm):
+    decoder, folder, _, _ = warm
+    with pytest.raises(InputError, match="another engine: .*pools"):
+        restore_state(make_engine(decoder, SETUP.replace(page_size=8)), folder)
+    with pytest.raises(InputError, match="another engine: .*request_table"):
+        restore_state(make_engine(decoder, SETUP.replace(max_context=512)), folder)
+    with pytest.raises(InputError, match="holds no swajax snapshot"):
+        restore_state(make_engine(decoder, SETUP), folder.parent)
+
+
+def test_a_busy_engine_is_not_saved_and_nothing_is_overwritten(warm, tmp_path):
+    decoder, folder, _, _ = warm
+    engine = make_engine(decoder, SETUP)
+    engine.add_request(FIRST, PARAMS)
+    with pytest.raises(InputError, match="1 requests waiting or running"):
+        save_state(engine, tmp_path / "busy")
+    assert not (tmp_path / "busy").exists()
+    engine.run()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(InputError):
+        save_state(engine, mine, force=True)  # not a folder a save wrote
+    assert (mine / "notes.txt").read_text() == "keep"
+    save_state(engine, folder, force=True)  # an earlier save's folder: replaced
+    assert (folder / "swajax_state.json").is_file()
+
+
+def test_the_llm_saves_and_restores(tmp_path):
+    import swajax
+
+    params = swajax.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm = swajax.LLM(str(FIXTURES / "gpt_oss"), max_model_len=256, kv_budget_gib=0.001)
+    llm.generate([FIRST], params)
+    llm.save_state(str(tmp_path / "snap"))
+    expected = llm.generate([SECOND], params)[0]
+    again = swajax.LLM(
+        str(FIXTURES / "gpt_oss"),
+        max_model_len=256,
+        kv_budget_gib=0.001,
+        restore_from=str(tmp_path / "snap"),
+    )
+    got = again.generate([SECOND], params)[0]
+    assert got.num_cached_tokens == expected.num_cached_tokens > 0
+    assert got.outputs[0].token_ids == expected.outputs[0].token_ids
