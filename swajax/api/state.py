@@ -46,6 +46,8 @@ def identity(engine) -> dict:
         raise InputError("a snapshot needs a model on the device (the null model holds no KV)")
     params = [(tuple(x.shape), str(x.dtype)) for x in engine.model.params]
     digest = hashlib.sha256(repr(params).encode()).hexdigest()[:16]
+    sums = np.asarray(_sums(engine.model.params)).tolist()  # the weights' values, read once
+    weights = hashlib.sha256(np.asarray(sums, np.float32).tobytes()).hexdigest()[:16]
     sizes = dataclasses.asdict(engine.sizes)
     sizes["mode"] = engine.sizes.mode.value
     pools = jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", runner.pools)
@@ -53,6 +55,7 @@ def identity(engine) -> dict:
         swajax=__version__,
         layers=repr(engine.cfg),
         parameters=digest,
+        weights=weights,
         pools=sizes,
         kv=[str(x) for x in jax.tree.leaves(pools)],
         request_table=list(runner.r2t.table.shape),
@@ -123,6 +126,13 @@ def restore_state(engine, folder: str | Path) -> dict:
         load_tree_state(engine.cache, tree)
     nodes = tree["nodes"] if tree else []
     return dict(nodes=len(nodes), tokens=sum(len(n["key"]) for n in nodes))
+
+
+@jax.jit
+def _sums(params):
+    """Each parameter's sum in float32: a fingerprint of the weights (the same weights give
+    the same bits; other weights, other sums)."""
+    return jax.numpy.stack([x.astype(jax.numpy.float32).sum() for x in params])
 
 
 def _checkpointer():

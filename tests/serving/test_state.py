@@ -77,6 +77,10 @@ def test_another_layout_is_refused_by_name(warm):
         restore_state(make_engine(decoder, SETUP.replace(page_size=8)), folder)
     with pytest.raises(InputError, match="another engine: .*request_table"):
         restore_state(make_engine(decoder, SETUP.replace(max_context=512)), folder)
+    other = load_decoder(FIXTURES / "gpt_oss")
+    other.embed[...] = other.embed[...] * 2  # the same shapes, other weights
+    with pytest.raises(InputError, match="another engine: weights"):
+        restore_state(make_engine(other, SETUP), folder)
     with pytest.raises(InputError, match="holds no swajax snapshot"):
         restore_state(make_engine(decoder, SETUP), folder.parent)
 
