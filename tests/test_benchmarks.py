@@ -12,6 +12,7 @@ BENCHMARKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
 SLOW = {
     "cache_policy",
     "deterministic",
+    "snapshot",
     "floor",
     "kv_dtype",
     "loading",
