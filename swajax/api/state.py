@@ -6,6 +6,7 @@
   layers and parameter shapes, the pools' layout and dtypes, the request table's shape) and
   the prefix cache's tree (`swajax.prefix_cache.state`: nodes, tombstones, both recency lists);
 - `ledger.npz`: the host's mirror of the pools' pages (`PoolLedger`);
+- `host_kv.npz`: with a host tier, the bytes of its pages in use;
 - `device/`: the allocator, the request table and the KV pools, through orbax.
 
 `restore_state(engine, folder)` loads it into a fresh engine built the same way: the cache then
@@ -35,6 +36,7 @@ from swajax.version import __version__
 FORMAT = 1
 HEADER = "swajax_state.json"
 LEDGER = "ledger.npz"
+HOST_KV = "host_kv.npz"
 DEVICE = "device"
 MARKER = ".swajax-state"
 
@@ -81,10 +83,13 @@ def save_state(engine, folder: str | Path, *, force: bool = False) -> dict:
         header["tree"] = tree_state(engine.cache)
     ledger = engine.ledger.state()
     device = engine.runner.device_state()
+    host_kv = _host_pages(engine)
 
     def build(out: Path) -> None:
         (out / HEADER).write_text(json.dumps(header))
         np.savez(out / LEDGER, **ledger)
+        if host_kv is not None:
+            np.savez(out / HOST_KV, **host_kv)
         checkpointer = _checkpointer()
         checkpointer.save((out / DEVICE).resolve(), device)
         checkpointer.wait_until_finished()
@@ -124,8 +129,35 @@ def restore_state(engine, folder: str | Path) -> dict:
     tree = header.get("tree")
     if tree is not None:
         load_tree_state(engine.cache, tree)
+    if engine.runner.host_kv is not None:
+        with np.load(folder / HOST_KV) as saved:
+            _load_host_pages(engine, dict(saved))
     nodes = tree["nodes"] if tree else []
     return dict(nodes=len(nodes), tokens=sum(len(n["key"]) for n in nodes))
+
+
+def _host_pages(engine) -> dict | None:
+    """The host tier's pages in use, by store: their ids and bytes."""
+    host_kv = engine.runner.host_kv
+    if host_kv is None:
+        return None
+    host_kv.settle()  # copies still on their way land first
+    out = {}
+    tier = engine.cache.tier
+    for pool, pages in (("full", tier.full), ("swa", tier.swa)):
+        free = pages.free_ids()
+        ids = np.asarray([p for p in range(1, pages.total + 1) if p not in free], np.int64)
+        out[f"{pool}_ids"] = ids
+        for i, store in enumerate(host_kv.stores[pool]):
+            out[f"{pool}_{i}"] = store[ids]
+    return out
+
+
+def _load_host_pages(engine, saved: dict) -> None:
+    for pool, stores in engine.runner.host_kv.stores.items():
+        ids = saved[f"{pool}_ids"]
+        for i, store in enumerate(stores):
+            store[ids] = saved[f"{pool}_{i}"]
 
 
 @jax.jit

@@ -30,5 +30,12 @@ class HostPages:
         del self._free[len(self._free) - n :]
         return np.asarray(out, np.int32)
 
+    def state(self) -> list[int]:
+        """The free list in its order (a snapshot's)."""
+        return list(self._free)
+
+    def load_state(self, free: list[int]) -> None:
+        self._free = [int(p) for p in free]
+
     def give(self, pages) -> None:
         self._free.extend(int(p) for p in np.asarray(pages)[::-1])

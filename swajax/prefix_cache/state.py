@@ -27,8 +27,6 @@ def tree_state(cache: RadixCache) -> dict:
             f"the prefix cache has {len(held)} locked nodes: a snapshot is of a tree at rest "
             "(no running requests)"
         )
-    if cache.tier is not None and (cache.tier.full.used or cache.tier.swa.used):
-        raise InputError("the prefix cache holds KV on its host tier, which a snapshot lacks")
     order = [cache.root, *cache.nodes()]
     index = {node: i for i, node in enumerate(order)}
     nodes = [
@@ -38,9 +36,21 @@ def tree_state(cache: RadixCache) -> dict:
             value=[int(s) for s in n.value],
             swa_live=bool(n.swa_live),
             tombstoned_by=n.tombstoned_by,
+            host_full=_ints(n.host_full),
+            host_swa=_ints(n.host_swa),
         )
         for n in order[1:]
     ]
+    tier = cache.tier
+    host = None
+    if tier is not None:
+        host = dict(
+            full_free=tier.full.state(),
+            swa_free=tier.swa.state(),
+            lru=[index[n] for n in tier.lru],
+            saved=list(tier.saved),
+            loaded=list(tier.loaded),
+        )
     return dict(
         format=FORMAT,
         page_size=cache.ps,
@@ -55,7 +65,16 @@ def tree_state(cache: RadixCache) -> dict:
         ghosts=[[h, cause] for h, cause in cache.ghosts.items()],
         hit_tokens=cache.hit_tokens,
         tail_miss_tokens=cache.tail_miss_tokens,
+        host=host,
     )
+
+
+def _ints(pages) -> list[int] | None:
+    return None if pages is None else [int(p) for p in pages]
+
+
+def _pages(ints) -> np.ndarray | None:
+    return None if ints is None else np.asarray(ints, np.int32)
 
 
 def load_tree_state(cache: RadixCache, state: dict) -> None:
@@ -74,11 +93,13 @@ def load_tree_state(cache: RadixCache, state: dict) -> None:
         parent = order[spec["parent"]]
         node = Node(spec["key"], np.asarray(spec["value"], np.int32), parent, spec["swa_live"])
         node.tombstoned_by = spec["tombstoned_by"]
+        node.host_full, node.host_swa = _pages(spec["host_full"]), _pages(spec["host_swa"])
         parent.children[node.key[: cache.ps]] = node
         order.append(node)
-        cache.sizes.full_evictable += len(node)
-        if node.swa_live and cache.swa:
-            cache.sizes.swa_evictable += len(node)
+        if node.on_device:
+            cache.sizes.full_evictable += len(node)
+            if node.swa_live and cache.swa:
+                cache.sizes.swa_evictable += len(node)
     for i in state["last_access"]:
         order[i].touch()
     for i in state["full_lru"]:
@@ -89,3 +110,12 @@ def load_tree_state(cache: RadixCache, state: dict) -> None:
     for h, cause in state["ghosts"]:
         cache.ghosts.restore(h, cause)
     cache.hit_tokens, cache.tail_miss_tokens = state["hit_tokens"], state["tail_miss_tokens"]
+    host, tier = state["host"], cache.tier
+    if (host is None) != (tier is None):
+        raise InputError("the saved prefix cache and this one differ in having a host tier")
+    if tier is not None:
+        tier.full.load_state(host["full_free"])
+        tier.swa.load_state(host["swa_free"])
+        for i in host["lru"]:
+            tier.lru.add(order[i])
+        tier.saved, tier.loaded = list(host["saved"]), list(host["loaded"])

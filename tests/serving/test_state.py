@@ -1,8 +1,8 @@
 """Snapshots of an engine at rest (`swajax.api.state`): a fresh engine restored from one serves
 a later turn from the saved prefix cache, reading the very KV bytes that were saved (logits bit
 for bit those of the engine that was never stopped), with its tombstones and recency lists as
-they were; a snapshot of another layout is refused by name; a busy engine is not saved; an
-unrelated folder is never replaced."""
+they were, and a host tier with its bytes; a snapshot of another layout or other weights is
+refused by name; a busy engine is not saved; an unrelated folder is never replaced."""
 
 import numpy as np
 import pytest
@@ -120,3 +120,25 @@ def test_the_llm_saves_and_restores(tmp_path):
     got = again.generate([SECOND], params)[0]
     assert got.num_cached_tokens == expected.num_cached_tokens > 0
     assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
+def test_a_host_tier_is_saved_with_its_bytes(tmp_path):
+    """The shared prefix evicted to the host tier (full KV and windows), saved; the restored
+    engine loads it back for the next turn, the same bytes."""
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    spec = SETUP.replace(host_cache_gib=0.001)
+    engine = make_engine(decoder, spec)
+    _run(engine, FIRST)
+    _run(engine, OTHER)
+    engine.cache.evict(10**9, 10**9)
+    assert engine.cache.tier.full.used > 0
+    save_state(engine, tmp_path / "snap")
+    expected = _run(engine, SECOND)
+    restored = make_engine(decoder, spec)
+    restore_state(restored, tmp_path / "snap")
+    check_invariants(restored.cache)
+    got = _run(restored, SECOND)
+    assert restored.cache.tier.loaded[0] > 0 and got[2] == expected[2] == len(SHARED)
+    assert got[0] == expected[0] and np.array_equal(got[1], expected[1])
+    check_invariants(restored.cache)
+    check_clean(restored)
