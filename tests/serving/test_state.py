@@ -1,8 +1,10 @@
 """Snapshots of an engine at rest (`swajax.api.state`): a fresh engine restored from one serves
 a later turn from the saved prefix cache, reading the very KV bytes that were saved (logits bit
 for bit those of the engine that was never stopped), with its tombstones and recency lists as
-they were, and a host tier with its bytes; a snapshot of another layout or other weights is
-refused by name; a busy engine is not saved; an unrelated folder is never replaced."""
+they were, and a host tier with its bytes; random turns go on the same after a restore as
+without one; a draft's KV is kept (its proposals are accepted as before); a snapshot of another
+layout or other weights is refused by name; a busy engine is not saved; an unrelated folder is
+never replaced."""
 
 import numpy as np
 import pytest
@@ -142,3 +144,57 @@ def test_a_host_tier_is_saved_with_its_bytes(tmp_path):
     assert got[0] == expected[0] and np.array_equal(got[1], expected[1])
     check_invariants(restored.cache)
     check_clean(restored)
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_random_turns_go_on_the_same_after_a_restore(seed, tmp_path):
+    """Random conversations under a tight budget (evictions, tombstones, splits), saved at rest
+    and restored; then the same random next turns on the saved engine and on the restored one:
+    the same tokens, the same hits, the same tree."""
+    rng = np.random.default_rng(seed)
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    spec = SETUP.replace(kv_budget_gib=0.0004)
+    stems = [rng.integers(1, 120, int(rng.integers(20, 60))).tolist() for _ in range(3)]
+
+    def turn():
+        stem = stems[int(rng.integers(len(stems)))]
+        return stem[: int(rng.integers(8, len(stem) + 1))] + rng.integers(1, 120, 6).tolist()
+
+    engine = make_engine(decoder, spec)
+    for _ in range(6):
+        _run(engine, turn())
+    save_state(engine, tmp_path / "snap")
+    restored = make_engine(decoder, spec)
+    restore_state(restored, tmp_path / "snap")
+    for _ in range(4):
+        prompt = turn()
+        a, b = _run(engine, prompt), _run(restored, prompt)
+        assert a[0] == b[0] and a[2] == b[2] and np.array_equal(a[1], b[1])
+        assert _shape(engine.cache) == _shape(restored.cache)
+    check_invariants(restored.cache)
+    check_clean(restored)
+
+
+def test_a_speculative_engine_keeps_its_drafts_kv(tmp_path):
+    """With a draft model its pools are saved too: the restored engine drafts over the
+    restored prefix as the saved one does."""
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    draft = load_decoder(FIXTURES / "gpt_oss")
+    spec = SETUP.replace(num_speculative_tokens=2)
+
+    def run(engine, prompt):  # speculative rounds keep no logits
+        rid = engine.add_request(prompt, PARAMS)
+        engine.run()
+        return engine.requests[rid].output, engine.requests[rid].cached_tokens
+
+    engine = make_engine(decoder, spec, draft)
+    run(engine, FIRST)
+    save_state(engine, tmp_path / "snap")
+    restored = make_engine(decoder, spec, draft)
+    restore_state(restored, tmp_path / "snap")
+    before = engine.scheduler.accepted_tokens
+    a, b = run(engine, SECOND), run(restored, SECOND)
+    assert a == b and a[1] > 0
+    # The drafts read the restored draft KV: as many proposals accepted (the draft is the
+    # target itself, so a wrong draft KV would show as rejections).
+    assert restored.scheduler.accepted_tokens == engine.scheduler.accepted_tokens - before > 0
