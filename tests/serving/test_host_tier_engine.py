@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import FIXTURES
 from helpers.engine_checks import check_clean
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from swajax import sizing
 from swajax.api import EngineSpec, engine_for, make_engine
@@ -183,8 +183,11 @@ def test_random_workloads_with_a_host_tier_stay_clean(ps, chunk, host, seed):
         if engine.step() is None:
             break
         check_invariants(engine.cache)
-    assert engine.cache.tier.saved[0] > 0
+    saved = engine.cache.tier.saved[0]  # by the workload (check_clean's own evictions save too)
     check_clean(engine)
+    # A workload whose evictions moved no full KV to the host (seed 1358 at 64 host tokens, page
+    # 1, chunks of 32) did not exercise the tier: hypothesis discards it and draws another.
+    assume(saved > 0)
 
 
 @pytest.mark.parametrize("where", ["device", "host"])
