@@ -273,11 +273,6 @@ def make_engine(
     _check_host_memory(spec.host_cache_gib)
     sizes = sizing.with_host_tier(sizes, cfg, spec.host_cache_gib, kv, draft_cfg)
     implementation, interpret = attention_path(spec.attention, deterministic=spec.deterministic)
-    if spec.deterministic and decoder.spec.family == "deepseek_v4":
-        raise InputError(
-            "deterministic mode (--deterministic) is not built for deepseek_v4: its compressed "
-            "attention and hyper-connections run products of their own"
-        )
     lm = dict(
         dtype=kv,
         implementation=implementation,

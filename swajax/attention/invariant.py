@@ -35,8 +35,10 @@ QUERY_BATCH = 8  # queries per vectorized step of the map
 # Key rows gathered out of the pools at once. Gathered outside any loop, the keys of a whole
 # decode batch are read with no copy of the pools: a loop that reads a pool, which the step
 # then updates in place (the next layer's KV write), makes XLA copy the whole sub-pool first
-# (measured: 6 copies of a 0.25 GiB pool per layer, 100x the decode step). Larger batches
-# (prefill) gather a chunk of queries at a time inside a loop and pay that copy per chunk.
+# (measured: 6 copies of a 0.25 GiB pool per layer, 100x the decode step). A batch whose keys
+# exceed it (a prefill chunk; at long contexts, a decode batch of more than GATHERED_KEYS /
+# context queries on full layers) gathers a chunk of queries at a time inside a loop and pays
+# that copy once per layer.
 GATHERED_KEYS = 1 << 16
 
 

@@ -14,6 +14,7 @@ from flax import nnx
 
 from swajax import platform
 from swajax.attention import AttentionMode
+from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
 from swajax.models import invariant, layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
@@ -244,9 +245,9 @@ class HybridLM:
         afterwards). `deterministic`: batch-invariant numerics (`invariant`), XLA attention."""
         self.spec = decoder.spec
         if deterministic and self.spec.family == "deepseek_v4":
-            raise ValueError(
-                "deterministic mode is not built for deepseek_v4: its compressed attention and "
-                "hyper-connections run their own products"
+            raise InputError(
+                "deterministic mode (--deterministic) is not built for deepseek_v4: its "
+                "compressed attention and hyper-connections run products of their own"
             )
         # A decoder of shapes only (`nnx.eval_shape`): a model to lower ahead of time, for this
         # platform or another (`swajax.platform.lowering_for`); it cannot run.

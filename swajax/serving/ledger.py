@@ -55,15 +55,21 @@ class PoolLedger:
     def state(self) -> dict:
         if self.has_pending:
             raise RuntimeError("the ledger has queued releases: flush the engine first")
-        free = np.array([self.free_primary, self.free_swa_pages], np.int64)
-        return dict(used=self.used.copy(), paired=self.paired.copy(), free=free)
+        return dict(used=self.used.copy(), paired=self.paired.copy())
 
     def load_state(self, state: dict) -> None:
+        """Take a snapshot's page arrays; the free counts follow from them (and the device's
+        counts are checked against them after the next step, as after every step)."""
         used, paired = np.asarray(state["used"], bool), np.asarray(state["paired"], bool)
         if used.shape != self.used.shape or paired.shape != self.paired.shape:
             raise ValueError(f"a ledger of {used.shape[0] - 1} pages into {self.primary_pages}")
         self.used[:], self.paired[:] = used, paired
-        self.free_primary, self.free_swa_pages = (int(x) for x in state["free"])
+        self.free_primary = self.primary_pages - int(used[1:].sum())
+        if self.mode is PoolMode.HYBRID:
+            self.free_swa_pages = self.swa_pages - int(paired[1:].sum())
+
+    # ------------------------------------------------------------------------------------------
+    # Reading
 
     def available(self) -> tuple[int, int]:
         """(full, SWA) free tokens; outside hybrid mode both are the one pool's count."""

@@ -77,7 +77,9 @@ def recording(calls: list):
         program_store.ProgramStore.call, ledger.PoolLedger.check = call, check
 
 
-def step_programs(attention: str = "auto", layers: int = 4) -> dict[str, Program]:
+def step_programs(
+    attention: str = "auto", layers: int = 4, deterministic: bool = False
+) -> dict[str, Program]:
     """prefill, decode, round (multi-step decode) and verify (a speculative round with a 2-layer
     draft of the same shapes), as traced for the current target platform."""
     from swajax import SamplingParams
@@ -85,7 +87,13 @@ def step_programs(attention: str = "auto", layers: int = 4) -> dict[str, Program
 
     target = abstract_decoder(published_config(layers=layers))
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    base = dict(attention=attention, kv_budget_gib=0.05, max_context=512, chunk_size=64)
+    base = dict(
+        attention=attention,
+        kv_budget_gib=0.05,
+        max_context=512,
+        chunk_size=64,
+        deterministic=deterministic,
+    )
     runs = {
         "plain": (dict(decode_steps=1), None),
         "round": (dict(decode_steps=4), None),

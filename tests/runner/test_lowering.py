@@ -2,7 +2,8 @@
 for TPU v5e and v6e and for CUDA through `jax.export`, with the compiled kernels (Mosaic on
 TPU, Triton on GPU; no interpreter), and with the XLA path. No accelerator is needed: the
 programs are traced for the target (`swajax.platform.lowering_for`), as that platform runs
-them (its attention, none of XLA:CPU's workarounds)."""
+them (its attention, none of XLA:CPU's workarounds). Deterministic mode's programs lower for
+both too."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ TARGETS = [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
 
 
 @functools.cache
-def programs(target: str, attention: str):
+def programs(target: str, attention: str, deterministic: bool = False):
     with platform.lowering_for(target):
-        return step_programs(attention)
+        return step_programs(attention, deterministic=deterministic)
 
 
 def lowered(target: str, device_kind, program) -> str:
@@ -81,6 +82,21 @@ def test_each_step_program_lowers_with_the_xla_path(target, device_kind):
         text = lowered(target, device_kind, found[name])
         clean(text)
         assert not custom_calls(text) & set(KERNELS.values()), name
+
+
+# Deterministic mode (its fenced tile loops and per-query attention) on the accelerators it is
+# meant for: CUDA in the default run, TPU with `-m slow`.
+@pytest.mark.parametrize(
+    "target, device_kind", [TARGETS[2], pytest.param(*TARGETS[0], marks=pytest.mark.slow)]
+)
+def test_each_step_program_lowers_in_deterministic_mode(target, device_kind):
+    found = programs("cuda" if target == "cuda" else "tpu", "auto", deterministic=True)
+    for name in PROGRAMS:
+        text = lowered(target, device_kind, found[name])
+        clean(text)
+        assert not custom_calls(text) & set(KERNELS.values()), name  # the XLA path, by design
+        # the fenced tile loops (their trip counts behind barriers; the default path has none)
+        assert "stablehlo.optimization_barrier" in text, name
 
 
 def test_the_target_decides_what_is_traced():

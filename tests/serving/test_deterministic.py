@@ -10,27 +10,17 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, turns
 from helpers.engine_checks import check_clean
+from helpers.turns import FIRST, OTHER, PARAMS, SECOND, SHARED
 
-from swajax.api import EngineSpec, make_engine
+from swajax.api import make_engine
 from swajax.errors import InputError
 from swajax.models import load_decoder
 from swajax.serving.sampling_params import SamplingParams
 
-SETUP = EngineSpec.of(
-    kv_budget_gib=0.001,
-    page_size=4,
-    chunk_size=8,
-    eviction_interval=1,
-    max_context=256,
-    deterministic=True,
-)
-SHARED = [(7 * i + 3) % 120 + 1 for i in range(80)]
-FIRST, OTHER = SHARED + [5, 6, 7, 8, 9, 10, 11, 12], SHARED + [15, 16, 17, 18]
-SECOND = SHARED + [11, 45, 90, 2, 67, 31, 8, 100]
+SETUP = turns.SETUP.replace(deterministic=True)
 COMPANIONS = [[(5 * i + j) % 110 + 2 for i in range(n)] for j, n in ((1, 3), (2, 40), (3, 95))]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 FAMILIES = ["gpt_oss", pytest.param("gemma3", marks=pytest.mark.slow)]
 FAMILIES += [pytest.param("llama4", marks=pytest.mark.slow)]
 

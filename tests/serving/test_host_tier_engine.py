@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from helpers import FIXTURES
 from helpers.engine_checks import check_clean
+from helpers.turns import FIRST, OTHER, SECOND, SETUP, SHARED, run as _run
 from hypothesis import assume, given, settings, strategies as st
 
 from swajax import sizing
-from swajax.api import EngineSpec, engine_for, make_engine
+from swajax.api import engine_for, make_engine
 from swajax.models import HybridLM, load_decoder
 from swajax.prefix_cache import check_invariants
 from swajax.presets import load_preset
@@ -18,21 +19,6 @@ from swajax.serving.null_model import NullModel
 from swajax.serving.options import EngineOptions
 from swajax.serving.request import Status
 from swajax.serving.sampling_params import SamplingParams
-
-SETUP = EngineSpec.of(
-    kv_budget_gib=0.001, page_size=4, chunk_size=8, eviction_interval=1, max_context=256
-)
-SHARED = [(7 * i + 3) % 120 + 1 for i in range(80)]
-FIRST, OTHER = SHARED + [5, 6, 7, 8, 9, 10, 11, 12], SHARED + [15, 16, 17, 18]
-SECOND = SHARED + [11, 45, 90, 2, 67, 31, 8, 100]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
-
-
-def _run(engine, prompt):
-    rid = engine.add_request(prompt, PARAMS, keep_logits=True)
-    engine.run()
-    req = engine.requests[rid]
-    return req.output, np.stack(req.logits), req.cached_tokens
 
 
 def _evict(engine, where):
