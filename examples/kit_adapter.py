@@ -25,6 +25,7 @@ numbers both ways):
     cache_unfinished(tokens, slots, cache_protected_len, swa_evicted_seqlen, lock)
         -> (prefix slots, the lock the request holds now: a new one, or `lock` kept)
     cache_finished(tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, insert)
+        (all-SWA cases under the prefill-floor rule also pass `swa_evict_floor`)
 """
 
 import argparse

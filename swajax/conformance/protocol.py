@@ -38,6 +38,10 @@ the backend derives SWA slots itself. Tokens are ints; all lists are lists of in
                    swa_evicted_seqlen, handle                     the page-aligned part), handle
     cache_finished tokens, slots, cache_protected_len,
                    swa_evicted_seqlen, handle, insert
+                   [, swa_evict_floor: all-SWA pools under the
+                   prefill-floor rule: cache only positions
+                   below it; [floor, swa_evicted_seqlen) is
+                   already free]
 
 Every `expect` also holds `available` ([full, SWA] free tokens after the call; one pool: the
 same number twice) and `sizes` ([full evictable, full protected, SWA evictable, SWA protected]

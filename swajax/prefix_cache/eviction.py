@@ -107,6 +107,6 @@ class Evictor:
             else:
                 swa += len(node)
                 self.tombstone(node)
-        if t.mode is PoolMode.ALL_SWA:
+        if t.mode is PoolMode.ALL_SWA and t.swa:
             full = swa  # one pool
         return full, (swa if t.swa else full)

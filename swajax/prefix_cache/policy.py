@@ -50,6 +50,13 @@ class CachePolicy:
     # 9. A chunk checkpoint that inserts nothing new still re-locks (and so pins a window the
     #    request had released); swajax keeps the request's lock.
     relock_checkpoint: bool = False
+    # 10. In an all-SWA pool (no full layers), a request frees no SWA KV below where its last
+    #     prefill chunk ended and, when it ends, caches only that far: the tree never holds a
+    #     position whose KV the window freed, so it is a plain radix tree (no tombstones, no
+    #     window hit rule, whole paths locked, leaves evicted by recency: SGLang's
+    #     PureSWARadixCache with its prefill-aware floor). swajax keeps the seed's rules in
+    #     all-SWA pools too. No effect on hybrid or single pools.
+    prefill_floor: bool = False
 
     # Not a rule SGLang and swajax differ on but a capability: a profile whose cache has no
     # host tier for hybrid SWA models (SGLang 0.5.23's HiCache does not take them) refuses one.
@@ -66,6 +73,7 @@ class CachePolicy:
         "node_window_lock",
         "lazy_window_release",
         "relock_checkpoint",
+        "prefill_floor",
     )
 
 

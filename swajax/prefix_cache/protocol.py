@@ -48,7 +48,15 @@ class PrefixCache(Protocol):
     def release_swa(self, handle) -> None: ...
     def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]: ...
     def cache_finished(
-        self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle, insert=True
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len,
+        swa_evicted_seqlen,
+        handle,
+        insert=True,
+        swa_evict_floor=0,
     ) -> None: ...
     def cache_unfinished(
         self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle

@@ -15,8 +15,9 @@ the counts; leaves are capped to one page-aligned window at insert (`cap_leaf_to
 unfinished requests insert with their `swa_evicted_seqlen`. See BUILD_NOTES.md.
 
 Pool modes: "hybrid" (full + SWA pools), "all_swa" (no full layers: the one pool is the SWA
-pool, so a tombstone holds no KV at all) and "single" (no separate SWA memory: no window rule,
-no tombstones; `window` must be None).
+pool, so a tombstone holds no KV at all; under the prefill-floor rule a plain tree, without a
+window rule or tombstones) and "single" (no separate SWA memory: no window rule, no tombstones;
+`window` must be None).
 """
 
 from __future__ import annotations
@@ -79,7 +80,12 @@ class RadixCache:
                 f"pool_mode {pool_mode!r} with window {window}: only 'single' has none"
             )
         self.releaser, self.ps, self.window, self.mode = releaser, page_size, window, pool_mode
-        self.swa = window is not None
+        # The SWA component (the window hit rule, tombstones, window locks): none in a single
+        # pool, and none in an all-SWA pool under the prefill-floor rule, whose tree never
+        # holds a position the window freed (policy.py).
+        self.swa = window is not None and not (
+            policy.prefill_floor and pool_mode is PoolMode.ALL_SWA
+        )
         self.cap_leaf = cap_leaf_to_window
         self.root = Node()
         self.root.full_lock = self.root.swa_lock = 1

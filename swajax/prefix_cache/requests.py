@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swajax.arith import round_up
 from swajax.prefix_cache.locks import LockHandle
 from swajax.prefix_cache.protocol import Tree
 
@@ -24,17 +25,26 @@ class RequestCaching:
         swa_evicted_seqlen: int,
         handle: LockHandle | None,
         insert: bool = True,
+        swa_evict_floor: int = 0,
     ) -> None:
         """Hand a finished (or aborted, with insert=False) request's KV to the cache.
 
         `slots` are the request's full slots for positions [0, len(tokens)); the first
         `cache_protected_len` came from this cache. The page-aligned part is inserted (or
         freed); the unaligned tail is freed; then the request's lock is released.
+
+        A `swa_evict_floor` (the prefill-floor rule, all-SWA pools): only the positions below
+        it, rounded up to a page, are cached; above it the window freed
+        [floor, swa_evicted_seqlen) already, and the rest is freed here.
         """
         t = self.tree
         n = len(tokens)
-        aligned = n // t.ps * t.ps
         slots = np.asarray(slots, np.int32)
+        if swa_evict_floor:
+            floor = min(n, round_up(max(swa_evict_floor, cache_protected_len), t.ps))
+            t.releaser.free(slots[max(floor, swa_evicted_seqlen) : n])
+            tokens, n, swa_evicted_seqlen = tokens[:floor], floor, 0
+        aligned = n // t.ps * t.ps
         if insert:
             t.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
         else:

@@ -38,6 +38,9 @@ class Request:
     stale: tuple[int, int] | None = None
     cache_protected_len: int = 0  # leading positions owned (and locked) by the prefix cache
     swa_evicted_seqlen: int = 0  # positions [0, this) have had their SWA KV released
+    # The prefill-floor rule (all-SWA pools, prefix_cache/policy.py): where its last prefill
+    # chunk ended; its window frees nothing below it, and it caches nothing above it.
+    swa_evict_floor: int = 0
     # Branch-insert policy: how far the admission match had full KV beyond the SWA-valid hit;
     # the request's chunk checkpoints insert no further (None: no limit).
     swa_branching_seqlen: int | None = None
@@ -150,4 +153,4 @@ class Request:
         self.penalties_seeded = False
         self.logits = []
         self.kv_len = 0
-        self.cache_protected_len = self.swa_evicted_seqlen = 0
+        self.cache_protected_len = self.swa_evicted_seqlen = self.swa_evict_floor = 0

@@ -58,6 +58,15 @@ class Scheduler:
         self.dropped_tokens = 0  # overlap: tokens of requests that ended while a step ran
 
     @property
+    def prefill_floor(self) -> bool:
+        """The prefill-floor rule holds (policy.py): an all-SWA pool with a radix cache."""
+        return (
+            self.cfg.policy.prefill_floor
+            and self.cfg.pool_mode is PoolMode.ALL_SWA
+            and self.options.prefix_cache
+        )
+
+    @property
     def separate_swa(self) -> bool:
         return self.cfg.pool_mode is PoolMode.HYBRID and self.cfg.window > 0
 
@@ -157,9 +166,11 @@ class Scheduler:
             transfers=self.ledger.take_transfers(),
             round_steps=self.cfg.decode_steps,
         )
-        for req in batch.reqs:
+        for req, seq in zip(batch.reqs, plan.seq_lens.tolist()):
             req.stale = None  # the plan re-points the row
             req.penalties_seeded = True  # and loads its token counts, if it has penalties
+            if self.prefill_floor and batch.kind is StepKind.EXTEND:
+                req.swa_evict_floor = seq  # where this prefill chunk ends
         return plan
 
     # ------------------------------------------------------------------------------------------
@@ -357,6 +368,7 @@ class Scheduler:
             page_size=self.cfg.page_size,
             cache_protected_len=req.cache_protected_len,
             swa_evicted_seqlen=req.swa_evicted_seqlen,
+            swa_evict_floor=req.swa_evict_floor,
             chunk_cache=not self.options.prefix_cache,
             ceil_align=self.cfg.policy.frontier_ceil_align,
         )
@@ -694,6 +706,7 @@ class Scheduler:
         """Give the request's KV to the prefix cache (insert) or back to the pools, and unlock."""
         if insert:
             self._settle(req)
+        floor = {"swa_evict_floor": req.swa_evict_floor} if self.prefill_floor else {}
         self.cache.cache_finished(
             req.tokens[: req.kv_len],
             req.slots,
@@ -701,6 +714,7 @@ class Scheduler:
             swa_evicted_seqlen=req.swa_evicted_seqlen,
             handle=req.handle,
             insert=insert,
+            **floor,
         )
         req.handle = None
 

@@ -19,6 +19,7 @@ processed. Every other line is one operation with its arguments and an
   unlock / release_swa  handle
   evict         full, swa                            -> evicted
   cache_finished    tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, insert
+                    [, swa_evict_floor: the prefill-floor rule's, all-SWA pools]
   cache_unfinished  tokens, slots, cache_protected_len, swa_evicted_seqlen, handle
                                                      -> prefix, handle
 

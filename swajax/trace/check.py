@@ -51,6 +51,7 @@ OPS = {
         "swa_evicted_seqlen": INT,
         "handle": HANDLE,
         "insert": BOOL,
+        "swa_evict_floor": INT,
     },
     "cache_unfinished": {
         "tokens": INTS,
@@ -60,7 +61,10 @@ OPS = {
         "handle": HANDLE,
     },
 }
-OPTIONAL = {"insert": {"prev_prefix_len", "swa_evicted_seqlen", "keep_tombstone_leaf"}}
+OPTIONAL = {
+    "insert": {"prev_prefix_len", "swa_evicted_seqlen", "keep_tombstone_leaf"},
+    "cache_finished": {"swa_evict_floor"},  # the prefill-floor rule's (prefix_cache/policy.py)
+}
 
 
 class TraceError(InputError):

@@ -159,6 +159,8 @@ def _apply(line, alloc, cache, handles):
     )
     slots = np.asarray(line["slots"], np.int32)
     if op == "cache_finished":
+        if "swa_evict_floor" in line:  # only the prefill-floor rule's traces name one
+            kwargs["swa_evict_floor"] = line["swa_evict_floor"]
         return cache.cache_finished(
             line["tokens"], slots, insert=line.get("insert", True), **kwargs
         )

@@ -21,6 +21,13 @@ class SimRequest:
     protected: int  # cache_protected_len
     handle: object
     evicted: int = 0  # swa_evicted_seqlen
+    # The prefill-floor rule (all-SWA pools, prefix_cache/policy.py): where its prefill ended;
+    # its window frees nothing below, and it caches nothing above. 0: no floor.
+    floor: int = 0
+
+
+def floor_rule(cache) -> bool:
+    return cache.policy.prefill_floor and cache.mode.value == "all_swa"
 
 
 def ok(status) -> bool:
@@ -43,7 +50,8 @@ def start(cache, allocator, tokens) -> SimRequest | None:
     if not ok(status):
         cache.unlock(handle)
         return None
-    return SimRequest(list(tokens), np.concatenate([match.slots, new]).astype(np.int32), n, handle)
+    slots = np.concatenate([match.slots, new]).astype(np.int32)
+    return SimRequest(list(tokens), slots, n, handle, floor=len(tokens) * floor_rule(cache))
 
 
 def start_rebuild(cache, allocator, tokens, *, reach, window) -> SimRequest | None:
@@ -84,6 +92,7 @@ def evict_window(allocator, req: SimRequest, *, window, page_size, chunk_cache=F
         page_size=page_size,
         cache_protected_len=req.protected,
         swa_evicted_seqlen=req.evicted,
+        swa_evict_floor=req.floor,
         chunk_cache=chunk_cache,
     )
     if end > start_:
@@ -92,8 +101,10 @@ def evict_window(allocator, req: SimRequest, *, window, page_size, chunk_cache=F
 
 
 def unfinished(cache, req: SimRequest) -> None:
+    """A chunk checkpoint; under the floor rule no further than the floor (the engine's
+    checkpoints all end there: between prefill chunks, and after the last one)."""
     prefix, req.handle = cache.cache_unfinished(
-        req.tokens,
+        req.tokens[: req.floor or len(req.tokens)],
         req.slots,
         cache_protected_len=req.protected,
         swa_evicted_seqlen=req.evicted,
@@ -104,6 +115,7 @@ def unfinished(cache, req: SimRequest) -> None:
 
 
 def finish(cache, req: SimRequest, insert=True) -> None:
+    floor = {"swa_evict_floor": req.floor} if req.floor else {}
     cache.cache_finished(
         req.tokens,
         req.slots,
@@ -111,4 +123,5 @@ def finish(cache, req: SimRequest, insert=True) -> None:
         swa_evicted_seqlen=req.evicted,
         handle=req.handle,
         insert=insert,
+        **floor,
     )

@@ -71,7 +71,7 @@ class OpBackend:
         )
 
     def cache_finished(
-        self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, insert=True
+        self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, insert=True, **floor
     ):
         self.cache.cache_finished(
             tokens,
@@ -80,6 +80,7 @@ class OpBackend:
             swa_evicted_seqlen=swa_evicted_seqlen,
             handle=lock,
             insert=insert,
+            **floor,  # swa_evict_floor, where the case names one
         )
 
 

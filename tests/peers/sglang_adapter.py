@@ -1,6 +1,7 @@
 """SGLang 0.5.23 itself behind the conformance kit's adapter protocol: its real
 `SWATokenToKVPoolAllocator` and `UnifiedRadixCache` (FULL + SWA components, the default Rust
-tree core), driven with a swajax trace's operations one by one.
+tree core), driven with a swajax trace's operations one by one; for an all-SWA pool its
+`PureSWATokenToKVPoolAllocator` and `PureSWARadixCache` (see `PureCache`).
 
 Runs in SGLang's own environment (`tests/peers/setup_sglang.sh`), which has torch and no JAX;
 swajax's replay code is host-only. Each trace operation maps onto the call SGLang's scheduler
@@ -33,7 +34,10 @@ logging.disable(logging.WARNING)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402
-from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.swa import (  # noqa: E402
+    PureSWATokenToKVPoolAllocator,
+    SWATokenToKVPoolAllocator,
+)
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     EvictParams,
     InsertParams,
@@ -41,6 +45,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.pure_swa_radix_cache import PureSWARadixCache  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
@@ -234,7 +239,7 @@ class Cache:
         return int(self.sg.insert(params).prefix_len)
 
     # Requests --------------------------------------------------------------------------------
-    def _request(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, handle):
+    def _request(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, floor=0):
         self._rid += 1
         ids = array("q", [int(t) for t in tokens])
         req = Req(
@@ -252,6 +257,7 @@ class Cache:
         req.kv.kv_committed_len = req.kv.kv_allocated_len = len(row)
         req.kv.cache_protected_len = int(cache_protected_len)
         req.kv.set_evicted_seqlen(ComponentType.SWA, int(swa_evicted_seqlen))
+        req.kv.swa_evict_floor = int(floor)
         req.lock = None if handle is None else handle.lock
         req.extra_key = None
         req.swa_branching_seqlen = None
@@ -267,9 +273,19 @@ class Cache:
         return prefix, new
 
     def cache_finished(
-        self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle, insert=True
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len,
+        swa_evicted_seqlen,
+        handle,
+        insert=True,
+        swa_evict_floor=0,
     ):
-        req = self._request(tokens, slots, cache_protected_len, swa_evicted_seqlen, handle)
+        req = self._request(
+            tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, swa_evict_floor
+        )
         req.finished_reason = FINISH_LENGTH(length=0)
         n = len(tokens)
         if insert:
@@ -284,6 +300,107 @@ class Cache:
         self.pool.free(req)
 
 
+class PureAllocator(Allocator):
+    """SGLang's all-SWA allocator (`PureSWATokenToKVPoolAllocator`: one pool, page size 1)."""
+
+    mode = "all_swa"
+
+    def __init__(self, header: dict):
+        if header["page_size"] != 1:
+            raise NotImplementedError(
+                f"page size {header['page_size']}: SGLang's all-SWA allocator takes 1 only"
+            )
+        self.ps = self.page_size = 1
+        pool = SWAKVPool(
+            size=header["swa_size"],
+            size_swa=header["swa_size"],
+            page_size=1,
+            dtype=torch.bfloat16,
+            head_num=1,
+            head_dim=4,
+            swa_attention_layer_ids=[0],
+            full_attention_layer_ids=[],
+            device="cpu",
+        )
+        self.sg = PureSWATokenToKVPoolAllocator(
+            header["swa_size"], 1, torch.bfloat16, "cpu", pool, need_sort=False
+        )
+
+    def available(self):
+        n = int(self.sg.available_size())
+        return n, n  # one pool: the same number twice (the protocol's convention)
+
+    def _result(self, out, pages: int):
+        if out is None:  # the one pool is the SWA pool
+            return 2, np.zeros(0, np.int32)
+        return 0, _ints(out)
+
+
+class PureCache(Cache):
+    """SGLang's `PureSWARadixCache`: a plain radix tree (RadixCache) under swajax's method
+    names. Its requests carry the prefill-aware floor (`swa_evict_floor`) the trace names. It
+    has one pool and no window lock: its sizes are reported twice, as the protocol does for one
+    pool, and releasing a window is a no-op."""
+
+    def __init__(self, header: dict, alloc: PureAllocator):
+        self.ps, self.window, self.alloc = 1, header["window"], alloc
+        self.pool = ReqToTokenPool(
+            size=4, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
+        )
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pool,
+            token_to_kv_pool_allocator=alloc.sg,
+            page_size=1,
+            sliding_window_size=header["window"],
+        )
+        self.sg = PureSWARadixCache(params)
+        self.root = self.sg.root_node
+        self._wrapped: dict[int, Handle] = {}
+        self._sg_lock = self.sg.lock
+        self.sg.lock = self._lock_from_sglang
+        self._rid = 0
+        self._finishing = False
+
+    full_evictable = swa_evictable = property(lambda self: int(self.sg.evictable_size()))
+    full_protected = swa_protected = property(lambda self: int(self.sg.protected_size()))
+
+    def walk(self, key):
+        """The node at the end of `key`, found without touching recency (a match would)."""
+        node, rest = self.sg.root_node, _key(key)
+        while len(rest):
+            child = node.children.get(rest.child_key(1))
+            if child is None or child.key.match(rest) < len(child.key):
+                raise LookupError(f"no node ends at token {len(key)}")
+            node, rest = child, rest[len(child.key) :]
+        return [node]
+
+    def release_swa(self, handle):
+        pass  # a plain tree's lock has no window part
+
+    def match(self, tokens):
+        result = self.sg.match_prefix(MatchPrefixParams(key=_key(tokens)))
+        n = int(result.device_prefix_len)
+        slots = _ints(self.sg.path_device_indices(result.last_device_node))[:n]
+        return Match(slots, result.last_device_node, 0)
+
+    def evict(self, full_tokens=0, swa_tokens=0):
+        r = self.sg.evict(EvictParams(num_tokens=int(full_tokens), swa_num_tokens=int(swa_tokens)))
+        n = int(r.num_tokens_evicted)
+        return n, n
+
+    def insert(
+        self, tokens, slots, prev_prefix_len=0, swa_evicted_seqlen=0, keep_tombstone_leaf=False
+    ):
+        """`RadixCache.insert`, then the duplicates it exposed freed, as its `_insert_cache`
+        does for a request (the protocol's insert frees them)."""
+        key = _key(tokens)
+        value = torch.as_tensor(np.asarray(slots[: len(key)], np.int64))
+        n = int(self.sg.insert(InsertParams(key=key, value=value)).prefix_len)
+        self.alloc.sg.free(value[int(prev_prefix_len) : n])
+        return n
+
+
 class SGLangAdapter:
     """The kit's adapter protocol (swajax.conformance.adapter) over SGLang 0.5.23."""
 
@@ -291,14 +408,17 @@ class SGLangAdapter:
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
 
     def allocator_and_cache(self, header: dict):
-        if header["mode"] != "hybrid":
+        if header["mode"] not in ("hybrid", "all_swa"):
             raise NotImplementedError(
-                f"pool mode {header['mode']!r}: SGLang's unified tree "
-                "with FULL + SWA components is the hybrid case"
+                f"pool mode {header['mode']!r}: SGLang's unified tree with FULL + SWA "
+                "components is the hybrid case, its PureSWARadixCache the all-SWA one"
             )
         set_global_server_args_for_scheduler(
             ServerArgs(model_path="dummy", page_size=header["page_size"])
         )
+        if header["mode"] == "all_swa":
+            alloc = PureAllocator(header)
+            return alloc, PureCache(header, alloc)
         alloc = Allocator(header)
         return alloc, Cache(header, alloc)
 

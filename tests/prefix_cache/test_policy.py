@@ -243,3 +243,43 @@ def test_a_tombstone_leaf_outlives_its_lock_when_childless_tombstones_stay():
         assert bool(cache.root.children) is kept
         assert alloc.available()[0] - full_free == (0 if kept else 8)
         check_invariants(cache)
+
+
+def _all_swa_engine(policy):
+    cfg = load_preset("tiny-all-swa")  # W = 8, every layer slides
+    sizes = sizing.solve_pool_sizes(cfg, 2048, ratio=1.0, page_size=1)
+    options = EngineOptions(chunk_size=16, max_context=1024, cache_policy=policy)
+    return engine_for(cfg, NullModel(), sizes, options)
+
+
+def test_prefill_floor_caches_the_prompt_whole_and_frees_decode_outside_the_window():
+    """All-SWA pools: swajax's rules cache a finished request as tombstones plus a live window;
+    the prefill-floor rule frees nothing below the prompt's end (decode positions that leave
+    the window go back as it runs) and caches exactly the prompt, all live, in a tree without a
+    window rule, so a second request hits all of it."""
+    prompt, new = list(range(1, 41)), 200
+    for policy in (SWAJAX, only("prefill_floor")):
+        e = _all_swa_engine(policy)
+        free_before = e.ledger.available()[1]
+        rid = e.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=new))
+        lowest_kept = evicted = 0
+        while (req := e.requests[rid]).status.name != "FINISHED":
+            assert e.step() is not None
+            evicted = max(evicted, req.swa_evicted_seqlen)
+            lowest_kept = req.swa_evict_floor
+        cache = e.cache
+        check_invariants(cache)
+        match = cache.match(prompt + [0])
+        if policy is SWAJAX:
+            assert cache.swa and cache.tombstones > 0 and len(match.slots) < 40
+        else:
+            assert not cache.swa and cache.tombstones == 0 and lowest_kept == 40
+            assert evicted > 40 + 64  # decode positions went back while it ran
+            assert cache.full_evictable == cache.swa_evictable == 40  # the prompt, no more
+            assert e.ledger.available()[1] == free_before - 40
+            assert len(match.slots) == 40
+
+
+def test_prefill_floor_leaves_hybrid_pools_alone():
+    e, _ = _prefill(only("prefill_floor"))
+    assert e.cache.swa and e.cache.swa_evictable + e.cache.swa_protected == 48

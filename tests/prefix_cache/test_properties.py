@@ -121,7 +121,9 @@ class CacheMachine(RuleBasedStateMachine):
         for req in self.reqs:
             allocated = -(-len(req.tokens) // ps) * ps
             held_full += allocated - req.protected
-            held_swa += allocated - max(req.protected, req.evicted)
+            # the window freed [lowest, evicted): above the tree's prefix and the floor's page
+            lowest = max(req.protected, -(-req.floor // ps) * ps)
+            held_swa += allocated - req.protected - max(0, req.evicted - lowest)
         tree_swa = self.cache.swa_evictable + self.cache.swa_protected
         assert swa_avail + tree_swa + held_swa == self.swa
         if self.mode == "hybrid":
