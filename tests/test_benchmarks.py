@@ -1,7 +1,8 @@
 """Every benchmark runs on a clean checkout: each is imported, and run with `--smoke` (a tiny
 setting of the same code path) in process. One once failed on a moved helper; speed itself is
 measured by running them, never here. The smoke runs that compile several engines or start
-processes (20-70 s each on 2 cores) are marked slow: `pytest -m slow tests/test_benchmarks.py`."""
+processes (4-70 s each on 2 cores; what they run, the engine and attention tests run too) are
+marked slow: `pytest -m slow tests/test_benchmarks.py`."""
 
 import importlib.util
 import pathlib
@@ -10,13 +11,17 @@ import pytest
 
 BENCHMARKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
 SLOW = {
+    "attention",
     "cache_policy",
+    "capacity",
     "deterministic",
+    "end_to_end",
     "snapshot",
     "floor",
     "kv_dtype",
     "loading",
     "multihost",
+    "overlap",
     "published_shapes",
     "scan_layers",
     "server",

@@ -52,8 +52,14 @@ SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize(
     "running, decode_steps",
-    [(1, 1), (1, 8), (64, 8), pytest.param(64, 1, marks=SLOW), pytest.param(256, 8, marks=SLOW)],
-)  # plain steps (with overlap) and rounds (the default)
+    [
+        (1, 1),
+        (1, 8),
+        pytest.param(64, 8, marks=SLOW),
+        pytest.param(64, 1, marks=SLOW),
+        pytest.param(256, 8, marks=SLOW),
+    ],
+)  # plain steps (with overlap) and rounds (the default); wide batches: the null model's above
 def test_model_steady_decode_compiles_nothing(tiny_engine, running, decode_steps):
     """The demo model (W = 64): prompts already past the window, so every eviction round
     releases about as many pages as the next; four rounds in the warm-up."""
