@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from swajax.errors import InputError
+from swajax.sizing import PoolMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,10 @@ class CachePolicy:
     # Not a rule SGLang and swajax differ on but a capability: a profile whose cache has no
     # host tier for hybrid SWA models (SGLang 0.5.23's HiCache does not take them) refuses one.
     host_tier: bool = True
+
+    def floors_prefills(self, mode: PoolMode) -> bool:
+        """Whether rule 10 holds for a pool in `mode`: prefill floors, and a plain tree."""
+        return self.prefill_floor and PoolMode(mode) is PoolMode.ALL_SWA
 
     RULES = (
         "eager_window_free",

@@ -83,9 +83,7 @@ class RadixCache:
         # The SWA component (the window hit rule, tombstones, window locks): none in a single
         # pool, and none in an all-SWA pool under the prefill-floor rule, whose tree never
         # holds a position the window freed (policy.py).
-        self.swa = window is not None and not (
-            policy.prefill_floor and pool_mode is PoolMode.ALL_SWA
-        )
+        self.swa = window is not None and not policy.floors_prefills(pool_mode)
         self.cap_leaf = cap_leaf_to_window
         self.root = Node()
         self.root.full_lock = self.root.swa_lock = 1

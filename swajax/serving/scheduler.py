@@ -60,11 +60,7 @@ class Scheduler:
     @property
     def prefill_floor(self) -> bool:
         """The prefill-floor rule holds (policy.py): an all-SWA pool with a radix cache."""
-        return (
-            self.cfg.policy.prefill_floor
-            and self.cfg.pool_mode is PoolMode.ALL_SWA
-            and self.options.prefix_cache
-        )
+        return self.options.prefix_cache and self.cfg.policy.floors_prefills(self.cfg.pool_mode)
 
     @property
     def separate_swa(self) -> bool:
@@ -166,10 +162,11 @@ class Scheduler:
             transfers=self.ledger.take_transfers(),
             round_steps=self.cfg.decode_steps,
         )
+        floors = self.prefill_floor and batch.kind is StepKind.EXTEND
         for req, seq in zip(batch.reqs, plan.seq_lens.tolist()):
             req.stale = None  # the plan re-points the row
             req.penalties_seeded = True  # and loads its token counts, if it has penalties
-            if self.prefill_floor and batch.kind is StepKind.EXTEND:
+            if floors:
                 req.swa_evict_floor = seq  # where this prefill chunk ends
         return plan
 

@@ -26,10 +26,6 @@ class SimRequest:
     floor: int = 0
 
 
-def floor_rule(cache) -> bool:
-    return cache.policy.prefill_floor and cache.mode.value == "all_swa"
-
-
 def ok(status) -> bool:
     return int(status) == 0
 
@@ -51,7 +47,9 @@ def start(cache, allocator, tokens) -> SimRequest | None:
         cache.unlock(handle)
         return None
     slots = np.concatenate([match.slots, new]).astype(np.int32)
-    return SimRequest(list(tokens), slots, n, handle, floor=len(tokens) * floor_rule(cache))
+    return SimRequest(
+        list(tokens), slots, n, handle, floor=len(tokens) * cache.policy.floors_prefills(cache.mode)
+    )
 
 
 def start_rebuild(cache, allocator, tokens, *, reach, window) -> SimRequest | None:

@@ -67,23 +67,28 @@ def _ints(x) -> np.ndarray:
     return np.asarray(torch.as_tensor(x).reshape(-1).tolist(), np.int32)
 
 
+def _kv_pool(size: int, size_swa: int, ps: int, *, full_layers: list[int]) -> SWAKVPool:
+    """The smallest KV pool SGLang's allocators accept: one SWA layer, `full_layers`."""
+    return SWAKVPool(
+        size=size,
+        size_swa=size_swa,
+        page_size=ps,
+        dtype=torch.bfloat16,
+        head_num=1,
+        head_dim=4,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=full_layers,
+        device="cpu",
+    )
+
+
 class Allocator:
     """SGLang's hybrid allocator under swajax's method names."""
 
     def __init__(self, header: dict):
         ps = header["page_size"]
         self.ps = self.page_size = ps
-        pool = SWAKVPool(
-            size=header["full_size"],
-            size_swa=header["swa_size"],
-            page_size=ps,
-            dtype=torch.bfloat16,
-            head_num=1,
-            head_dim=4,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[1],
-            device="cpu",
-        )
+        pool = _kv_pool(header["full_size"], header["swa_size"], ps, full_layers=[1])
         self.sg = SWATokenToKVPoolAllocator(
             size=header["full_size"],
             size_swa=header["swa_size"],
@@ -160,6 +165,8 @@ class Match:
 class Cache:
     """SGLang's unified radix tree under swajax's method names (see the module docstring)."""
 
+    TREE, COMPONENTS = UnifiedRadixCache, (ComponentType.FULL, ComponentType.SWA)
+
     def __init__(self, header: dict, alloc: Allocator):
         ps = header["page_size"]
         self.ps, self.window, self.alloc = ps, header["window"], alloc
@@ -172,9 +179,9 @@ class Cache:
             token_to_kv_pool_allocator=alloc.sg,
             page_size=ps,
             sliding_window_size=header["window"],
-            tree_components=(ComponentType.FULL, ComponentType.SWA),
+            tree_components=self.COMPONENTS,
         )
-        self.sg = UnifiedRadixCache(params)
+        self.sg = self.TREE(params)
         self.root = self.sg.root_node_handle()
         self._wrapped: dict[int, Handle] = {}
         self._sg_lock = self.sg.lock
@@ -311,17 +318,7 @@ class PureAllocator(Allocator):
                 f"page size {header['page_size']}: SGLang's all-SWA allocator takes 1 only"
             )
         self.ps = self.page_size = 1
-        pool = SWAKVPool(
-            size=header["swa_size"],
-            size_swa=header["swa_size"],
-            page_size=1,
-            dtype=torch.bfloat16,
-            head_num=1,
-            head_dim=4,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[],
-            device="cpu",
-        )
+        pool = _kv_pool(header["swa_size"], header["swa_size"], 1, full_layers=[])
         self.sg = PureSWATokenToKVPoolAllocator(
             header["swa_size"], 1, torch.bfloat16, "cpu", pool, need_sort=False
         )
@@ -342,25 +339,7 @@ class PureCache(Cache):
     has one pool and no window lock: its sizes are reported twice, as the protocol does for one
     pool, and releasing a window is a no-op."""
 
-    def __init__(self, header: dict, alloc: PureAllocator):
-        self.ps, self.window, self.alloc = 1, header["window"], alloc
-        self.pool = ReqToTokenPool(
-            size=4, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
-        )
-        params = CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.pool,
-            token_to_kv_pool_allocator=alloc.sg,
-            page_size=1,
-            sliding_window_size=header["window"],
-        )
-        self.sg = PureSWARadixCache(params)
-        self.root = self.sg.root_node
-        self._wrapped: dict[int, Handle] = {}
-        self._sg_lock = self.sg.lock
-        self.sg.lock = self._lock_from_sglang
-        self._rid = 0
-        self._finishing = False
+    TREE, COMPONENTS = PureSWARadixCache, None
 
     full_evictable = swa_evictable = property(lambda self: int(self.sg.evictable_size()))
     full_protected = swa_protected = property(lambda self: int(self.sg.protected_size()))
