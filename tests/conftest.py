@@ -33,6 +33,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+from helpers.jax_cache import atomic_cache_writes  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from swajax import compile_cache  # noqa: E402
@@ -44,9 +45,10 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # in-memory programs, below). Shared by the xdist workers, which compile many of the same
 # programs (a shared folder cut the run from 11:16 to 10:09 on 2 cores): JAX writes an entry in
 # place, so a worker could read another's half-written entry (seen once: JAX falls back to
-# compiling but warns, and warnings fail tests here); `_atomic_cache_writes` makes each write
-# a rename of a finished file. Where this JAX's cache is not the shape that patch knows, each
-# worker keeps its own folder instead. Kept under a folder named after the pytest process that
+# compiling but warns, and warnings fail tests here); `atomic_cache_writes` (helpers/jax_cache.py)
+# makes each write a rename of a finished file, and a test's child process may join the folder
+# too. Where this JAX's cache is not the shape that patch knows, each worker keeps its own
+# folder instead. Kept under a folder named after the pytest process that
 # runs the session (an xdist worker's parent). `SWAJAX_TEST_COMPILE_CACHE=off` turns it off.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 TEST_CACHE = (
@@ -54,39 +56,8 @@ TEST_CACHE = (
 )
 
 
-def _atomic_cache_writes() -> bool:
-    """Make JAX's on-disk cache write each entry to a temporary file and rename it into place
-    (test processes only; JAX's own locking comes with an eviction scan of the whole folder on
-    every write, which costs more than it saves here). False, and nothing changed, if JAX's
-    cache class is not the one this knows (`jax._src.lru_cache.LRUCache.put(key, value)`)."""
-    import inspect
-
-    from jax._src import lru_cache
-
-    cls, suffix = getattr(lru_cache, "LRUCache", None), getattr(lru_cache, "_CACHE_SUFFIX", None)
-    if cls is None or not isinstance(suffix, str):
-        return False
-    if list(inspect.signature(cls.put).parameters) != ["self", "key", "value"]:
-        return False
-    original = cls.put
-
-    def put(self, key, value):
-        if getattr(self, "eviction_enabled", True):
-            return original(self, key, value)  # (a size-bounded cache locks on its own)
-        path = Path(os.fspath(self.path)) / f"{key}{suffix}"  # (JAX's may be an etils path)
-        if path.exists():
-            return None
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_bytes(value)
-        os.replace(partial, path)
-        return None
-
-    cls.put = put
-    return True
-
-
 if os.environ.get("SWAJAX_TEST_COMPILE_CACHE", "on") not in compile_cache.OFF:
-    shared = _atomic_cache_writes()
+    shared = atomic_cache_writes()
     compile_cache.enable(TEST_CACHE / ("shared" if shared else (_WORKER or "main")))
 
 

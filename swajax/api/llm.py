@@ -177,7 +177,7 @@ class LLM:
         spec = EngineSpec.of(dtype=dtype, **fields)
         self._build(model, spec, revision, generation_config, draft_model, dequantize_weights)
         if restore_from is not None:
-            restore_state(self.engine, restore_from)
+            restore_state(self.engine, restore_from, requests=False)
 
     @classmethod
     def from_spec(
@@ -295,8 +295,8 @@ class LLM:
         return summary(self.engine)
 
     def save_state(self, folder: str, *, force: bool = False) -> None:
-        """Save the engine at rest, its prefix cache warm, for `LLM(..., restore_from=folder)`
-        (`swajax.api.state.save_state`; `force` replaces only a folder a save wrote)."""
+        """Save the engine, its prefix cache warm, for `LLM(..., restore_from=folder)`, which
+        restores the cache (`swajax.api.state`; `force` replaces only a folder a save wrote)."""
         with self._call():
             save_state(self.engine, folder, force=force)
 

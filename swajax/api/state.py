@@ -1,20 +1,26 @@
-"""Snapshots of an engine at rest: a warm prefix cache kept across a restart.
+"""Snapshots of an engine, running or at rest: resumed bit for bit, or restarted warm.
 
-`save_state(engine, folder)` writes, for an engine with no request waiting or running:
+`save_state(engine, folder)` writes, after reading any step still launched (`Engine.flush`):
 
 - `swajax_state.json`: the format, what the snapshot is of (swajax's version, the model's
-  layers and parameter shapes, the pools' layout and dtypes, the request table's shape) and
-  the prefix cache's tree (`swajax.prefix_cache.state`: nodes, tombstones, both recency lists);
+  layers and parameter shapes, the pools' layout and dtypes, the request table's shape), the
+  prefix cache's tree with the locks running requests hold (`swajax.prefix_cache.state`) and
+  the engine's host state: requests, queues, counters, the seed generator
+  (`swajax.serving.snapshot`);
+- `requests.npz`: each request's full slots and kept logits;
 - `ledger.npz`: the host's mirror of the pools' pages (`PoolLedger`);
 - `host_kv.npz`: with a host tier, the bytes of its pages in use;
-- `device/`: the allocator, the request table and the KV pools, through orbax.
+- `device/`: the allocator, the request table, the KV pools and the penalties' token counts,
+  through orbax.
 
-`restore_state(engine, folder)` loads it into a fresh engine built the same way: the cache then
-matches, evicts and explains exactly as the saved one would have, and a hit reads the very KV
-bytes that were saved. A snapshot of another model, pool layout, dtype or swajax version is
-refused with the difference named. The folder is written beside its destination and swapped
-into place (`folder_swap`): a failed save leaves the destination as it was, and only a folder
-an earlier save wrote (or an empty one) is replaced.
+`restore_state(engine, folder)` loads it into a fresh engine built the same way: from there
+the engine runs exactly as the saved one went on to (the same plans, tokens and logits, bit for
+bit), and a hit reads the very KV bytes that were saved. `requests=False` restores the prefix
+cache alone: the saved requests are dropped and what they held given back, so a server
+restarts warm. A snapshot of another model, pool layout, dtype or swajax version is refused with
+the difference named. The folder is written beside its destination and swapped into place
+(`folder_swap`): a failed save leaves the destination as it was, and only a folder an earlier
+save wrote (or an empty one) is replaced.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ import numpy as np
 from swajax.errors import InputError
 from swajax.folder_swap import swap_in
 from swajax.prefix_cache.radix import RadixCache
-from swajax.prefix_cache.state import load_tree_state, tree_state
+from swajax.prefix_cache.state import load_tree_state, tree_order, tree_state
+from swajax.serving.snapshot import engine_state, load_engine_state
 from swajax.version import __version__
 
-FORMAT = 1
+FORMAT = 2
 HEADER = "swajax_state.json"
+REQUESTS = "requests.npz"
 LEDGER = "ledger.npz"
 HOST_KV = "host_kv.npz"
 DEVICE = "device"
@@ -64,43 +72,50 @@ def identity(engine) -> dict:
     )
 
 
-def _at_rest(engine) -> None:
-    busy = len(engine.scheduler.waiting) + len(engine.scheduler.running)
-    if busy:
+def _fresh(engine) -> None:
+    if engine.requests or engine.steps:
         raise InputError(
-            f"the engine has {busy} requests waiting or running: a snapshot is of an engine at "
-            "rest (finish or abort them first)"
+            f"this engine has run ({engine.steps} steps, {len(engine.requests)} requests): a "
+            "snapshot restores into a fresh engine"
         )
-    engine.flush()
 
 
 def save_state(engine, folder: str | Path, *, force: bool = False) -> dict:
-    """Write a snapshot of `engine` (at rest) to `folder`; returns its header. A non-empty
-    `folder` is refused unless `force`, and then replaced only if a save wrote it."""
-    _at_rest(engine)
+    """Write a snapshot of `engine` to `folder`, its running requests included; returns its
+    header. A non-empty `folder` is refused unless `force`, and then replaced only if a save
+    wrote it."""
+    engine.flush()  # a launched step is read, queued releases reach the device
     header = dict(format=FORMAT, of=identity(engine))
+    index = None
     if isinstance(engine.cache, RadixCache):
         header["tree"] = tree_state(engine.cache)
+        index = {node: i for i, node in enumerate(tree_order(engine.cache))}
+    header["engine"], arrays = engine_state(engine, index)
+    runner = engine.runner
+    header["edit_buckets"] = [[bool(k), v] for k, v in runner.edit_buckets.items()]
     ledger = engine.ledger.state()
-    device = engine.runner.device_state()
+    device = runner.device_state()
+    header["penalties"] = "penalties" in device
     host_kv = _host_pages(engine)
 
     def build(out: Path) -> None:
         (out / HEADER).write_text(json.dumps(header))
+        np.savez(out / REQUESTS, **arrays)
         np.savez(out / LEDGER, **ledger)
         if host_kv is not None:
             np.savez(out / HOST_KV, **host_kv)
         checkpointer = _checkpointer()
-        checkpointer.save((out / DEVICE).resolve(), device)
+        checkpointer.save((out / DEVICE).resolve(), _nonempty(device))
         checkpointer.wait_until_finished()
 
     swap_in(folder, build, force=force, marker=MARKER)  # its refusals are InputErrors
     return header
 
 
-def restore_state(engine, folder: str | Path) -> dict:
+def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
     """Load the snapshot in `folder` into `engine`, fresh and built as the saved one was;
-    returns what was restored (nodes and tokens of the tree)."""
+    returns what was restored (nodes and tokens of the tree, requests). `requests=False`: the
+    prefix cache alone (the saved requests are dropped and what they held is given back)."""
     folder = Path(folder)
     path = folder / HEADER
     if not path.is_file():
@@ -110,7 +125,7 @@ def restore_state(engine, folder: str | Path) -> dict:
         raise InputError(
             f"{path}: snapshot format {header.get('format')}, this swajax reads {FORMAT}"
         )
-    _at_rest(engine)
+    _fresh(engine)
     ours = identity(engine)
     diff = [k for k in ours if header["of"].get(k) != ours[k]]
     if diff:
@@ -118,22 +133,48 @@ def restore_state(engine, folder: str | Path) -> dict:
         raise InputError(f"the snapshot in {folder} is of another engine: {named}")
     if isinstance(engine.cache, RadixCache) != ("tree" in header):
         raise InputError("the snapshot and this engine differ in having a prefix cache")
+    runner = engine.runner
+    ours = runner.device_state(penalties=header["penalties"])
     target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        engine.runner.device_state(),
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _nonempty(ours)
     )
-    device = _checkpointer().restore((folder / DEVICE).resolve(), target)
+    saved = _checkpointer().restore((folder / DEVICE).resolve(), target)
+    leaves, structure = jax.tree.flatten(ours)
+    device = jax.tree.unflatten(
+        structure, [saved.get(_leaf_name(i), x) for i, x in enumerate(leaves)]
+    )
     with np.load(folder / LEDGER) as ledger:
         engine.ledger.load_state(dict(ledger))
-    engine.runner.load_device_state(device)
-    tree = header.get("tree")
+    runner.load_device_state(device)
+    runner.edit_buckets = {k: v for k, v in header["edit_buckets"]}
+    tree, nodes = header.get("tree"), None
     if tree is not None:
-        load_tree_state(engine.cache, tree)
-    if engine.runner.host_kv is not None:
+        nodes = load_tree_state(engine.cache, tree)
+    if runner.host_kv is not None:
         with np.load(folder / HOST_KV) as saved:
             _load_host_pages(engine, dict(saved))
-    nodes = tree["nodes"] if tree else []
-    return dict(nodes=len(nodes), tokens=sum(len(n["key"]) for n in nodes))
+    with np.load(folder / REQUESTS) as arrays:
+        load_engine_state(engine, header["engine"], arrays, nodes)
+    live = [r for r in engine.requests.values() if not r.done]
+    if not requests:
+        drop_requests(engine)
+    saved = tree["nodes"] if tree else []
+    return dict(
+        nodes=len(saved),
+        tokens=sum(len(n["key"]) for n in saved),
+        requests=len(live) if requests else 0,
+        dropped_requests=0 if requests else len(live),
+    )
+
+
+def drop_requests(engine) -> None:
+    """Abort every request not done and forget them all, giving back what they held (the
+    prefix cache keeps what it caches); the device follows at once."""
+    for req in list(engine.requests.values()):
+        if not req.done:
+            engine.scheduler.abort(req, "dropped at restore")
+    engine.requests.clear()
+    engine.flush()
 
 
 def _host_pages(engine) -> dict | None:
@@ -165,6 +206,18 @@ def _sums(params):
     """Each parameter's sum in float32: a fingerprint of the weights (the same weights give
     the same bits; other weights, other sums)."""
     return jax.numpy.stack([x.astype(jax.numpy.float32).sum() for x in params])
+
+
+def _nonempty(device: dict) -> dict:
+    """The device state's leaves that hold anything, by their place in it: orbax refuses an
+    empty array (an all-SWA engine's full pools have no slots), and the restoring engine, built
+    the same way, has the same empty ones."""
+    leaves = jax.tree.leaves(device)
+    return {_leaf_name(i): x for i, x in enumerate(leaves) if x.size}
+
+
+def _leaf_name(i: int) -> str:
+    return f"leaf{i:04d}"
 
 
 def _checkpointer():

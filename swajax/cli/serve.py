@@ -67,18 +67,21 @@ def _restore(llm, folder: Path) -> None:
     if not (folder / HEADER).is_file():
         print(f"swajax serve: no saved state in {folder} yet: starting cold", file=sys.stderr)
         return
-    got = restore_state(llm.engine, folder)
+    got = restore_state(llm.engine, folder, requests=False)
+    dropped = f"; {got['dropped_requests']} unfinished requests dropped" * bool(
+        got["dropped_requests"]
+    )
     print(
         f"swajax serve: restored the prefix cache from {folder} ({got['tokens']} tokens in "
-        f"{got['nodes']} nodes)",
+        f"{got['nodes']} nodes{dropped})",
         file=sys.stderr,
         flush=True,
     )
 
 
 def _save(llm, folder: Path) -> None:
-    """Save the engine at rest; a state that cannot be saved is said, not raised: the stop
-    itself succeeded."""
+    """Save the engine (its loop has stopped); a state that cannot be saved is said, not
+    raised: the stop itself succeeded."""
     from swajax.api.state import save_state
     from swajax.errors import InputError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 from swajax.arith import round_up
 from swajax.prefix_cache.eviction import Evictor
@@ -25,12 +24,13 @@ class WindowLocks:
 
     def __init__(self, tree: Tree, evictor: Evictor):
         self.tree, self.evictor = tree, evictor
-        self._ids = itertools.count(1)
+        self.next_id = 1  # handle ids (a snapshot keeps the count: prefix_cache/state.py)
 
     def lock(self, node: Node) -> LockHandle:
         """Lock the full KV from `node` to the root and the SWA KV of the last W tokens."""
         t = self.tree
-        handle = LockHandle(node, next(self._ids))
+        handle = LockHandle(node, self.next_id)
+        self.next_id += 1
         if t.swa:  # first: the window may split a node, and the full lock then covers both parts
             (self._lock_nodes if t.policy.node_window_lock else self._lock_window)(handle)
         for x in node.path_to_root():

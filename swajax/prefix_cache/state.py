@@ -1,14 +1,17 @@
-"""A resting tree as plain data, and back: what a snapshot of the prefix cache holds.
+"""A tree as plain data, and back: what a snapshot of the prefix cache holds.
 
-A tree at rest (no lock held but the root's, nothing on a host tier) is saved whole: every
-node's tokens, full slots, whether its SWA KV is live and what made it a tombstone, both recency
-lists in order, the eviction counter and the deleted pages that explanations name. Loaded into
-an empty tree of the same layout it is the same tree: the same matches, the same evictions in
-the same order, the same explanations. Locks are not saved (a tree at rest has none); a host
-tier's pages live in host memory the snapshot does not carry, so such a tree is refused.
+The tree is saved whole: every node's tokens, full slots, whether its SWA KV is live and what
+made it a tombstone, its host pages, the locks running requests hold on it (counts, and which
+lock's window ends at or passed over it), both recency lists in order, the eviction counter and
+the deleted pages that explanations name, the host tier's page lists. Loaded into an empty tree
+of the same layout it is the same tree: the same matches, the same evictions in the same order,
+the same explanations, and a lock handle rebuilt from its node and id (`tree_order` numbers the
+nodes) unlocks exactly what the saved one would have.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -16,18 +19,22 @@ from swajax.errors import InputError
 from swajax.prefix_cache.node import Node
 from swajax.prefix_cache.radix import RadixCache
 
-FORMAT = 1
+FORMAT = 2
+
+
+def tree_order(cache: RadixCache) -> list[Node]:
+    """The root, then every node breadth first in its parent's child order: the numbering a
+    saved tree and the lock handles saved beside it use (a parent comes before its children,
+    and a reloaded parent keeps its children's order)."""
+    order = [cache.root]
+    for node in order:
+        order.extend(node.children.values())
+    return order
 
 
 def tree_state(cache: RadixCache) -> dict:
-    """The tree as JSON-able lists (node 0 is the root; a node's parent comes before it)."""
-    held = [n for n in cache.nodes() if n.full_lock or n.swa_lock]
-    if held:
-        raise InputError(
-            f"the prefix cache has {len(held)} locked nodes: a snapshot is of a tree at rest "
-            "(no running requests)"
-        )
-    order = [cache.root, *cache.nodes()]
+    """The tree as JSON-able lists (node 0 is the root)."""
+    order = tree_order(cache)
     index = {node: i for i, node in enumerate(order)}
     nodes = [
         dict(
@@ -40,6 +47,11 @@ def tree_state(cache: RadixCache) -> dict:
             host_swa=_ints(n.host_swa),
         )
         for n in order[1:]
+    ]
+    locks = [
+        [i, n.full_lock, n.swa_lock, sorted(n.swa_tops), sorted(n.swa_skips)]
+        for i, n in enumerate(order)
+        if n.full_lock or n.swa_lock or n.swa_tops or n.swa_skips
     ]
     tier = cache.tier
     host = None
@@ -57,6 +69,9 @@ def tree_state(cache: RadixCache) -> dict:
         window=cache.window,
         mode=cache.mode.value,
         nodes=nodes,
+        locks=locks,
+        next_lock=cache.locks.next_id,
+        sizes=dataclasses.asdict(cache.sizes),
         full_lru=[index[n] for n in cache.full_lru],
         swa_lru=[index[n] for n in cache.swa_lru],
         # Recency among nodes the lists do not order (explanations and splits read it).
@@ -77,8 +92,9 @@ def _pages(ints) -> np.ndarray | None:
     return None if ints is None else np.asarray(ints, np.int32)
 
 
-def load_tree_state(cache: RadixCache, state: dict) -> None:
-    """Fill the empty tree `cache` (the same page size, window and mode) from `tree_state`."""
+def load_tree_state(cache: RadixCache, state: dict) -> list[Node]:
+    """Fill the empty tree `cache` (the same page size, window and mode) from `tree_state`;
+    returns its nodes numbered as saved (`tree_order`)."""
     if next(iter(cache.nodes()), None) is not None:
         raise InputError("a prefix cache state loads into an empty tree only")
     ours = dict(page_size=cache.ps, window=cache.window, mode=cache.mode.value)
@@ -96,10 +112,13 @@ def load_tree_state(cache: RadixCache, state: dict) -> None:
         node.host_full, node.host_swa = _pages(spec["host_full"]), _pages(spec["host_swa"])
         parent.children[node.key[: cache.ps]] = node
         order.append(node)
-        if node.on_device:
-            cache.sizes.full_evictable += len(node)
-            if node.swa_live and cache.swa:
-                cache.sizes.swa_evictable += len(node)
+    for i, full_lock, swa_lock, tops, skips in state["locks"]:
+        node = order[i]
+        node.full_lock, node.swa_lock = full_lock, swa_lock
+        node.swa_tops, node.swa_skips = set(tops), set(skips)
+    cache.locks.next_id = state["next_lock"]
+    for name, tokens in state["sizes"].items():  # in place: the collaborators read it
+        setattr(cache.sizes, name, tokens)
     for i in state["last_access"]:
         order[i].touch()
     for i in state["full_lru"]:
@@ -119,3 +138,4 @@ def load_tree_state(cache: RadixCache, state: dict) -> None:
         for i in host["lru"]:
             tier.lru.add(order[i])
         tier.saved, tier.loaded = list(host["saved"]), list(host["loaded"])
+    return order

@@ -94,14 +94,20 @@ class DeviceRunner:
         # not trace them); a split model's programs compile through jit as usual.
         folder = store_folder() if self.placement is None else None
         self.programs = ProgramStore(folder, jax.devices()[0])
-        self._edits: dict[bool, int] = {}  # edit bucket high-water marks (see `_inputs`)
+        # Edit bucket high-water marks (see `_inputs`); a snapshot keeps them.
+        self.edit_buckets: dict[bool, int] = {}
 
-    def device_state(self) -> dict:
+    def device_state(self, *, penalties: bool | None = None) -> dict:
         """What a snapshot saves of the device (`swajax.api.state`): the allocator, the request
-        table and the KV pools (the draft's too)."""
+        table, the KV pools (the draft's too) and the penalties' token counts once a step made
+        them (`penalties=True`: made now, the shape a snapshot with them restores into)."""
+        if penalties and self.penalties is None:
+            self.allocate_penalties()
         state = dict(alloc=self.alloc, r2t=self.r2t, pools=self.pools)
         if self.draft_pools is not None:
             state["draft_pools"] = self.draft_pools
+        if self.penalties is not None and penalties is not False:
+            state["penalties"] = self.penalties
         return state
 
     def load_device_state(self, state: dict) -> None:
@@ -109,6 +115,7 @@ class DeviceRunner:
         self.alloc, self.r2t, self.pools = state["alloc"], state["r2t"], state["pools"]
         if self.draft_pools is not None:
             self.draft_pools = state["draft_pools"]
+        self.penalties = state.get("penalties", self.penalties)
 
     def compilations(self) -> int:
         """XLA compilations since this runner was made (process-wide counter)."""
@@ -160,7 +167,9 @@ class DeviceRunner:
         # round would flap between two programs. Decode steps keep their own mark, so a long
         # prefix hit's re-pointed tokens (an extend step) do not pad every later decode step.
         key = plan.kind is StepKind.DECODE
-        e = self._edits[key] = max(self._edits.get(key, MIN_EDITS), bucket(len(kinds), MIN_EDITS))
+        e = self.edit_buckets[key] = max(
+            self.edit_buckets.get(key, MIN_EDITS), bucket(len(kinds), MIN_EDITS)
+        )
         no_slot = np.zeros(len(last.swa) + len(last.full), np.int32)
         inputs = StepInputs(
             rows=pad(plan.rows, r),
@@ -268,8 +277,12 @@ class DeviceRunner:
         if not plan.sampling.penalize or self.model.vocab_size is None:
             return None
         if self.penalties is None:
-            self.penalties = self._place(init_penalties(self._rows, self.model.vocab_size))
+            self.allocate_penalties()
         return self.penalties
+
+    def allocate_penalties(self) -> None:
+        """The per-row token counts the penalties read, all zero."""
+        self.penalties = self._place(init_penalties(self._rows, self.model.vocab_size))
 
     def _place(self, tree):
         """`tree` where the runner keeps its state: as made (the default device), or

@@ -90,12 +90,13 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.metrics: list[StepMetrics] = []
         self.errors: list[Exception] = []  # every step that raised, for logs and tests
-        self._ids = itertools.count()
-        self._steps = 0
+        # The next request id and the steps taken (a snapshot keeps both: serving/snapshot.py).
+        self.next_id = 0
+        self.steps = 0
         # Unset sampling fields: the checkpoint's generation config (set by whoever knows the
         # checkpoint: swajax.LLM), else SamplingParams.NEUTRAL; unset seeds: drawn in order.
         self.sampling_defaults: dict = {}
-        self._seeds = np.random.default_rng(options.seed)
+        self.seed_generator = np.random.default_rng(options.seed)
 
     def _rebuild_reach(self) -> int | None:
         """The scheduler's tail-rebuild setting: only hybrid pools have tombstones that still
@@ -160,7 +161,8 @@ class Engine:
             )
         self._check_sampling(params, keep_logits)
         lead = self._lead(follows, prompt)
-        rid = next(self._ids)
+        rid = self.next_id
+        self.next_id += 1
         req = Request(
             rid, prompt, params, keep_logits=keep_logits, follows=lead, cache_hits=cache_hits
         )
@@ -172,7 +174,7 @@ class Engine:
 
     def draw_seed(self) -> int:
         """The next seed for a request that sets none (the engine's generator, `options.seed`)."""
-        return int(self._seeds.integers(0, 2**32))
+        return int(self.seed_generator.integers(0, 2**32))
 
     def _check_sampling(self, params: SamplingParams, keep_logits: bool) -> None:
         vocab = self.model.vocab_size
@@ -306,7 +308,7 @@ class Engine:
             self.runner.apply_releases(self.ledger.take_releases(), self.ledger.take_transfers())
 
     def _record(self, plan: StepPlan) -> StepMetrics:
-        self._steps += 1
+        self.steps += 1
         full, swa = self.ledger.available()
         ps = self.sizes.page_size
         total_full = self.ledger.primary_pages * ps
@@ -319,7 +321,7 @@ class Engine:
         tier = getattr(c, "tier", None)
         loads = [t for t in plan.memory.transfers if t.kind == "load"]
         m = StepMetrics(
-            step=self._steps,
+            step=self.steps,
             kind=plan.kind.value,
             batch_size=len(plan.requests),
             new_tokens=plan.num_new_tokens,

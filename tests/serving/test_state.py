@@ -3,8 +3,10 @@ a later turn from the saved prefix cache, reading the very KV bytes that were sa
 for bit those of the engine that was never stopped), with its tombstones and recency lists as
 they were, and a host tier with its bytes; random turns go on the same after a restore as
 without one; a draft's KV is kept (its proposals are accepted as before); a snapshot of another
-layout or other weights is refused by name; a busy engine is not saved; an unrelated folder is
-never replaced."""
+layout or other weights is refused by name; an unrelated folder is never replaced. (A running
+engine's snapshots: test_resume.py.)"""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -72,13 +74,10 @@ def test_another_layout_is_refused_by_name(warm):
         restore_state(make_engine(decoder, SETUP), folder.parent)
 
 
-def test_a_busy_engine_is_not_saved_and_nothing_is_overwritten(warm, tmp_path):
+def test_nothing_a_save_did_not_write_is_overwritten(warm, tmp_path):
     decoder, folder, _, _ = warm
     engine = make_engine(decoder, SETUP)
     engine.add_request(FIRST, PARAMS)
-    with pytest.raises(InputError, match="1 requests waiting or running"):
-        save_state(engine, tmp_path / "busy")
-    assert not (tmp_path / "busy").exists()
     engine.run()
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -162,7 +161,8 @@ def test_random_turns_go_on_the_same_after_a_restore(seed, tmp_path):
 
 def test_a_speculative_engine_keeps_its_drafts_kv(tmp_path):
     """With a draft model its pools are saved too: the restored engine drafts over the
-    restored prefix as the saved one does."""
+    restored prefix as the saved one does; and saved in the middle of a request's speculative
+    rounds, it finishes that request with the same tokens as the saved engine."""
     decoder = load_decoder(FIXTURES / "gpt_oss")
     draft = load_decoder(FIXTURES / "gpt_oss")
     spec = SETUP.replace(num_speculative_tokens=2)
@@ -181,5 +181,20 @@ def test_a_speculative_engine_keeps_its_drafts_kv(tmp_path):
     a, b = run(engine, SECOND), run(restored, SECOND)
     assert a == b and a[1] > 0
     # The drafts read the restored draft KV: as many proposals accepted (the draft is the
-    # target itself, so a wrong draft KV would show as rejections).
-    assert restored.scheduler.accepted_tokens == engine.scheduler.accepted_tokens - before > 0
+    # target itself, so a wrong draft KV would show as rejections); the count is restored too.
+    assert restored.scheduler.accepted_tokens == engine.scheduler.accepted_tokens > before
+
+    # Saved mid-request (the test_resume workload's speculative case runs with -m slow).
+    rid = engine.add_request(OTHER, dataclasses.replace(PARAMS, max_tokens=12))
+    while not engine.requests[rid].output:
+        engine.step()
+    engine.step()
+    assert not engine.requests[rid].done and engine.requests[rid].output
+    save_state(engine, tmp_path / "mid")
+    resumed = make_engine(decoder, spec, draft)
+    restore_state(resumed, tmp_path / "mid")
+    engine.run()
+    resumed.run()
+    assert resumed.requests[rid].output == engine.requests[rid].output
+    assert resumed.scheduler.accepted_tokens == engine.scheduler.accepted_tokens
+    check_clean(resumed)
