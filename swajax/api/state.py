@@ -33,6 +33,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from swajax.api.resize import resizable, restore_resized, saved_template
 from swajax.errors import InputError
 from swajax.folder_swap import swap_in
 from swajax.prefix_cache.radix import RadixCache
@@ -128,21 +129,15 @@ def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
     _fresh(engine)
     ours = identity(engine)
     diff = [k for k in ours if header["of"].get(k) != ours[k]]
+    if diff and not requests and resizable(header["of"], ours):
+        return _restore_resized(engine, folder, header)
     if diff:
         named = "; ".join(f"{k}: saved {header['of'].get(k)}, this engine {ours[k]}" for k in diff)
         raise InputError(f"the snapshot in {folder} is of another engine: {named}")
     if isinstance(engine.cache, RadixCache) != ("tree" in header):
         raise InputError("the snapshot and this engine differ in having a prefix cache")
     runner = engine.runner
-    ours = runner.device_state(penalties=header["penalties"])
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _nonempty(ours)
-    )
-    saved = _checkpointer().restore((folder / DEVICE).resolve(), target)
-    leaves, structure = jax.tree.flatten(ours)
-    device = jax.tree.unflatten(
-        structure, [saved.get(_leaf_name(i), x) for i, x in enumerate(leaves)]
-    )
+    device = _read_device(folder, runner.device_state(penalties=header["penalties"]))
     with np.load(folder / LEDGER) as ledger:
         engine.ledger.load_state(dict(ledger))
     runner.load_device_state(device)
@@ -164,6 +159,26 @@ def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
         tokens=sum(len(n["key"]) for n in saved),
         requests=len(live) if requests else 0,
         dropped_requests=0 if requests else len(live),
+    )
+
+
+def _restore_resized(engine, folder: Path, header: dict) -> dict:
+    """The prefix cache alone into pools of other sizes, evicted by LRU to fit (resize.py)."""
+    saved = _read_device(folder, saved_template(engine, header))
+    got = restore_resized(engine, header, saved)
+    unfinished = [r for r in header["engine"]["requests"] if r["status"] in ("running", "waiting")]
+    return dict(got, requests=0, dropped_requests=len(unfinished))
+
+
+def _read_device(folder: Path, like: dict) -> dict:
+    """The snapshot's device state, read into arrays shaped and placed as `like`'s leaves."""
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _nonempty(like)
+    )
+    saved = _checkpointer().restore((folder / DEVICE).resolve(), target)
+    leaves, structure = jax.tree.flatten(like)
+    return jax.tree.unflatten(
+        structure, [saved.get(_leaf_name(i), x) for i, x in enumerate(leaves)]
     )
 
 

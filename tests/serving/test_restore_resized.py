@@ -1,0 +1,119 @@
+"""A snapshot's prefix cache restored into pools of another size (`swajax.api.resize`): into
+smaller pools the tree is evicted by its own recency lists, exactly the nodes that evicting the
+same tree in place drops, and the restore says how many tokens went; the kept prefixes are hit
+and read the saved KV (the same tokens as the same-size restore); into larger pools nothing is
+dropped; nothing leaks either way; a running snapshot's requests are not carried over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import FIXTURES
+from helpers.engine_checks import check_clean
+from helpers.turns import SETUP
+
+from swajax.api import make_engine
+from swajax.api.state import restore_state, save_state
+from swajax.errors import InputError
+from swajax.models import load_decoder
+from swajax.prefix_cache import check_invariants
+from swajax.serving.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+SPEC = SETUP.replace(kv_budget_gib=0.002, max_running=4)
+
+
+def _prompt(i: int) -> list[int]:
+    return [(13 * i + 7 * j) % 119 + 1 for j in range(40 + 8 * (i % 3))]
+
+
+def _paths(cache) -> set:
+    def path(node):
+        return tuple(t for n in reversed(list(node.path_to_root())) for t in n.key)
+
+    return {(path(n), n.swa_live) for n in cache.nodes()}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Eight conversations cached, a ninth request running: saved."""
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    engine = make_engine(decoder, SPEC)
+    for i in range(8):
+        engine.add_request(_prompt(i), GREEDY)
+        engine.run()
+    engine.add_request(_prompt(8), GREEDY)
+    engine.step()
+    folder = tmp_path_factory.mktemp("resize") / "snap"
+    save_state(engine, folder)
+    return decoder, folder
+
+
+def _follow_up(engine) -> tuple[list[int], int]:
+    rid = engine.add_request(_prompt(7) + [3, 1, 4, 1, 5], GREEDY)
+    engine.run()
+    return engine.requests[rid].output, engine.requests[rid].cached_tokens
+
+
+def test_smaller_pools_keep_the_most_recent_prefixes(saved):
+    decoder, folder = saved
+    same = make_engine(decoder, SPEC)
+    restore_state(same, folder, requests=False)
+    small = make_engine(decoder, SPEC.replace(kv_budget_gib=0.0001))
+    got = restore_state(small, folder, requests=False)
+    assert got["dropped_requests"] == 1 and not small.requests
+    assert got["dropped_tokens"] > 0 and got["tokens"] > 0
+    check_invariants(small.cache)
+    # The same eviction in place, on the same-size restore: the same nodes survive.
+    ps = SPEC.page_size
+    full_over = same.cache.full_evictable - small.ledger.primary_pages * ps
+    swa_over = same.cache.sizes.swa_evictable - small.ledger.swa_pages * ps
+    before = same.cache.full_evictable
+    same.cache.evict(max(0, full_over), max(0, swa_over))
+    same.flush()
+    assert _paths(small.cache) == _paths(same.cache)
+    assert got["dropped_tokens"] == before - same.cache.full_evictable
+    # The newest conversation's prefix is kept and read back: as the same-size engine reads it.
+    a, b = _follow_up(small), _follow_up(same)
+    assert a == b and a[1] > 0
+    check_clean(small)
+    check_clean(same)
+
+
+def test_larger_pools_drop_nothing(saved):
+    decoder, folder = saved
+    big = make_engine(decoder, SPEC.replace(kv_budget_gib=0.004))
+    got = restore_state(big, folder, requests=False)
+    assert got["dropped_tokens"] == 0 and got["tokens"] > 0
+    same = make_engine(decoder, SPEC)
+    restore_state(same, folder, requests=False)
+    assert _paths(big.cache) == _paths(same.cache)
+    check_invariants(big.cache)
+    a, b = _follow_up(big), _follow_up(same)
+    assert a == b
+    check_clean(big)
+
+
+def test_other_sizes_need_the_prefix_cache_alone(saved):
+    decoder, folder = saved
+    with pytest.raises(InputError, match="another engine: pools"):
+        restore_state(make_engine(decoder, SPEC.replace(kv_budget_gib=0.0001)), folder)
+    with pytest.raises(InputError, match="another engine: .*pools"):  # another page size
+        restore_state(make_engine(decoder, SPEC.replace(page_size=8)), folder, requests=False)
+
+
+def test_no_dropped_page_is_read(saved):
+    """The smaller pools' KV of the kept prefixes is the saved bytes: a follow-up's logits
+    equal the same-size restore's."""
+    decoder, folder = saved
+    engines = []
+    for gib in (0.002, 0.0006):
+        engine = make_engine(decoder, SPEC.replace(kv_budget_gib=gib))
+        restore_state(engine, folder, requests=False)
+        rid = engine.add_request(_prompt(7) + [2, 7], GREEDY, keep_logits=True)
+        engine.run()
+        engines.append(engine.requests[rid])
+    assert engines[0].cached_tokens == engines[1].cached_tokens > 0
+    np.testing.assert_allclose(
+        np.stack(engines[0].logits), np.stack(engines[1].logits), rtol=1e-6, atol=1e-6
+    )
