@@ -283,3 +283,18 @@ def test_a_tensor_parallel_engine_resumes_in_its_shards(tmp_path):
     restored.run()
     _same_outputs(_outputs(restored), _outputs(saved))
     check_clean(restored)
+
+
+def test_a_run_goes_on_under_another_eviction_interval(tmp_path):
+    """Options that decide no slot's meaning may change at a restore: the saved run goes on
+    with another eviction interval, every request finishing whole, nothing leaked."""
+    saved, folder, step = _saved_mid_run(tmp_path)
+    spec, _ = _setup("gpt_oss", False)
+    changed = make_engine(_decoder("gpt_oss"), spec.replace(eviction_interval=4))
+    restore_state(changed, folder)
+    _drive(changed, 0, step, None, False)
+    _drive(saved, 0, step, None, False)
+    for rid, req in saved.requests.items():
+        assert len(changed.requests[rid].output) == len(req.output) == req.params.max_tokens
+    check_invariants(changed.cache)
+    check_clean(changed)
