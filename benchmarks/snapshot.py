@@ -1,5 +1,5 @@
-"""Snapshot and restore of an engine at rest: time and bytes against the pools, and the first
-turn a restarted engine serves, warm against cold.
+"""Snapshot and restore of an engine: time and bytes against the pools, and the first turn a
+restarted engine serves, warm against cold, and warm into pools half the size.
 
     python benchmarks/snapshot.py [--model tiny|DIR] [--kv-budget-gib 0.25]
         [--conversations 16] [--turn 512] [--json] [--smoke]
@@ -7,8 +7,10 @@ turn a restarted engine serves, warm against cold.
 `--conversations` first turns of `--turn` random tokens each are served, the engine is saved
 (`swajax.api.state.save_state`) and restored into a fresh engine built the same way; then every
 conversation's second turn (its first turn plus 64 new tokens) is served by the restored engine
-and by a cold one. Reports save and restore seconds, the snapshot's bytes against the pools'
-bytes, and the second turns' prompt tokens served from the cache, warm and cold.
+and by a cold one, and by an engine with half the KV budget restored from the same snapshot
+(its prefix cache evicted by LRU to fit). Reports save and restore seconds, the snapshot's bytes
+against the pools' bytes, the tokens the half-size restore dropped, and the second turns'
+prompt tokens served from the cache: warm, warm at half size, cold.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def measure(model: str, budget: float, conversations: int, turn: int) -> dict:
         t0 = time.perf_counter()
         restore_state(warm, folder)
         restored = time.perf_counter() - t0
+        half = make_engine(decoder, spec.replace(kv_budget_gib=budget / 2))
+        t0 = time.perf_counter()
+        resized = restore_state(half, folder, requests=False)
+        restored_half = time.perf_counter() - t0
     asked = sum(len(p) for p in second)
     return dict(
         pool_mib=pool_bytes / 2**20,
@@ -62,7 +68,11 @@ def measure(model: str, budget: float, conversations: int, turn: int) -> dict:
         save_s=saved,
         restore_s=restored,
         second_turn_tokens=asked,
+        restore_half_s=restored_half,
+        half_dropped_tokens=resized["dropped_tokens"],
+        half_kept_tokens=resized["tokens"],
         cached_warm=serve(warm, second),
+        cached_half=serve(half, second),
         cached_cold=serve(make_engine(decoder, spec), second),
     )
 
@@ -85,8 +95,11 @@ def main(argv=None) -> int:
     print(
         f"pools {r['pool_mib']:.1f} MiB, snapshot {r['snapshot_mib']:.1f} MiB; save "
         f"{r['save_s']:.2f} s, restore {r['restore_s']:.2f} s\n"
+        f"half-size pools: restore {r['restore_half_s']:.2f} s, kept {r['half_kept_tokens']} "
+        f"tokens, dropped {r['half_dropped_tokens']}\n"
         f"second turns: {r['cached_warm']} of {r['second_turn_tokens']} prompt tokens from the "
-        f"cache restarted warm, {r['cached_cold']} restarted cold"
+        f"cache restarted warm, {r['cached_half']} warm at half size, {r['cached_cold']} "
+        "restarted cold"
     )
     return 0
 
