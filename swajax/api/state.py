@@ -57,8 +57,8 @@ def identity(engine) -> dict:
         raise InputError("a snapshot needs a model on the device (the null model holds no KV)")
     params = [(tuple(x.shape), str(x.dtype)) for x in engine.model.params]
     digest = hashlib.sha256(repr(params).encode()).hexdigest()[:16]
-    sums = np.asarray(_sums(engine.model.params)).tolist()  # the weights' values, read once
-    weights = hashlib.sha256(np.asarray(sums, np.float32).tobytes()).hexdigest()[:16]
+    sums = np.asarray(_sums(engine.model.params))  # the weights' values, read once
+    weights = hashlib.sha256(sums.astype(np.uint32).tobytes()).hexdigest()[:16]
     sizes = dataclasses.asdict(engine.sizes)
     sizes["mode"] = engine.sizes.mode.value
     pools = jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", runner.pools)
@@ -99,18 +99,73 @@ def save_state(engine, folder: str | Path, *, force: bool = False) -> dict:
     header["penalties"] = "penalties" in device
     host_kv = _host_pages(engine)
 
-    def build(out: Path) -> None:
+    def write_host(out: Path) -> None:
         (out / HEADER).write_text(json.dumps(header))
         np.savez(out / REQUESTS, **arrays)
         np.savez(out / LEDGER, **ledger)
         if host_kv is not None:
             np.savez(out / HOST_KV, **host_kv)
-        checkpointer = _checkpointer()
-        checkpointer.save((out / DEVICE).resolve(), _nonempty(device))
-        checkpointer.wait_until_finished()
+
+    if jax.process_count() > 1:
+        _save_joined(Path(folder), write_host, device, force)
+        return header
+
+    def build(out: Path) -> None:
+        write_host(out)
+        _write_device(out, device)
 
     swap_in(folder, build, force=force, marker=MARKER)  # its refusals are InputErrors
     return header
+
+
+def _write_device(out: Path, device: dict) -> None:
+    checkpointer = _checkpointer()
+    checkpointer.save((out / DEVICE).resolve(), _nonempty(device))
+    checkpointer.wait_until_finished()
+
+
+def _save_joined(folder: Path, write_host, device: dict, force: bool) -> None:
+    """A save of an engine joined across processes (each runs the same scheduler, so each holds
+    the same host state): process 0 builds the folder beside its destination and swaps it in;
+    every process writes the shards it holds into it, orbax coordinating them. The folder's
+    path goes from process 0 to the others (an empty one: process 0 refused, and says why)."""
+    from jax.experimental import multihost_utils
+
+    if jax.process_index() == 0:
+        shared = False
+
+        def build(out: Path) -> None:
+            nonlocal shared
+            write_host(out)
+            _share_path(str(out))
+            shared = True
+            _write_device(out, device)
+
+        try:
+            swap_in(folder, build, force=force, marker=MARKER)
+        except BaseException:
+            if not shared:
+                _share_path("")
+            raise
+    else:
+        path = _share_path("")
+        if not path:
+            raise InputError(f"process 0 could not save to {folder} (its error says why)")
+        _write_device(Path(path), device)
+    multihost_utils.sync_global_devices("swajax snapshot in place")
+
+
+def _share_path(path: str) -> str:
+    """Process 0's `path`, on every process."""
+    from jax.experimental import multihost_utils
+
+    data = np.zeros(4096, np.uint8)
+    raw = path.encode()
+    if len(raw) > len(data):
+        raise InputError(f"the snapshot path {path!r} is over {len(data)} bytes")
+    data[: len(raw)] = np.frombuffer(raw, np.uint8)
+    got = np.asarray(multihost_utils.broadcast_one_to_all(data))
+    return bytes(got[got > 0]).decode()
 
 
 def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
@@ -218,9 +273,19 @@ def _load_host_pages(engine, saved: dict) -> None:
 
 @jax.jit
 def _sums(params):
-    """Each parameter's sum in float32: a fingerprint of the weights (the same weights give
-    the same bits; other weights, other sums)."""
-    return jax.numpy.stack([x.astype(jax.numpy.float32).sum() for x in params])
+    """A fingerprint of the weights' values: per parameter, the sum of its values' bits and of
+    their bits weighted by their place along the last axis, as uint32 (wrapping). Integer sums are associative, so the
+    same weights give the same fingerprint however they are split over devices and processes
+    (a float sum would not: the reduction order follows the sharding); other weights, other
+    sums. Every weight dtype widens exactly to float32 or int32 first."""
+    jnp = jax.numpy
+    out = []
+    for x in params:
+        wide = x.astype(jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int32)
+        bits = jax.lax.bitcast_convert_type(wide, jnp.uint32)
+        place = jax.lax.broadcasted_iota(jnp.uint32, x.shape, x.ndim - 1) if x.ndim else 0
+        out += [bits.sum(dtype=jnp.uint32), (bits * (place + 1)).sum(dtype=jnp.uint32)]
+    return jnp.stack(out)
 
 
 def _nonempty(device: dict) -> dict:

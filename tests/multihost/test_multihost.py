@@ -347,3 +347,32 @@ def test_the_coordinator_listens_only_on_its_address_and_a_taken_port_is_named(p
     assert second.returncode == 2 and time.monotonic() - start < 30
     line = err.strip().splitlines()[-1]
     assert f"--coordinator 127.0.0.1:{port}" in line and "the port is in use" in line, line
+
+
+def _resume_joined(procs, tmp_path, folder, phase: str) -> list[dict]:
+    port = _port()
+    outs = [tmp_path / f"{phase}{i}.json" for i in range(PROCESSES)]
+    common = ["--fixture", str(FIXTURES / "gpt_oss_kv4"), "--snapshot", str(folder)]
+    procs += [
+        _start(port, i, *common, "--phase", phase, "--out", str(outs[i])) for i in range(PROCESSES)
+    ]
+    for p in procs[-PROCESSES:]:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+@pytest.mark.slow  # (21 s: four processes started, each compiling)
+def test_a_snapshot_across_processes_resumes_there_and_in_one_process(procs, tmp_path):
+    """Two processes x two devices save a running engine into one folder, each process its
+    own shards; two fresh processes restore it and finish the requests bit for bit as the
+    saved ones did; one process on four devices restores the same folder (the shards read
+    into its own placement) and finishes them with the same tokens."""
+    folder = tmp_path / "snap"
+    saved = _resume_joined(procs, tmp_path, folder, "save")
+    assert saved[0] == saved[1]
+    assert (folder / "swajax_state.json").is_file()
+    restored = _resume_joined(procs, tmp_path, folder, "restore")
+    assert restored[0] == saved[0]  # bit for bit, tokens and logprobs
+    one = workload.resume(str(FIXTURES / "gpt_oss_kv4"), 4, str(folder), "restore")
+    _same(one, saved[0], "1 process on 4 devices vs the 2 processes that saved")

@@ -22,6 +22,8 @@ def main() -> None:
     p.add_argument("--heartbeat", type=int, default=10)
     p.add_argument("--die-after-join", action="store_true")
     p.add_argument("--hybrid-off", action="store_true")
+    p.add_argument("--snapshot", help="a folder: run workload.resume instead")
+    p.add_argument("--phase", choices=("save", "restore"), default="save")
     a = p.parse_args()
     join(
         Cluster(a.coordinator, a.num_processes, a.process_id, timeout_s=60, heartbeat_s=a.heartbeat)
@@ -31,7 +33,10 @@ def main() -> None:
         os._exit(7)  # no shutdown, no goodbye: as a crash would
     from multihost import workload
 
-    result = workload.run(a.fixture, None, a.attention, hybrid_memory=not a.hybrid_off)
+    if a.snapshot:
+        result = workload.resume(a.fixture, None, a.snapshot, a.phase)
+    else:
+        result = workload.run(a.fixture, None, a.attention, hybrid_memory=not a.hybrid_off)
     with open(a.out, "w") as f:
         json.dump(result, f)
 

@@ -52,3 +52,40 @@ def run(
         aborted=engine.requests[doomed].finish_reason,
         retractions=llm.summary()["retractions"],
     )
+
+
+def resume(path: str, tensor_parallel: int | None, folder: str, phase: str) -> dict:
+    """A snapshot across processes: `phase` "save" runs requests part way, saves the engine to
+    `folder` (every process its own shards), then finishes them; "restore" restores `folder`
+    into a fresh engine (any number of processes and devices) and finishes them. Both return
+    every request's tokens and logprobs."""
+    from helpers.engine_checks import check_clean
+
+    from swajax.api.state import restore_state, save_state
+
+    llm = LLM(
+        path,
+        tensor_parallel_size=tensor_parallel,
+        max_running_requests=4,
+        max_model_len=64,
+        chunked_prefill_size=8,
+        eviction_interval=1,
+    )
+    engine = llm.engine
+    if phase == "save":
+        for prompt, seed in ((A, None), (B, 5), (A[::-1], None)):
+            params = SamplingParams(temperature=0.8, seed=seed, max_tokens=12, ignore_eos=True)
+            engine.add_request(prompt, params)
+        for _ in range(9):
+            engine.step()
+        assert any(not r.done for r in engine.requests.values())
+        save_state(engine, folder)
+    else:
+        restore_state(engine, folder)
+    engine.run()
+    out = dict(
+        tokens=[r.output for r in engine.requests.values()],
+        logprobs=[r.logprobs for r in engine.requests.values()],
+    )
+    check_clean(engine)
+    return out
