@@ -273,19 +273,32 @@ def _load_host_pages(engine, saved: dict) -> None:
 
 @jax.jit
 def _sums(params):
-    """A fingerprint of the weights' values: per parameter, the sum of its values' bits and of
-    their bits weighted by their place along the last axis, as uint32 (wrapping). Integer sums are associative, so the
-    same weights give the same fingerprint however they are split over devices and processes
-    (a float sum would not: the reduction order follows the sharding); other weights, other
-    sums. Every weight dtype widens exactly to float32 or int32 first."""
+    """A fingerprint of the weights' values: per parameter, two sums (uint32, wrapping) of a
+    hash of each value's bits mixed with its place. Integer sums are associative, so the same
+    weights give the same fingerprint however they are split over devices and processes (a
+    float sum would not: the reduction order follows the sharding); the hash makes a change
+    that shifts every value's bits alike (weights doubled) or moves values change the sums,
+    where a plain sum of bits wraps to the same total. Every weight dtype widens exactly to
+    float32 or int32 first."""
     jnp = jax.numpy
     out = []
     for x in params:
         wide = x.astype(jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int32)
         bits = jax.lax.bitcast_convert_type(wide, jnp.uint32)
-        place = jax.lax.broadcasted_iota(jnp.uint32, x.shape, x.ndim - 1) if x.ndim else 0
-        out += [bits.sum(dtype=jnp.uint32), (bits * (place + 1)).sum(dtype=jnp.uint32)]
+        place = jnp.uint32(0)
+        for axis, n in enumerate(x.shape):  # the flat index, wrapping
+            place = place * jnp.uint32(n) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+        for seed in (0x9E3779B9, 0x85EBCA6B):
+            out.append(_mix(bits ^ (place * jnp.uint32(seed))).sum(dtype=jnp.uint32))
     return jnp.stack(out)
+
+
+def _mix(h):
+    """A 32-bit integer hash (xor-shift-multiply rounds): nearby inputs, far-apart outputs."""
+    u32 = jax.numpy.uint32
+    h = (h ^ (h >> u32(16))) * u32(0x45D9F3B)
+    h = (h ^ (h >> u32(16))) * u32(0x45D9F3B)
+    return h ^ (h >> u32(16))
 
 
 def _nonempty(device: dict) -> dict:

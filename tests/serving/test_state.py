@@ -198,3 +198,14 @@ def test_a_speculative_engine_keeps_its_drafts_kv(tmp_path):
     assert resumed.requests[rid].output == engine.requests[rid].output
     assert resumed.scheduler.accepted_tokens == engine.scheduler.accepted_tokens
     check_clean(resumed)
+
+
+def test_the_weights_fingerprint_holds_however_they_are_split():
+    """Integer sums: the same weights over one device and split over two give one
+    fingerprint (a snapshot from one layout restores into the other)."""
+    from swajax.api.state import identity
+
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    one = identity(make_engine(decoder, SETUP))["weights"]
+    two = identity(make_engine(decoder, SETUP.replace(tensor_parallel=2)))["weights"]
+    assert one == two
