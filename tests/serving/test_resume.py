@@ -1,10 +1,11 @@
 """Snapshots of a running engine (`swajax.api.state`): saved at a random step of a workload with
 retractions, overlap, multi-step rounds, chunked prefill, seeded sampling and a second wave of
 requests, and restored into a fresh engine, the run goes on exactly as the saved engine's does:
-the same tokens, logits bit for bit, the same step metrics (spans, pool use, the cache's sizes),
-the same tree and the same device arrays at the end; and the same tokens and logits as a run
-that was never saved. Two families (gpt-oss: hybrid pools; Mistral: all-SWA pools under the
-prefill floor), a speculative engine, a fresh process; the prefix cache alone restored (the
+the same tokens, logits bit for bit, the same step metrics (spans, pool use, the cache's
+sizes), the same trace of allocator and prefix-cache calls, the same device arrays at the end;
+and the same tokens and logits as a run that was never saved. Two families (gpt-oss: hybrid
+pools; Mistral: all-SWA pools under the prefill floor), a speculative engine, a fresh process,
+two tensor-parallel devices, another eviction interval; the prefix cache alone restored (the
 running requests dropped, nothing leaked); refusals."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from swajax.models import load_decoder
 from swajax.prefix_cache import RadixCache, check_invariants
 from swajax.serving import snapshot
 from swajax.serving.sampling_params import SamplingParams
+from swajax.trace.recorder import Tracer
 
 # Pools for fewer of the workload's contexts than run at once: with hybrid pools a decoding
 # request runs out of pages and is retracted; all-SWA pools (whose requests keep only their
@@ -164,8 +166,11 @@ def test_a_run_resumes_bit_for_bit_at_random_steps(family, seed, speculative, tm
         got = restore_state(restored, tmp_path / f"at{at}")
         assert got["requests"] == sum(not r.done for r in saved.requests.values())
         check_invariants(restored.cache)
+        # Both record a trace from here (locks taken before this point encode as None in both).
+        traces = [Tracer(saved), Tracer(restored)]
         _drive(saved, seed, step, None, speculative)
         _drive(restored, seed, step, None, speculative)
+        assert len(traces[0].lines) > 10 and traces[0].lines == traces[1].lines
         assert _metrics(restored, 0) == _metrics(saved, mark)
         _same_outputs(_outputs(restored), _outputs(saved))
         _same_outputs(_outputs(restored), expected)  # as if never saved
