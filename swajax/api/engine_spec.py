@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 
 from swajax import platform, sizing
 from swajax.api.hub import resolve_model
+from swajax.api.state import Snapshots
 from swajax.config import HybridConfig
 from swajax.demo import demo_decoder
 from swajax.errors import InputError
@@ -318,4 +319,4 @@ def engine_for(
         window=engine_window(cfg, draft),
         draft=draft,
     )
-    return Engine(cfg, model, sizes, options, runner=runner, draft=draft)
+    return Engine(cfg, model, sizes, options, runner=runner, draft=draft, snapshots=Snapshots)

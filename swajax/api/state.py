@@ -237,6 +237,14 @@ def _read_device(folder: Path, like: dict) -> dict:
     )
 
 
+class Snapshots:
+    """What `Engine.snapshot` and `Engine.restore` call (`engine_for` gives it to each engine
+    with a model on the device)."""
+
+    save = staticmethod(save_state)
+    restore = staticmethod(restore_state)
+
+
 def drop_requests(engine) -> None:
     """Abort every request not done and forget them all, giving back what they held (the
     prefix cache keeps what it caches); the device follows at once."""

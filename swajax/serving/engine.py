@@ -16,7 +16,7 @@ import itertools
 import numpy as np
 
 from swajax.config import HybridConfig
-from swajax.errors import RequestError
+from swajax.errors import InputError, RequestError
 from swajax.prefix_cache import make_prefix_cache
 from swajax.prefix_cache.policy import policy_of
 from swajax.serving import tail_rebuild
@@ -52,15 +52,18 @@ class Engine:
         *,
         runner: Runner,
         draft=None,
+        snapshots=None,
     ):
         """`runner`: the device half, built for the same model, pools, options and
         `engine_window` (`swajax.api.engine_for` builds both). `draft`: the speculative draft
         model (a `HybridLM` with the target's vocabulary), whose KV shares the target's slots;
-        size the pools with it (`sizing`'s `draft=`)."""
+        size the pools with it (`sizing`'s `draft=`). `snapshots`: what `snapshot` and
+        `restore` call (`swajax.api.state.Snapshots`, given by `engine_for`: the device half
+        of a snapshot is orbax, which this layer does not import)."""
         options = options or EngineOptions()
         _check_setup(model, draft, options, sizes)
         self.cfg, self.model, self.sizes, self.options = cfg, model, sizes, options
-        self.draft, self.runner = draft, runner
+        self.draft, self.runner, self.snapshots = draft, runner, snapshots
         # The cache takes the config's None for "no SWA component"; host arithmetic an int.
         self.window = engine_window(cfg, draft)
         self.ledger = PoolLedger(sizes)
@@ -228,6 +231,25 @@ class Engine:
         if req is None:
             raise RequestError(f"no request has the id {rid!r} (ids come from add_request)")
         return req
+
+    def snapshot(self, folder, *, force: bool = False) -> dict:
+        """Save this engine, running or at rest, to `folder` (`swajax.api.state.save_state`);
+        a fresh engine built the same way `restore`s it and goes on exactly as this one does.
+        Returns the snapshot's header."""
+        return self._snapshots().save(self, folder, force=force)
+
+    def restore(self, folder, *, requests: bool = True) -> dict:
+        """Load the snapshot in `folder` into this fresh engine (`swajax.api.state.
+        restore_state`); `requests=False`: its prefix cache alone, into pools of any size."""
+        return self._snapshots().restore(self, folder, requests=requests)
+
+    def _snapshots(self):
+        if self.snapshots is None:
+            raise InputError(
+                "this engine has no snapshots: the null model holds no KV (a model on the "
+                "device built by swajax.api.engine_for has them)"
+            )
+        return self.snapshots
 
     @property
     def idle(self) -> bool:

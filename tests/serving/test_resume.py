@@ -165,10 +165,10 @@ def test_a_run_resumes_bit_for_bit_at_random_steps(family, seed, speculative, tm
     for at in rng.choice(np.arange(1, whole.steps - 1), 1).tolist():
         saved = make_engine(_decoder(family), spec, draft)
         step = _drive(saved, seed, 0, at, speculative)
-        save_state(saved, tmp_path / f"at{at}")
+        saved.snapshot(tmp_path / f"at{at}")
         mark = saved.steps  # the save read a step still launched (overlap): it counts
         restored = make_engine(_decoder(family), spec, draft)
-        got = restore_state(restored, tmp_path / f"at{at}")
+        got = restored.restore(tmp_path / f"at{at}")
         assert got["requests"] == sum(not r.done for r in saved.requests.values())
         check_invariants(restored.cache)
         # Both record a trace from here (locks taken before this point encode as None in both).
@@ -308,3 +308,10 @@ def test_a_run_goes_on_under_another_eviction_interval(tmp_path):
         assert len(changed.requests[rid].output) == len(req.output) == req.params.max_tokens
     check_invariants(changed.cache)
     check_clean(changed)
+
+
+def test_the_null_model_has_no_snapshots(tiny_engine, tmp_path):
+    engine = tiny_engine()
+    with pytest.raises(InputError, match="no snapshots: the null model holds no KV"):
+        engine.snapshot(tmp_path / "snap")
+    assert not (tmp_path / "snap").exists()
