@@ -69,6 +69,11 @@ class RequestCaching:
         new lock. The request's `cache_protected_len` becomes A.
         """
         t = self.tree
+        if t.policy.floors_prefills(t.mode):
+            # A checkpoint ends at the prefill floor, below which the window frees nothing:
+            # every slot that duplicates the tree's is still held and goes back (a frontier at
+            # the floor moves `swa_evicted_seqlen` up to it without freeing anything).
+            swa_evicted_seqlen = 0
         aligned = len(tokens) // t.ps * t.ps
         if aligned <= cache_protected_len and not (aligned and t.policy.relock_checkpoint):
             return np.asarray(slots[:cache_protected_len], np.int32), handle

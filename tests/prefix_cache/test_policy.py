@@ -283,3 +283,28 @@ def test_prefill_floor_caches_the_prompt_whole_and_frees_decode_outside_the_wind
 def test_prefill_floor_leaves_hybrid_pools_alone():
     e, _ = _prefill(only("prefill_floor"))
     assert e.cache.swa and e.cache.swa_evictable + e.cache.swa_protected == 48
+
+
+def test_prefill_floor_checkpoint_frees_a_duplicate_below_the_floor():
+    """Found by the property test: two requests with the same one-token prompt (window 1, page
+    1); the first is cached and leaves; the second's window frontier reaches its floor, which
+    moves `swa_evicted_seqlen` up to the floor without freeing anything; its checkpoint then
+    finds its slot a duplicate of the tree's and must give it back (it once counted it as freed
+    by the window, and the slot leaked)."""
+    from helpers.cache_sim import evict_window, finish, start, unfinished
+
+    alloc = ModelAllocator(40, 40, 1, "all_swa")
+    cache = RadixCache(
+        alloc, page_size=1, window=1, pool_mode="all_swa", policy=PROFILES["sglang-0.5.23"]
+    )
+    first, second = start(cache, alloc, [1]), start(cache, alloc, [1])
+    unfinished(cache, first)
+    finish(cache, first, insert=False)
+    evict_window(alloc, second, window=1, page_size=1)
+    assert second.evicted == 1 and alloc.available()[1] == 38  # nothing freed
+    unfinished(cache, second)
+    assert alloc.available()[1] == 39  # the duplicate went back
+    finish(cache, second)
+    cache.evict(10**6, 10**6)
+    check_invariants(cache)
+    assert alloc.available()[:2] == (40, 40)
