@@ -61,7 +61,7 @@ def restore_resized(engine, header: dict, saved_device: dict) -> dict:
         raise InputError("only a prefix cache restores into pools of another size")
     saved_sizes = PoolSizes(**header["of"]["pools"])
     scratch = _scratch_tree(engine.cache, saved_sizes, tree, header["engine"])
-    full_cap, swa_cap = (engine.ledger.primary_pages * sizes.page_size,) * 2
+    full_cap = engine.ledger.primary_pages * sizes.page_size
     swa_cap = engine.ledger.swa_pages * sizes.page_size
     held_full = scratch.full_evictable
     held_swa = scratch.sizes.swa_evictable

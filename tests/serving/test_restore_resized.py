@@ -109,3 +109,19 @@ def test_other_sizes_need_the_prefix_cache_alone(saved):
         restore_state(make_engine(decoder, SPEC.replace(kv_budget_gib=0.0001)), folder)
     with pytest.raises(InputError, match="another engine: .*pools"):  # another page size
         restore_state(make_engine(decoder, SPEC.replace(page_size=8)), folder, requests=False)
+
+
+def test_one_pool_layouts_are_refused_by_name(tmp_path):
+    """All-SWA pools have no resize path (their load program is the hybrid tier's): the
+    restore says so and changes nothing."""
+    decoder = load_decoder(FIXTURES / "mistral")
+    engine = make_engine(decoder, SPEC)
+    engine.add_request(_prompt(0), GREEDY)
+    engine.run()
+    engine.snapshot(tmp_path / "snap")
+    small = make_engine(decoder, SPEC.replace(kv_budget_gib=0.0006))
+    with pytest.raises(InputError, match="only with hybrid pools, not 'all_swa'"):
+        small.restore(tmp_path / "snap", requests=False)
+    assert not any(True for _ in small.cache.nodes()) and small.ledger.available()[1] == (
+        small.ledger.primary_pages * SPEC.page_size
+    )
