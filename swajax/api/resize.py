@@ -8,7 +8,8 @@ LRU, exactly as the engine would have evicted under that pressure. Each node lef
 the new pools (the lowest free, as a host-tier load takes them, its SWA pages paired when its
 window is live), and its KV is copied page by page from the saved pools into them through the
 host tier's load program (`memory.host_copy`), so the device allocator and the host's ledger
-agree as after any load. Hybrid pools only: the one-pool layouts' tiers have no load path.
+agree as after any load. One-pool layouts (single, all-SWA) take their pages the same way off
+the one free list (`memory.host_copy.load_primary_pages`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from swajax.errors import InputError
 from swajax.memory import allocator as A
-from swajax.memory.host_copy import gather_pages, load_pages
+from swajax.memory.host_copy import gather_pages, load_pages, load_primary_pages, page_sets
 from swajax.memory.padding import bucket, pad
 from swajax.prefix_cache.locks import LockHandle
 from swajax.prefix_cache.radix import RadixCache
@@ -46,11 +47,8 @@ def restore_resized(engine, header: dict, saved_device: dict) -> dict:
     fit; `saved_device`: the snapshot's device state as saved (allocator and pools, on the
     host's device). Returns the tokens kept and dropped."""
     sizes = engine.sizes
-    if sizes.mode is not PoolMode.HYBRID:
-        raise InputError(
-            f"a snapshot restores into pools of another size only with hybrid pools, not "
-            f"{sizes.mode.value!r} (build the engine with the saved sizes)"
-        )
+    if engine.runner.pools.compressed is not None and sizes.mode is not PoolMode.HYBRID:
+        raise InputError("compressed pools restore into other sizes only as hybrid pools")
     if engine.runner.host_kv is not None or engine.draft is not None:
         raise InputError(
             "a snapshot restores into pools of another size without a host tier or a draft "
@@ -61,21 +59,47 @@ def restore_resized(engine, header: dict, saved_device: dict) -> dict:
         raise InputError("only a prefix cache restores into pools of another size")
     saved_sizes = PoolSizes(**header["of"]["pools"])
     scratch = _scratch_tree(engine.cache, saved_sizes, tree, header["engine"])
-    full_cap = engine.ledger.primary_pages * sizes.page_size
-    swa_cap = engine.ledger.swa_pages * sizes.page_size
-    held_full = scratch.full_evictable
-    held_swa = scratch.sizes.swa_evictable
-    evicted = scratch.evict(max(0, held_full - full_cap), max(0, held_swa - swa_cap))
+    held = _held(scratch)
+    evicted = scratch.evict(*_excess(scratch, held, _capacity(engine.ledger)))
     moves = _readdress(scratch, engine.ledger)
-    _copy(engine.runner, saved_device, moves, sizes.page_size)
+    if sizes.mode is PoolMode.HYBRID:
+        _copy(engine.runner, saved_device, moves, sizes.page_size)
+    else:
+        _copy_one_pool(engine.runner, saved_device, moves)
     load_tree_state(engine.cache, tree_state(scratch))
+    kept = _held(engine.cache)
     return dict(
         nodes=sum(1 for _ in engine.cache.nodes()),
-        tokens=engine.cache.full_evictable,
-        dropped_tokens=held_full - engine.cache.full_evictable,
-        dropped_swa_tokens=held_swa - engine.cache.sizes.swa_evictable,
+        tokens=kept[0],
+        dropped_tokens=held[0] - kept[0],
+        dropped_swa_tokens=held[1] - kept[1],
         evicted=list(evicted),
     )
+
+
+def _held(tree: RadixCache) -> tuple[int, int]:
+    """(full, SWA) tokens whose KV the tree holds on the device (its requests' locks gone).
+    One pool: the tokens with KV in it, for both."""
+    if tree.mode is PoolMode.HYBRID:
+        return tree.full_evictable, tree.sizes.swa_evictable
+    kv = tree.swa_evictable if tree.mode is PoolMode.ALL_SWA else tree.full_evictable
+    return kv, kv
+
+
+def _excess(tree: RadixCache, held, capacity) -> tuple[int, int]:
+    """What `evict(full, swa)` must free for `held` to fit `capacity`: both in hybrid pools;
+    in an all-SWA tree with tombstones only SWA eviction (a tombstone holds no KV there); in a
+    tree without an SWA component only full eviction (the other figure mirrors it)."""
+    full, swa = (max(0, h - c) for h, c in zip(held, capacity))
+    if tree.mode is PoolMode.HYBRID:
+        return full, swa
+    return (0, swa) if tree.swa else (full, 0)
+
+
+def _capacity(ledger: PoolLedger) -> tuple[int, int]:
+    ps = ledger.page_size
+    full = ledger.primary_pages * ps
+    return full, (ledger.swa_pages * ps if ledger.mode is PoolMode.HYBRID else full)
 
 
 def _scratch_tree(cache: RadixCache, saved: PoolSizes, tree: dict, state: dict) -> RadixCache:
@@ -111,15 +135,20 @@ class _Moves:
 
 def _readdress(scratch: RadixCache, ledger: PoolLedger) -> _Moves:
     """Give every node left new full pages (and SWA pages if its window is live), parents first;
-    its slots in the tree become the new ones."""
+    its slots in the tree become the new ones. All-SWA: a tombstone holds no KV and gets none
+    (its slots are the dummy's, as stale as the freed ones it had)."""
     ps, moves = scratch.ps, _Moves()
+    hybrid = scratch.mode is PoolMode.HYBRID
     for node in tree_order(scratch)[1:]:
+        if scratch.mode is PoolMode.ALL_SWA and not node.swa_live:
+            node.value = np.zeros(len(node), np.int32)
+            continue
         old = node.value[::ps] // ps
         new_slots = ledger.claim(len(node))
         new = new_slots[::ps] // ps
         moves.full_from += old.tolist()
         moves.full_to += new.tolist()
-        if node.swa_live:
+        if hybrid and node.swa_live:
             ledger.pair_swa(new_slots)
             moves.swa_from += old.tolist()
             moves.swa_to += new.tolist()
@@ -141,6 +170,20 @@ def _copy(runner, saved: dict, moves: _Moves, page_size: int) -> None:
     runner.alloc, runner.pools = load_pages(
         runner.alloc, runner.pools, claim, full_kv, pair, swa_kv
     )
+
+
+def _copy_one_pool(runner, saved: dict, moves: _Moves) -> None:
+    """A one-pool layout's copy: every buffer set at the pool's slots, the pages taken off its
+    free list."""
+    n = bucket(len(moves.full_to), MIN_PAGES)
+    old = pad(np.asarray(moves.full_from, np.int32), n)
+    kv = tuple(
+        jax.device_get(gather_pages(saved["alloc"], saved["pools"], old, swa=swa))
+        for swa in page_sets(runner.pools)
+    )
+    claim = pad(np.asarray(moves.full_to, np.int32), n)
+    claim, kv = jax.device_put((claim, kv), runner.placement)
+    runner.alloc, runner.pools = load_primary_pages(runner.alloc, runner.pools, claim, kv)
 
 
 def saved_template(engine, header: dict) -> dict:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from swajax.memory import allocator as A
 from swajax.memory.pool import KVPools, stored
+from swajax.sizing import PoolMode
 
 
 def _buffers(pools: KVPools, swa: bool) -> tuple[jax.Array, jax.Array]:
@@ -125,3 +126,26 @@ def load_pages(alloc, pools, claim, full_kv, pair, swa_kv):
                 store = store.at[r].set(x.reshape(-1, store.shape[1]).astype(store.dtype))
                 comp = comp.replace(i, **{"pending" if swa else "entries": store})
     return alloc, dataclasses.replace(pools, **new, compressed=comp)
+
+
+def page_sets(pools: KVPools) -> tuple[bool, ...]:
+    """The buffer sets (False: full, True: SWA) that hold KV at the one pool's slots in a
+    one-pool layout: both in a single pool (SWA layers share the full slots), the SWA set in an
+    all-SWA pool (its full set is the dummy page alone)."""
+    return tuple(s for s in (False, True) if _buffers(pools, s)[0].shape[1] > pools.page_size)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def load_primary_pages(alloc, pools, claim, kv):
+    """A one-pool layout's load (single or all-SWA): take the pages `claim` (i32[n], 0 =
+    padding) off the pool's free list and store `kv` there, one (K, V) pair per buffer set of
+    `page_sets`, each [n, layers, page_size, heads, dim]."""
+    primary = "swa" if alloc.mode is PoolMode.ALL_SWA else "full"
+    alloc = dataclasses.replace(alloc, **{primary: alloc.primary.claim(claim)})
+    rows = _slots(claim, alloc.page_size)
+    new = {}
+    for swa, pair in zip(page_sets(pools), kv):
+        names = ("swa_k", "swa_v") if swa else ("full_k", "full_v")
+        for name, buffer, x in zip(names, _buffers(pools, swa), pair):
+            new[name] = buffer.at[:, rows].set(stored(_from_pages(x), buffer.dtype))
+    return alloc, dataclasses.replace(pools, **new)

@@ -111,17 +111,36 @@ def test_other_sizes_need_the_prefix_cache_alone(saved):
         restore_state(make_engine(decoder, SPEC.replace(page_size=8)), folder, requests=False)
 
 
-def test_one_pool_layouts_are_refused_by_name(tmp_path):
-    """All-SWA pools have no resize path (their load program is the hybrid tier's): the
-    restore says so and changes nothing."""
-    decoder = load_decoder(FIXTURES / "mistral")
-    engine = make_engine(decoder, SPEC)
-    engine.add_request(_prompt(0), GREEDY)
-    engine.run()
+@pytest.mark.parametrize(
+    "fixture, setting, small_gib",
+    [("mistral", {}, 0.00005), ("gpt_oss", dict(hybrid_memory=False), 0.0001)],
+    ids=["all-swa", "single-pool"],
+)
+def test_one_pool_layouts_keep_the_most_recent_prefixes(fixture, setting, small_gib, tmp_path):
+    """All-SWA pools (tombstones hold no KV: the SWA LRU frees it) and a single pool: the same
+    nodes as evicting in place, the newest prefix read back, nothing leaked."""
+    decoder = load_decoder(FIXTURES / fixture)
+    spec = SPEC.replace(**setting)
+    engine = make_engine(decoder, spec)
+    for i in range(8):
+        engine.add_request(_prompt(i), GREEDY)
+        engine.run()
     engine.snapshot(tmp_path / "snap")
-    small = make_engine(decoder, SPEC.replace(kv_budget_gib=0.0006))
-    with pytest.raises(InputError, match="only with hybrid pools, not 'all_swa'"):
-        small.restore(tmp_path / "snap", requests=False)
-    assert not any(True for _ in small.cache.nodes()) and small.ledger.available()[1] == (
-        small.ledger.primary_pages * SPEC.page_size
-    )
+    same = make_engine(decoder, spec)
+    same.restore(tmp_path / "snap", requests=False)
+    small = make_engine(decoder, spec.replace(kv_budget_gib=small_gib))
+    got = small.restore(tmp_path / "snap", requests=False)
+    assert got["dropped_tokens"] > 0 and got["tokens"] > 0
+    check_invariants(small.cache)
+    capacity = small.ledger.primary_pages * spec.page_size
+    live = same.cache.swa_evictable if small.sizes.mode.value == "all_swa" else None
+    if live is not None and same.cache.swa:
+        same.cache.evict(0, max(0, live - capacity))
+    else:
+        same.cache.evict(max(0, same.cache.full_evictable - capacity), 0)
+    same.flush()
+    assert _paths(small.cache) == _paths(same.cache)
+    a, b = _follow_up(small), _follow_up(same)
+    _same_follow_up(a, b)
+    check_clean(small)
+    check_clean(same)
