@@ -43,9 +43,9 @@ def resizable(saved: dict, ours: dict) -> bool:
 
 
 def restore_resized(engine, header: dict, saved_device: dict) -> dict:
-    """Load the saved tree into `engine` (fresh, hybrid pools of other sizes), evicted by LRU to
-    fit; `saved_device`: the snapshot's device state as saved (allocator and pools, on the
-    host's device). Returns the tokens kept and dropped."""
+    """Load the saved tree into `engine` (fresh, pools of other sizes), evicted by LRU to fit;
+    `saved_device`: the snapshot's device state as saved (allocator and pools, on the host's
+    CPU device). Returns the tokens kept and dropped."""
     sizes = engine.sizes
     if engine.runner.pools.compressed is not None and sizes.mode is not PoolMode.HYBRID:
         raise InputError("compressed pools restore into other sizes only as hybrid pools")
@@ -188,7 +188,7 @@ def _copy_one_pool(runner, saved: dict, moves: _Moves) -> None:
 
 def saved_template(engine, header: dict) -> dict:
     """The shapes of the snapshot's device state (the saved pools' sizes), placed on the
-    default device: what `restore_state` reads it into."""
+    host's CPU device: what `restore_state` reads it into."""
     saved = PoolSizes(**header["of"]["pools"])
     runner, mode = engine.runner, saved.mode
     template = dict(
@@ -200,5 +200,16 @@ def saved_template(engine, header: dict) -> dict:
     )
     if header["penalties"]:
         template["penalties"] = runner.device_state(penalties=True)["penalties"]
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(_host_device())
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), template)
+
+
+def _host_device():
+    """This process's CPU device: the saved pools (larger than the new ones, perhaps larger
+    than the accelerator has room for) are read into host memory, and the kept pages are
+    gathered there; only those go to the engine's devices. The first local device where JAX
+    runs without a CPU backend."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return jax.local_devices()[0]

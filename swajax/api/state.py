@@ -279,26 +279,43 @@ def _load_host_pages(engine, saved: dict) -> None:
             store[ids] = saved[f"{pool}_{i}"]
 
 
+SAMPLE = 4096  # values per parameter the fingerprint reads
+
+
 @jax.jit
 def _sums(params):
     """A fingerprint of the weights' values: per parameter, two sums (uint32, wrapping) of a
-    hash of each value's bits mixed with its place. Integer sums are associative, so the same
-    weights give the same fingerprint however they are split over devices and processes (a
-    float sum would not: the reduction order follows the sharding); the hash makes a change
+    hash of each sampled value's bits mixed with its place in the sample (a strided grid of at
+    most `SAMPLE` values, first and last rows included). Integer sums are associative, so the
+    same weights give the same fingerprint however they are split over devices and processes
+    (a float sum would not: the reduction order follows the sharding); the hash makes a change
     that shifts every value's bits alike (weights doubled) or moves values change the sums,
-    where a plain sum of bits wraps to the same total. Every weight dtype widens exactly to
-    float32 or int32 first."""
+    where a plain sum of bits wraps to the same total. A sample, not every value: XLA:CPU
+    fuses no integer reduction with its producers, so a whole gpt-oss-20b read this way took
+    14 GiB of temporaries; a grid of 4,096 values per tensor tells other weights apart (other
+    training, other checkpoints), not an edit of one unsampled value. Every weight dtype
+    widens exactly to float32 or int32 first."""
     jnp = jax.numpy
     out = []
     for x in params:
+        x = _grid(x)
         wide = x.astype(jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int32)
-        bits = jax.lax.bitcast_convert_type(wide, jnp.uint32)
-        place = jnp.uint32(0)
-        for axis, n in enumerate(x.shape):  # the flat index, wrapping
-            place = place * jnp.uint32(n) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+        bits = jax.lax.bitcast_convert_type(wide, jnp.uint32).reshape(-1)
+        place = jnp.arange(bits.shape[0], dtype=jnp.uint32)
         for seed in (0x9E3779B9, 0x85EBCA6B):
             out.append(_mix(bits ^ (place * jnp.uint32(seed))).sum(dtype=jnp.uint32))
     return jnp.stack(out)
+
+
+def _grid(x):
+    """At most `SAMPLE` values of `x` on a strided grid, each axis's last index included."""
+    per_axis = max(2, int(SAMPLE ** (1 / max(1, x.ndim))))
+    for axis, n in enumerate(x.shape):
+        if n > per_axis:
+            step = -(-(n - 1) // (per_axis - 1))
+            index = list(range(0, n - 1, step)) + [n - 1]
+            x = jax.numpy.take(x, jax.numpy.asarray(index), axis=axis)
+    return x
 
 
 def _mix(h):

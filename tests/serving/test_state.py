@@ -209,3 +209,21 @@ def test_the_weights_fingerprint_holds_however_they_are_split():
     one = identity(make_engine(decoder, SETUP))["weights"]
     two = identity(make_engine(decoder, SETUP.replace(tensor_parallel=2)))["weights"]
     assert one == two
+
+
+def test_the_weights_fingerprint_reads_little_at_published_shapes():
+    """gpt-oss-20b's embedding (vocab 201,088 x 2,880, bf16) and its packed MXFP4 experts: the
+    fingerprint's program holds a few sampled values per tensor, not a widened copy (reading
+    every value took 14 GiB of temporaries: XLA:CPU fuses no integer reduction)."""
+    import jax
+    import jax.numpy as jnp
+
+    from swajax.api.state import _sums
+
+    shapes = [
+        jax.ShapeDtypeStruct((201_088, 2_880), jnp.bfloat16),
+        jax.ShapeDtypeStruct((24, 32, 5_760, 90, 16), jnp.uint8),
+        jax.ShapeDtypeStruct((2_880,), jnp.float32),
+    ]
+    memory = _sums.lower(shapes).compile().memory_analysis()
+    assert memory.temp_size_in_bytes < 2**20
