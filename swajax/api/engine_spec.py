@@ -21,6 +21,7 @@ from swajax.demo import demo_decoder
 from swajax.errors import InputError
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
+from swajax.models.mtp import MtpLayer, MtpLM
 from swajax.models.sharding import kv_mesh
 from swajax.runner import DeviceRunner, HostRunner
 from swajax.serving.engine import Engine, engine_window, resolve_context
@@ -247,12 +248,17 @@ def _check_host_memory(gib: float) -> None:
 
 
 def make_engine(
-    decoder: Decoder, spec: EngineSpec, draft: Decoder | None = None, *, consume: bool = False
+    decoder: Decoder,
+    spec: EngineSpec,
+    draft: Decoder | MtpLayer | None = None,
+    *,
+    consume: bool = False,
 ) -> Engine:
-    """An engine for `decoder`; `draft`: a speculative draft model, whose KV shares the pools
-    (the sizing counts its layers). With `spec.scan_layers` the engine's model holds the layer
-    weights restacked (`swajax.models.layer_stack`): drop `decoder` afterwards, or its
-    per-layer arrays stay alive beside them."""
+    """An engine for `decoder`; `draft`: a speculative draft model or the checkpoint's own MTP
+    layer (`swajax.models.mtp`), whose KV shares the pools (the sizing counts its layers).
+    With `spec.scan_layers` the engine's model holds the layer weights restacked
+    (`swajax.models.layer_stack`): drop `decoder` afterwards, or its per-layer arrays stay
+    alive beside them."""
     cfg = decoder.spec.hybrid
     draft_cfg = draft.spec.hybrid if draft is not None else None
     kv = spec.kv_dtype or KV_DTYPE[decoder.spec.dtype]
@@ -283,7 +289,11 @@ def make_engine(
         mesh=tensor_mesh(spec.tensor_parallel),
     )
     model = HybridLM(decoder, consume=consume, **lm)
-    draft_lm = None if draft is None else HybridLM(draft, consume=consume, **lm)
+    draft_lm = None
+    if isinstance(draft, MtpLayer):  # the checkpoint's own draft layer
+        draft_lm = MtpLM(draft, model)
+    elif draft is not None:
+        draft_lm = HybridLM(draft, consume=consume, **lm)
     options = _options(decoder, spec, sizes)
     logging.getLogger(__name__).info(
         "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",

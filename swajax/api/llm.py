@@ -24,6 +24,7 @@ from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
 from swajax.api.state import restore_state, save_state
 from swajax.errors import InputError
 from swajax.generation_config import sampling_defaults, stop_token_ids
+from swajax.models.mtp import MTP, load_mtp
 from swajax.progress_bar import progress
 from swajax.serving.engine import Engine
 from swajax.serving.sampling_params import SamplingParams
@@ -153,8 +154,9 @@ class LLM:
     `generation_config`: "auto" takes sampling defaults (temperature, top_p, top_k, min_p,
     repetition_penalty) from the checkpoint's generation_config.json for requests that leave
     them unset; "vllm" ignores it. `draft_model`: a speculative draft ("tiny" or a folder with
-    the same vocabulary; `num_speculative_tokens`, 4 by default). `dequantize_weights`: hold a
-    quantized checkpoint dequantized. The engine's other fields pass through by name
+    the same vocabulary, or "mtp": the checkpoint's own multi-token-prediction layer, for
+    MiMo-V2-Flash and Step 3.x; `num_speculative_tokens`, 4 by default). `dequantize_weights`:
+    hold a quantized checkpoint dequantized. The engine's other fields pass through by name
     (`kv_budget_gib`, `cache_policy`, `host_cache_gib`, `decode_steps`, ...)."""
 
     def __init__(
@@ -222,7 +224,9 @@ class LLM:
             flag=flags[0],
         )
         draft = None
-        if draft_model is not None:
+        if draft_model == MTP:  # the checkpoint's own draft layer, read beside the decoder
+            draft = load_mtp(self.folder, decoder.spec, mesh=mesh)
+        elif draft_model is not None:
             # the draft in the target's dtype: one set of activations, one KV dtype
             dtype = decoder.spec.dtype
             draft = load_model(draft_model, dtype, flag=flags[1], mesh=mesh)[0]

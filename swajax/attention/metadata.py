@@ -85,6 +85,18 @@ class MetadataShape:
     num_blocks: int
 
 
+def shape_of(meta, window: int) -> MetadataShape:
+    """The static shape of a built `AttentionMetadata` (`window`: the one it was built with)."""
+    return MetadataShape(
+        window=window,
+        block_q=meta.block_q,
+        num_tokens=meta.num_tokens,
+        full_pages=meta.full_page_table.shape[1],
+        swa_pages=meta.swa_page_table.shape[1],
+        num_blocks=meta.block_req.shape[0],
+    )
+
+
 MIN_CONTEXT = 256
 
 

@@ -447,9 +447,9 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--draft-model",
-        help="speculative decoding: 'tiny' or a checkpoint folder "
-        "with the target's vocabulary (rejection sampling keeps the target's "
-        "distribution; greedy with temperature 0)",
+        help="speculative decoding: 'tiny', a checkpoint folder with the target's vocabulary, "
+        "or 'mtp' (the checkpoint's own multi-token-prediction layer: MiMo-V2-Flash, Step 3.x); "
+        "rejection sampling keeps the target's distribution (greedy with temperature 0)",
     )
     p.add_argument(
         "--num-speculative-tokens",

@@ -139,8 +139,17 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
+        x, pools = self.hidden(tokens, positions, pools, meta, mode=mode)
+        return self.head(self.norm(x[sample_index])), pools
+
+    def embedded(self, tokens):
+        """The input embedding of `tokens` (scaled as the family scales it)."""
         embed = self.embed[...]
-        x = lookup(embed, tokens) * jnp.asarray(self.spec.embed_scale, embed.dtype)
+        return lookup(embed, tokens) * jnp.asarray(self.spec.embed_scale, embed.dtype)
+
+    def hidden(self, tokens, positions, pools, meta, *, mode=XLA):
+        """The last layer's output of every row (before the final norm), and the pools."""
+        x = self.embedded(tokens)
         if self.per_layer_inputs is None:
             for layer in self.layers:
                 x, pools = layer(x, positions, pools, meta, mode)
@@ -148,15 +157,18 @@ class Decoder(nnx.Module):
             per_layer = self.per_layer_inputs(tokens, x)
             for i, layer in enumerate(self.layers):
                 x, pools = layer(x, positions, pools, meta, mode, per_layer[:, i])
-        x = self.norm(x[sample_index])
-        head = embed.T if self.lm_head is None else self.lm_head.kernel[...]
-        logits = head_dot(x, head)  # float32 logits whatever the parameter dtype
+        return x, pools
+
+    def head(self, x):
+        """Float32 logits of normed rows `x` (whatever the parameter dtype)."""
+        head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
+        logits = head_dot(x, head)
         if self.spec.logit_scale != 1.0:  # Cohere
             logits = logits * self.spec.logit_scale
         if self.spec.final_soft_cap is not None:
             cap = self.spec.final_soft_cap
             logits = jnp.tanh(logits / cap) * cap
-        return logits, pools
+        return logits
 
 
 class Forward:
@@ -185,6 +197,16 @@ class Forward:
         with invariant.batch_invariant(self.mode.deterministic):
             return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
+    def hidden_logits(self, params, pools, tokens, meta, rows):
+        """(hidden, logits, pools): the final norm's output of every row [T, H] (what a
+        multi-token-prediction draft reads), the logits of the flat rows `rows`, and the pools
+        with the batch's KV written."""
+        model = self._model(params)
+        with invariant.batch_invariant(self.mode.deterministic):
+            x, pools = model.hidden(tokens, meta.positions, pools, meta, mode=self.mode)
+            x = model.norm(x)
+            return x, model.head(x[rows]), pools
+
     def __call__(
         self,
         params,
@@ -194,15 +216,23 @@ class Forward:
         return_logits: bool,
         penalties=None,
         mode: SampleMode = GREEDY_OR_PLAIN,
+        *,
+        hidden: bool = False,
     ):
-        """(pools, penalties, Sampled): forward the batch, then sample its sampled rows."""
-        model = self._model(params)
-        with invariant.batch_invariant(self.mode.deterministic):
-            logits, pools = model(
-                batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
-            )
+        """(pools, penalties, Sampled): forward the batch, then sample its sampled rows.
+        `hidden`: (pools, penalties, Sampled, the final norm's output of every row)."""
+        if hidden:
+            tokens, rows = batch.tokens, batch.logit_index
+            x, logits, pools = self.hidden_logits(params, pools, tokens, meta, rows)
+        else:
+            model = self._model(params)
+            with invariant.batch_invariant(self.mode.deterministic):
+                logits, pools = model(
+                    batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
+                )
         sampled, penalties = sample(logits[batch.sample_index], batch, penalties, mode)
-        return pools, penalties, sampled._replace(logits=logits if return_logits else None)
+        sampled = sampled._replace(logits=logits if return_logits else None)
+        return (pools, penalties, sampled, x) if hidden else (pools, penalties, sampled)
 
 
 _FORWARDS: dict = {}
@@ -286,6 +316,16 @@ class HybridLM:
     @property
     def decoder(self) -> Decoder:
         return nnx.merge(self.graphdef, self.state)
+
+    @property
+    def memory_window(self) -> int:
+        """The window its pools must keep (0: no sliding layer)."""
+        return self.spec.hybrid.sliding_window or 0
+
+    def draft_state(self, sizes, rows: int):
+        """Its device state as a speculative draft: its KV pools at the target's slots."""
+        del rows  # a draft model reads nothing per request beyond its KV
+        return self.init_pools(sizes)
 
     def init_pools(self, sizes):
         heads = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from swajax.attention.metadata import MetadataShape, metadata_core
+from swajax.attention.metadata import MetadataShape, metadata_core, shape_of
 from swajax.models.sampling import draw_keys, processed
 
 # Salts of the draws at one position: the draft's proposal, the acceptance test, the residual
@@ -73,27 +73,32 @@ def verify_round(
     sampling = temp > 0
     real = (meta.seq_lens > prefix_lens).astype(jnp.int32)  # padding rows extend nothing
     first = jnp.take(batch.tokens, jnp.arange(n_rows) * (k + 1), mode="clip")  # pending tokens
-    current, proposals, q_probs = first, [], []
-    for j, shape in enumerate(draft_shapes):  # k + 1 single-token draft forwards
-        pre = prefix_lens + j * real
-        m = metadata_core(r2t, alloc, rows, pre, pre + real, shape)
-        n = shape.num_tokens
-        rows_j = jnp.arange(n, dtype=jnp.int32)
-        logits, d_pools = draft.logits(d_state, d_pools, current[:n], m, rows_j)
+
+    def choose(j, logits, n):
+        """The j-th proposal of the first n requests and the distribution it was drawn from."""
         keys = draw_keys(seeds[:n], prefix_lens[:n] + 1 + j, DRAFT)
         drawn, q = _sample_rows(logits, [x[:n] for x in params], keys)
-        pick = jnp.where(sampling[:n], drawn, _argmax(logits))
-        nxt = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
-        proposals.append(nxt)
-        q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
-        current = nxt
+        return jnp.where(sampling[:n], drawn, _argmax(logits)), q
+
+    mtp = getattr(draft, "needs_hidden", False)
+    if mtp:
+        args = (d_state, t_state, d_pools, first, real, prefix_lens, r2t, alloc, rows)
+        proposals, q_probs, d_pools = draft.propose(*args, draft_shapes, choose, k)
+    else:
+        proposals, q_probs, d_pools = _draft_proposals(
+            draft, d_state, d_pools, first, real, meta, r2t, alloc, rows, draft_shapes, choose
+        )
     proposed = jnp.stack(proposals[:k], axis=1)  # [R, k]: d1 .. dk
     flat = jnp.concatenate([first[:, None], proposed], axis=1)  # t, d1 .. dk per request
     t = meta.num_tokens
     verify_tokens = jnp.zeros(max(t, flat.size), jnp.int32).at[: flat.size].set(flat.reshape(-1))
-    logits, pools = target.logits(
-        t_state, pools, verify_tokens[:t], meta, jnp.arange(t, dtype=jnp.int32)
-    )
+    verify_rows = jnp.arange(t, dtype=jnp.int32)
+    if mtp:
+        hidden, logits, pools = target.hidden_logits(
+            t_state, pools, verify_tokens[:t], meta, verify_rows
+        )
+    else:
+        logits, pools = target.logits(t_state, pools, verify_tokens[:t], meta, verify_rows)
     size, v = n_rows * (k + 1), logits.shape[-1]
     logits = jnp.zeros((max(t, size), v), jnp.float32).at[:t].set(logits.astype(jnp.float32))
     logits = logits[:size].reshape(n_rows, k + 1, v)
@@ -104,9 +109,33 @@ def verify_round(
     tokens = jnp.where(sampling[:, None], tokens, greedy)
     agree = (proposed == greedy[:, :k]).astype(jnp.int32)
     accepted = jnp.where(sampling, accepted, jnp.sum(jnp.cumprod(agree, axis=1), axis=1))
+    accepted = accepted.astype(jnp.int32)
+    if mtp:  # the draft's entries of the verified positions, from the target's hidden states
+        shape = shape_of(meta, draft_shapes[0].window)
+        args = (d_state, t_state, d_pools, hidden, proposed, accepted, real, meta, r2t, alloc)
+        d_pools = draft.settle(*args, rows, shape)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     lp = jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0]
-    return pools, d_pools, (tokens, lp, accepted.astype(jnp.int32))
+    return pools, d_pools, (tokens, lp, accepted)
+
+
+def _draft_proposals(draft, d_state, d_pools, first, real, meta, r2t, alloc, rows, shapes, choose):
+    """A draft model's proposals: k + 1 single-token forwards from the pending token (the last
+    writes the draft's KV of the k-th proposal, so its KV stays in step with the target's)."""
+    n_rows, prefix_lens = rows.shape[0], meta.prefix_lens
+    current, proposals, q_probs = first, [], []
+    for j, shape in enumerate(shapes):
+        pre = prefix_lens + j * real
+        m = metadata_core(r2t, alloc, rows, pre, pre + real, shape)
+        n = shape.num_tokens
+        rows_j = jnp.arange(n, dtype=jnp.int32)
+        logits, d_pools = draft.logits(d_state, d_pools, current[:n], m, rows_j)
+        pick, q = choose(j, logits, n)
+        nxt = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
+        proposals.append(nxt)
+        q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
+        current = nxt
+    return proposals, q_probs, d_pools
 
 
 def _accept(logits, greedy, proposed, q_probs, params, seeds, prefix, k: int):

@@ -86,7 +86,9 @@ class DeviceRunner:
                 self.pools, sizes.host_full_tokens // ps, sizes.host_swa_tokens // ps
             )
         # The draft's KV sits at the same slots, in buffers of its own layers.
-        self.draft_pools = draft.init_pools(sizes) if draft is not None else None
+        self.draft_pools = None
+        if draft is not None:
+            self.draft_pools = draft.draft_state(sizes, max_running)
         # Per-row token counts for the penalties: allocated by the first step that needs them.
         self.penalties, self._rows = None, max_running
         self._compiles0 = compilation_count()
@@ -327,7 +329,7 @@ class DeviceRunner:
         arrays.update(fwd._asdict())  # the model's inputs ride in the same buffer
         if plan.memory.full_src is not None:
             arrays["full_src"] = pad(plan.memory.full_src, shape.num_tokens)
-        if plan.round.lookahead:
+        if plan.round.lookahead or self.draft is not None:
             arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
         arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)

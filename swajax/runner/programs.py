@@ -64,9 +64,26 @@ def fused_step(
     """commit_step then the model's forward (a static `Forward`) and sampling, traced into one
     program; a speculative draft (`draft`, or None) writes its KV of the same tokens."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    extra.pop("verify_rows", None)
+    rows = extra.pop("verify_rows", None)  # a draft's steps carry their requests' rows
     pen = _seeded(pen, extra)
     batch = ForwardBatch(**extra)
+    if getattr(draft, "needs_hidden", False):  # an MTP draft reads the target's hidden states
+        pools, pen, sampled, hidden = forward(
+            weights, pools, batch, meta, return_logits, pen, mode, hidden=True
+        )
+        d_pools = draft.extend(
+            d_weights,
+            weights,
+            d_pools,
+            batch.tokens,
+            hidden,
+            meta,
+            r2t,
+            alloc,
+            rows,
+            commit["meta_shape"],
+        )
+        return alloc, r2t, pools, d_pools, pen, out, sampled
     pools, pen, sampled = forward(weights, pools, batch, meta, return_logits, pen, mode)
     if draft is not None:
         _, d_pools = draft.logits(d_weights, d_pools, batch.tokens, meta, batch.logit_index[:1])

@@ -34,8 +34,7 @@ POOLS = ("full", "swa")
 def engine_window(cfg: HybridConfig, draft=None) -> int:
     """W as host code keeps it: an int, 0 when there are no local layers. With a speculative
     draft, W covers its windows too (its SWA KV lives at the target's slots)."""
-    windows = [cfg.sliding_window, draft.spec.hybrid.sliding_window if draft else None]
-    return max(w or 0 for w in windows)
+    return max(cfg.sliding_window or 0, draft.memory_window if draft is not None else 0)
 
 
 class Engine:

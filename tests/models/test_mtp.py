@@ -1,0 +1,124 @@
+"""The checkpoints' own draft layers (MTP): read as the hub lays them out, their forward matches
+transformers' (`MtpModel` over the family's decoder layer, tools/make_mtp_fixtures.py), and the
+engine writes their KV at the positions the reference forward does, chunk after chunk."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import FIXTURES, rel_err
+
+from swajax import sizing
+from swajax.api import engine_for
+from swajax.attention.metadata import build_metadata
+from swajax.errors import InputError
+from swajax.memory import allocator as A, req_to_token as R
+from swajax.models import load_decoder
+from swajax.models.checkpoint import LoadError
+from swajax.models.decoder import HybridLM
+from swajax.models.mtp import MtpLM, load_mtp, mtp_config
+from swajax.serving.options import EngineOptions
+from swajax.serving.sampling_params import SamplingParams
+from swajax.sizing import PoolMode, PoolSizes
+
+FAMILIES = ["mimo_v2_flash_mtp", "step3p7_mtp"]
+PROMPT = json.loads((FIXTURES / "step3p7" / "greedy.json").read_text())["prompt"]
+
+
+def _reference_forward(path):
+    """The target over the prompt, then the MTP layer over (hidden_i, token_i+1), i < 23, in
+    one batch each: (MTP logits [23, V], its KV of those positions [23, heads, dim] x 2)."""
+    decoder = load_decoder(path)
+    model = HybridLM(decoder, dtype="fp32", scan_layers=False)
+    mtp = MtpLM(load_mtp(path, decoder.spec), model)
+    n, ps = len(PROMPT), 4
+    sizes = PoolSizes(PoolMode.SINGLE, 64, 64, ps)
+    alloc = A.init_allocator(64, 64, ps, PoolMode.SINGLE)
+    r2t = R.ReqToToken.init(1, 64)
+    alloc, res = A.alloc_extend(alloc, [0], [n], [-1])
+    r2t = R.write(r2t, [0], [0], [n], res.full_slots)
+    meta = build_metadata(r2t, alloc, [0], [0], [n], window=0)
+    tokens = jnp.zeros(meta.num_tokens, jnp.int32).at[:n].set(jnp.asarray(PROMPT))
+    rows = jnp.arange(meta.num_tokens, dtype=jnp.int32)
+    hidden, _, _ = model.forward.hidden_logits(
+        model.params, model.init_pools(sizes), tokens, meta, rows
+    )
+    m = build_metadata(r2t, alloc, [0], [0], [n - 1], window=0)
+    state = mtp.draft_state(sizes, 1)
+    t = m.num_tokens
+    following = jnp.zeros(t, jnp.int32).at[: n - 1].set(jnp.asarray(PROMPT[1:]))
+    logits, _, pools = mtp.fused_forward.logits(
+        mtp.params, model.params, state.pools, following, hidden[:t], m
+    )
+    slots = np.asarray(r2t.table[0, : n - 1])
+    k, v = pools.layer(0)
+    return np.asarray(logits[: n - 1]), np.asarray(k)[slots], np.asarray(v)[slots]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_draft_layer_matches_transformers(family):
+    logits, _, _ = _reference_forward(FIXTURES / family)
+    expected = np.load(FIXTURES / family / "mtp_logits.npy")
+    assert rel_err(logits, expected) < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_prefill_writes_the_reference_entries(family):
+    """The engine's prefill in chunks of 8 (every chunk pairs its first position's hidden state
+    from the buffer with its first token) leaves the very entries the one-batch forward makes."""
+    path = FIXTURES / family
+    _, k_ref, v_ref = _reference_forward(path)
+    decoder = load_decoder(path)
+    model = HybridLM(decoder, dtype="fp32")
+    mtp = MtpLM(load_mtp(path, decoder.spec), model)
+    sizes = PoolSizes(PoolMode.SINGLE, 256, 256, 4)
+    options = EngineOptions(
+        max_running=2, max_context=64, chunk_size=8, num_speculative_tokens=2, prefix_cache=False
+    )
+    engine = engine_for(decoder.spec.hybrid, model, sizes, options, draft=mtp)
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=16))
+    for _ in range(3):  # the three chunks
+        engine.step()
+    req = engine.requests[rid]
+    slots = np.asarray(engine.runner.r2t.table[req.row, : len(PROMPT) - 1])
+    k, v = engine.runner.draft_pools.pools.layer(0)
+    np.testing.assert_allclose(np.asarray(k)[slots], k_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(v)[slots], v_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_draft_layers_kind_window_and_sizing():
+    cfg = json.loads((FIXTURES / "mimo_v2_flash_mtp" / "config.json").read_text())
+    draft = load_mtp(FIXTURES / "mimo_v2_flash_mtp", load_decoder(FIXTURES / "mimo_v2_flash").spec)
+    hybrid = draft.spec.hybrid
+    assert [la.kind.is_local for la in hybrid.layers] == [True]
+    assert (
+        hybrid.sliding_window == load_decoder(FIXTURES / "mimo_v2_flash").spec.hybrid.sliding_window
+    )
+    target = load_decoder(FIXTURES / "mimo_v2_flash").spec.hybrid
+    full, swa = sizing.token_bytes(target, "fp32")
+    full_d, swa_d = sizing.token_bytes(target, "fp32", hybrid)
+    # One more SWA layer of the SWA shape: its K and V per token, and nothing on the full side.
+    shape = target.swa_attention
+    assert full_d == full
+    assert swa_d - swa == 4 * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim)
+    assert mtp_config(cfg)["num_hidden_layers"] == 1
+
+
+def test_checkpoints_without_draft_layers_say_so(tmp_path):
+    with pytest.raises(InputError, match="declares no MTP layers"):
+        load_mtp(FIXTURES / "mimo_v2_flash", load_decoder(FIXTURES / "mimo_v2_flash").spec)
+    with pytest.raises(InputError, match="MTP drafts are built for"):
+        load_mtp(FIXTURES / "gpt_oss", load_decoder(FIXTURES / "gpt_oss").spec)
+    # A declared layer whose tensors are missing is named.
+    dst = tmp_path / "m"
+    dst.mkdir()
+    for f in (FIXTURES / "mimo_v2_flash_mtp").iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(dst / "model.safetensors"))
+    del weights["model.mtp.layers.0.eh_proj.weight"]
+    save_file(weights, str(dst / "model.safetensors"))
+    with pytest.raises(LoadError, match="model.mtp.layers.0.eh_proj.weight"):
+        load_mtp(dst, load_decoder(dst).spec)
