@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from swajax.api import EngineSpec, generate, make_engine
 from swajax.compile_cache import default_dir
 from swajax.demo import demo_decoder
@@ -86,6 +88,7 @@ def test_a_corrupt_entry_is_ignored_and_replaced(tmp_path):
     assert summary["compile_cache_hits"] + summary["programs_loaded"] >= len(entries)
 
 
+@pytest.mark.slow  # the cache's reuse is tested above; this adds a second writer
 def test_two_processes_sharing_one_cache_never_fail(tmp_path):
     env = dict(os.environ, SWAJAX_COMPILE_CACHE=str(tmp_path / "shared"))
     argv = [sys.executable, "-m", "swajax", "generate", "--prompt-ids", "1,2,3"]

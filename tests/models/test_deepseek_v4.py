@@ -149,6 +149,7 @@ def test_retraction_and_abort_keep_other_requests_exact(fixture):
     check_clean(engine)
 
 
+@pytest.mark.slow  # tests/models/test_sharding.py shards the other families by default
 def test_tensor_parallel_over_four_devices():
     """Query heads, the experts' intermediate and the shared expert split over the 4 fake
     devices (tests/conftest.py); the one shared KV head's pools and the compressed stores are

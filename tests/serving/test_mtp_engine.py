@@ -22,7 +22,19 @@ PROMPTS = [[(7 * i + 5 * j) % 120 + 1 for i in range(15 + 8 * j)] for j in range
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
-def run(family, k=0, *, gib=0.002, overlap=True, trace=None, params=GREEDY, prompts=PROMPTS):
+def run(
+    family,
+    k=0,
+    *,
+    gib=0.002,
+    overlap=True,
+    trace=None,
+    params=GREEDY,
+    prompts=PROMPTS,
+    steps=None,
+    requests=True,
+):
+    """`steps`: stop after that many steps (None: run to the end); `requests=False`: add none."""
     path = FIXTURES / family
     decoder = load_decoder(path)
     model = HybridLM(decoder, dtype="fp32")
@@ -45,8 +57,14 @@ def run(family, k=0, *, gib=0.002, overlap=True, trace=None, params=GREEDY, prom
     )
     engine = engine_for(cfg, model, sizes, options, draft=draft)
     tracer = Tracer(engine) if trace is not None else None
+    if not requests:
+        return [], engine
     rids = [engine.add_request(p, params) for p in prompts]
     rids.append(engine.add_request(prompts[-1][:20] + [9, 9], params))  # a prefix hit
+    if steps is not None:
+        for _ in range(steps):
+            engine.step()
+        return [], engine
     engine.run()
     if tracer is not None:
         check_replays(tracer, trace)
@@ -62,9 +80,9 @@ def plain():
 @pytest.mark.parametrize(
     "family, k",
     [
-        ("mimo_v2_flash_mtp", 1),
         ("mimo_v2_flash_mtp", 2),
         ("step3p7_mtp", 4),
+        pytest.param("mimo_v2_flash_mtp", 1, marks=pytest.mark.slow),
         pytest.param("mimo_v2_flash_mtp", 4, marks=pytest.mark.slow),
         pytest.param("step3p7_mtp", 1, marks=pytest.mark.slow),
         pytest.param("step3p7_mtp", 2, marks=pytest.mark.slow),
@@ -88,9 +106,23 @@ def test_mtp_through_retraction_and_without_overlap():
     assert outputs == expected
 
 
+@pytest.mark.slow  # the draft-model rounds' reproducibility is tested by default
 def test_a_sampled_mtp_round_is_reproducible():
     params = SamplingParams(temperature=0.8, max_tokens=10, seed=3)
     a, _ = run("step3p7_mtp", 2, params=params)
     b, _ = run("step3p7_mtp", 2, params=params)
     assert a == b and all(len(o) == 10 for o in a)
     assert not np.array_equal(a[0], a[1])
+
+
+def test_an_mtp_engine_resumes_from_a_snapshot(plain, tmp_path):
+    """Saved mid-run (the draft's pools and its hidden-state buffer beside the target's) and
+    restored into a fresh engine, the run ends with plain decoding's tokens."""
+    family = "mimo_v2_flash_mtp"
+    _, engine = run(family, 2, steps=6)
+    engine.snapshot(tmp_path / "snap")
+    _, fresh = run(family, 2, steps=0, requests=False)
+    fresh.restore(tmp_path / "snap")
+    fresh.run()
+    assert [fresh.requests[r].output for r in sorted(fresh.requests)] == plain[family]
+    check_clean(fresh)

@@ -216,6 +216,7 @@ with open(sys.argv[5], "w") as f:
 """
 
 
+@pytest.mark.slow  # the in-process resumes above cover the state; this adds a process
 def test_a_fresh_process_resumes_bit_for_bit(tmp_path):
     """Restored in another process (nothing compiled, nothing shared but the folder): the
     same tokens, logprobs and logits as the engine that was saved and went on."""

@@ -90,6 +90,7 @@ def test_the_target_as_its_own_draft_accepts_everything(target, plain, k, tmp_pa
     assert engine.scheduler.accepted_tokens >= (rounds - 2 * len(PROMPTS)) * k  # all but the ends
 
 
+@pytest.mark.slow  # the MTP engine tests' random drafts are rejected too, traces replayed
 def test_an_always_wrong_draft_changes_nothing(target, plain, tmp_path):
     outputs, engine = run(
         target, 3, rotated(target), trace=tmp_path / "t.jsonl"

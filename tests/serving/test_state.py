@@ -159,6 +159,7 @@ def test_random_turns_go_on_the_same_after_a_restore(seed, tmp_path):
     check_clean(restored)
 
 
+@pytest.mark.slow  # a draft's state restores in tests/serving/test_mtp_engine.py too
 def test_a_speculative_engine_keeps_its_drafts_kv(tmp_path):
     """With a draft model its pools are saved too: the restored engine drafts over the
     restored prefix as the saved one does; and saved in the middle of a request's speculative
