@@ -82,9 +82,9 @@ def plain():
     [
         ("mimo_v2_flash_mtp", 2),
         ("step3p7_mtp", 4),
+        ("step3p7_mtp", 1),
         pytest.param("mimo_v2_flash_mtp", 1, marks=pytest.mark.slow),
         pytest.param("mimo_v2_flash_mtp", 4, marks=pytest.mark.slow),
-        pytest.param("step3p7_mtp", 1, marks=pytest.mark.slow),
         pytest.param("step3p7_mtp", 2, marks=pytest.mark.slow),
     ],
 )
