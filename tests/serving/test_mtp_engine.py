@@ -126,3 +126,30 @@ def test_an_mtp_engine_resumes_from_a_snapshot(plain, tmp_path):
     fresh.run()
     assert [fresh.requests[r].output for r in sorted(fresh.requests)] == plain[family]
     check_clean(fresh)
+
+
+def test_mtp_over_two_tensor_parallel_devices(plain):
+    """The draft layer split by heads like the target (its pools too): the same tokens."""
+    from swajax.api.engine_spec import EngineSpec, make_engine, tensor_mesh
+
+    family = "step3p7_mtp"
+    mesh = tensor_mesh(2)
+    decoder = load_decoder(FIXTURES / family, mesh=mesh)
+    spec = EngineSpec.of(
+        dtype="float32",
+        kv_dtype="fp32",
+        tensor_parallel=2,
+        num_speculative_tokens=2,
+        page_size=4,
+        chunk_size=8,
+        eviction_interval=1,
+        max_context=128,
+        kv_budget_gib=0.002,
+        ratio=0.5,
+    )
+    engine = make_engine(decoder, spec, load_mtp(FIXTURES / family, decoder.spec, mesh=mesh))
+    rids = [engine.add_request(p, GREEDY) for p in PROMPTS]
+    rids.append(engine.add_request(PROMPTS[-1][:20] + [9, 9], GREEDY))
+    engine.run()
+    assert [engine.requests[r].output for r in rids] == plain[family]
+    check_clean(engine)
