@@ -153,3 +153,24 @@ def test_mtp_over_two_tensor_parallel_devices(plain):
     engine.run()
     assert [engine.requests[r].output for r in rids] == plain[family]
     check_clean(engine)
+
+
+def test_the_llm_drafts_with_the_checkpoints_own_layer_by_name():
+    """`LLM(model, draft_model="mtp")`, vLLM's name for the method: the plain LLM's tokens; a
+    checkpoint without MTP layers, or a family without them here, is refused by name."""
+    from swajax import LLM
+    from swajax.errors import InputError
+
+    path = str(FIXTURES / "step3p7_mtp")
+    prompt = {"prompt_token_ids": PROMPTS[0]}
+    kw = dict(dtype="float32", kv_budget_gib=0.002, page_size=4)
+    drafted = LLM(path, draft_model="mtp", num_speculative_tokens=2, **kw)
+    plain_llm = LLM(path, **kw)
+    got = [llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for llm in (drafted, plain_llm)]
+    assert got[0] == got[1]
+    assert any(m.new_tokens for m in drafted.engine.metrics if m.kind == "decode")
+    assert drafted.engine.draft is not None
+    with pytest.raises(InputError, match="declares no MTP layers"):
+        LLM(str(FIXTURES / "mimo_v2_flash"), draft_model="mtp", **kw)
+    with pytest.raises(InputError, match="MTP drafts are built for"):
+        LLM(str(FIXTURES / "qwen3"), draft_model="mtp", **kw)
