@@ -20,6 +20,7 @@ SLOW = {
     "floor",
     "kv_dtype",
     "loading",
+    "mtp",
     "multihost",
     "overlap",
     "published_shapes",

@@ -128,6 +128,7 @@ def test_an_mtp_engine_resumes_from_a_snapshot(plain, tmp_path):
     check_clean(fresh)
 
 
+@pytest.mark.slow  # the draft is placed by the target's sharding rules, tested by default
 def test_mtp_over_two_tensor_parallel_devices(plain):
     """The draft layer split by heads like the target (its pools too): the same tokens."""
     from swajax.api.engine_spec import EngineSpec, make_engine, tensor_mesh
