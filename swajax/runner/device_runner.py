@@ -330,7 +330,7 @@ class DeviceRunner:
         if plan.memory.full_src is not None:
             arrays["full_src"] = pad(plan.memory.full_src, shape.num_tokens)
         if plan.round.lookahead or self.draft is not None:
-            arrays["verify_rows"] = pad(plan.rows, len(arrays["rows"]))
+            arrays["request_rows"] = pad(plan.rows, len(arrays["rows"]))
         arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)

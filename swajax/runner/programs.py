@@ -64,28 +64,17 @@ def fused_step(
     """commit_step then the model's forward (a static `Forward`) and sampling, traced into one
     program; a speculative draft (`draft`, or None) writes its KV of the same tokens."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    rows = extra.pop("verify_rows", None)  # a draft's steps carry their requests' rows
+    rows = extra.pop("request_rows", None)  # a draft's steps carry their requests' rows
     pen = _seeded(pen, extra)
     batch = ForwardBatch(**extra)
-    if getattr(draft, "needs_hidden", False):  # an MTP draft reads the target's hidden states
-        pools, pen, sampled, hidden = forward(
-            weights, pools, batch, meta, return_logits, pen, mode, hidden=True
-        )
-        d_pools = draft.extend(
-            d_weights,
-            weights,
-            d_pools,
-            batch.tokens,
-            hidden,
-            meta,
-            r2t,
-            alloc,
-            rows,
-            commit["meta_shape"],
-        )
-        return alloc, r2t, pools, d_pools, pen, out, sampled
-    pools, pen, sampled = forward(weights, pools, batch, meta, return_logits, pen, mode)
-    if draft is not None:
+    hidden = getattr(draft, "needs_hidden", False)  # an MTP draft reads the target's hidden states
+    pools, pen, sampled, *h = forward(
+        weights, pools, batch, meta, return_logits, pen, mode, hidden=hidden
+    )
+    if hidden:
+        args = (d_weights, weights, d_pools, batch.tokens, h[0], meta, r2t, alloc, rows)
+        d_pools = draft.extend(*args, commit["meta_shape"])
+    elif draft is not None:
         _, d_pools = draft.logits(d_weights, d_pools, batch.tokens, meta, batch.logit_index[:1])
     return alloc, r2t, pools, d_pools, pen, out, sampled
 
@@ -114,7 +103,7 @@ def fused_verify(
 ):
     """commit_step (k + 1 positions per decoding request) then a speculative round."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    rows = extra.pop("verify_rows")
+    rows = extra.pop("request_rows")
     pools, d_pools, verified = verify_round(
         forward,
         draft,
@@ -158,7 +147,7 @@ def fused_round(
     """commit_step (up to `steps` positions per decoding request) then those decode steps
     (multi-step decode)."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
-    rows = extra.pop("verify_rows")
+    rows = extra.pop("request_rows")
     batch = ForwardBatch(**extra)
     pools, decoded = decode_round(
         forward, weights, pools, r2t, alloc, meta, batch, rows, steps=steps, shape=shape, mode=mode
