@@ -26,11 +26,9 @@ its final norm, as transformers hands it over) and the prompt's token i + 1.
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -113,7 +111,9 @@ def make(name: str) -> None:
     mtp = _draft(main, attention, mlp)
     tensors = _hub_names(base, mtp, n)
     weights = load_file(out / "model.safetensors")
-    save_file({**weights, **{k: v.contiguous() for k, v in tensors.items()}}, out / "model.safetensors")
+    save_file(
+        {**weights, **{k: v.contiguous() for k, v in tensors.items()}}, out / "model.safetensors"
+    )
     cfg = json.loads((out / "config.json").read_text())
     text = cfg.get("text_config", cfg)
     text["num_nextn_predict_layers"] = 1
