@@ -122,3 +122,24 @@ def test_checkpoints_without_draft_layers_say_so(tmp_path):
     save_file(weights, str(dst / "model.safetensors"))
     with pytest.raises(LoadError, match="model.mtp.layers.0.eh_proj.weight"):
         load_mtp(dst, load_decoder(dst).spec)
+
+
+def test_the_hubs_padded_per_layer_lists_name_the_draft_layer():
+    """Step 3.x hub configs pad their per-layer lists with the MTP layers' entries (45 decoder
+    layers + 3): the draft layer takes entry 45 of each, and base head counts (transformers'
+    rule without `mtp_per_layer_config`); the decoder keeps its 45."""
+    from swajax.models.family_specs import model_spec
+    from swajax.presets import STEP_3_5_FLASH
+
+    n, m = 45, 3
+    cfg = dict(STEP_3_5_FLASH, num_nextn_predict_layers=m)
+    cfg["layer_types"] = STEP_3_5_FLASH["layer_types"] + ["sliding_attention"] * m
+    cfg["swiglu_limits"] = [None] * n + [7.0] * m
+    cfg["swiglu_limits_shared"] = [None] * (n + m)
+    draft = model_spec(mtp_config(cfg))
+    assert draft.num_layers == 1 and draft.hybrid.layers[0].kind.is_local
+    assert draft.hybrid.sliding_window == model_spec(cfg).hybrid.sliding_window
+    assert draft.hybrid.swa_attention.num_heads == cfg["num_attention_heads"]
+    assert draft.mlps == ("dense",) and draft.intermediate == (cfg["intermediate_size"],)
+    assert draft.expert_limits == (7.0,)
+    assert model_spec(cfg).num_layers == n

@@ -94,6 +94,8 @@ def test_mtp_drafting_gives_plain_greedy_output(plain, family, k, tmp_path):
     assert engine.metrics and any(m.kind == "decode" for m in engine.metrics)
 
 
+@pytest.mark.slow  # two engines of their own pool sizes (25 s); the default run's prefix hit
+# skips a buffered entry as a resumed request does
 def test_mtp_through_retraction_and_without_overlap():
     """Pools too small for every request's generation: requests are retracted and come back
     (their draft entries rewritten from a fresh prefill)."""
