@@ -14,6 +14,10 @@ import ctypes
 import ctypes.util
 import sys
 
+# Weights below which a build does not ask: a call walks the whole heap (50-100 ms measured in a
+# test process), and what a small model's build frees is small too.
+WORTH_FROM_BYTES = 256 * 2**20
+
 
 def release_free_memory() -> bool:
     """Give freed heap pages back to the OS (glibc's `malloc_trim`). True if any went back;

@@ -1,6 +1,6 @@
 """Freed host memory goes back to the OS when the engine asks (`swajax.host_memory`, called once
-an engine is built): glibc otherwise keeps it resident for reuse (at gpt-oss-20b's shapes 0.86
-GiB, benchmarks/README.md)."""
+an engine of 256 MiB of weights or more is built): glibc otherwise keeps it resident for reuse
+(at gpt-oss-20b's shapes 0.86 GiB, benchmarks/README.md)."""
 
 import ctypes
 import ctypes.util

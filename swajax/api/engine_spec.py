@@ -19,7 +19,7 @@ from swajax.api.state import Snapshots
 from swajax.config import HybridConfig
 from swajax.demo import demo_decoder
 from swajax.errors import InputError
-from swajax.host_memory import release_free_memory
+from swajax.host_memory import WORTH_FROM_BYTES, release_free_memory
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
 from swajax.models.mtp import MtpLayer, MtpLM
@@ -306,7 +306,8 @@ def make_engine(
         options.max_context,
     )
     engine = engine_for(cfg, model, sizes, options, draft=draft_lm)
-    release_free_memory()  # what loading and restacking freed, before the steps allocate
+    if sum(int(x.nbytes) for x in model.params) >= WORTH_FROM_BYTES:
+        release_free_memory()  # what loading and restacking freed, before the steps allocate
     return engine
 
 
