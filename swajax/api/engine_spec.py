@@ -306,7 +306,7 @@ def make_engine(
         options.max_context,
     )
     engine = engine_for(cfg, model, sizes, options, draft=draft_lm)
-    if sum(int(x.nbytes) for x in model.params) >= WORTH_FROM_BYTES:
+    if not model.abstract and sum(int(x.nbytes) for x in model.params) >= WORTH_FROM_BYTES:
         release_free_memory()  # what loading and restacking freed, before the steps allocate
     return engine
 
