@@ -16,7 +16,9 @@ reproducible. Both models' KV of the rejected positions is simply not used again
 frees their pages.
 
 The draft's KV lives at the same slots as the target's (its layers are part of the cell,
-`sizing.token_bytes(draft=...)`), in its own pool buffers.
+`sizing.token_bytes(draft=...)`), in its own pool buffers. A checkpoint's own MTP layer
+(`models/mtp.py`) drafts from the target's hidden states instead: it proposes k tokens from the
+one the previous step left, and after the verify rewrites its entries from the target's.
 """
 
 from __future__ import annotations
