@@ -34,6 +34,7 @@ from swajax.config import ConfigError, text_config
 from swajax.config.hf_fields import positive_int
 from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
+from swajax.memory.req_to_token import last_loc
 from swajax.models import invariant
 from swajax.models.checkpoint import Checkpoint
 from swajax.models.decoder import DecoderLayer
@@ -169,7 +170,8 @@ class MtpState:
 
     pools: pool_lib.KVPools
     hidden: jax.Array  # [max_running, H]
-    slot: jax.Array  # i32[max_running]: -1: none
+    slot: jax.Array  # i32[max_running]: -1: none (`last_loc`'s answer for no position, which
+    # `extend` never compares: it asks only where a position precedes the step)
 
 
 def init_state(pools, rows: int, hidden: int, dtype) -> MtpState:
@@ -214,7 +216,7 @@ class MtpForward:
         hidden_(e-1)."""
         s, e = meta.prefix_lens, meta.seq_lens
         real = e > s
-        valid = real & (s >= 1) & (state.slot[rows] == _slot(r2t, rows, s - 1))
+        valid = real & (s >= 1) & (state.slot[rows] == last_loc(r2t, rows, s))
         start = jnp.where(real, s - valid.astype(jnp.int32), 0)
         m = metadata_core(r2t, alloc, rows, start, jnp.where(real, e - 1, 0), _shifted(shape))
         r, i, cu, last = m.token_req, m.positions, meta.cu_q_lens, tokens.shape[0] - 1
@@ -223,7 +225,7 @@ class MtpForward:
         h = jnp.where((i < s[r])[:, None], state.hidden[rows[r]], own)
         _, _, pools = self.logits(params, t_params, state.pools, toks, h, m)
         final = hidden[jnp.clip(cu[:-1] + e - 1 - s, 0, last)]
-        return _remember(state, pools, rows, real, final, _slot(r2t, rows, e - 1))
+        return _remember(state, pools, rows, real, final, last_loc(r2t, rows, e))
 
     def propose(
         self,
@@ -244,7 +246,7 @@ class MtpForward:
         `first` sits at position `prefix`: the layer at prefix - 1 reads the buffered hidden
         state and `first`, each later step its own output and the proposal before."""
         n_rows = rows.shape[0]
-        valid = state.slot[rows] == _slot(r2t, rows, prefix - 1)
+        valid = state.slot[rows] == last_loc(r2t, rows, prefix)
         h = jnp.where(valid[:, None], state.hidden[rows], 0)
         current, pools, proposals, q_probs = first, state.pools, [], []
         for j in range(k):
@@ -286,12 +288,7 @@ class MtpForward:
         h = hidden[jnp.clip(cu[r] + j, 0, last)]
         _, _, pools = self.logits(params, t_params, state.pools, toks, h, m)
         final = hidden[jnp.clip(cu[:n_rows] + accepted, 0, last)]
-        return _remember(state, pools, rows, real > 0, final, _slot(r2t, rows, p + accepted))
-
-
-def _slot(r2t, rows, positions):
-    """The full slot of each row's position (its own, or another request's before it)."""
-    return r2t.table[rows, jnp.clip(positions, 0, r2t.max_context - 1)]
+        return _remember(state, pools, rows, real > 0, final, last_loc(r2t, rows, p + accepted + 1))
 
 
 def _remember(state: MtpState, pools, rows, real, hidden, slots) -> MtpState:

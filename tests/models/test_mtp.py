@@ -63,18 +63,31 @@ def test_the_draft_layer_matches_transformers(family):
     assert rel_err(logits, expected) < 1e-4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_prefill_writes_the_reference_entries(family):
+@pytest.mark.parametrize(
+    "family, mode",
+    [("mimo_v2_flash_mtp", PoolMode.SINGLE), ("step3p7_mtp", PoolMode.SINGLE)]
+    + [("mimo_v2_flash_mtp", PoolMode.HYBRID)],
+)
+def test_chunked_prefill_writes_the_reference_entries(family, mode):
     """The engine's prefill in chunks of 8 (every chunk pairs its first position's hidden state
-    from the buffer with its first token) leaves the very entries the one-batch forward makes."""
+    from the buffer with its first token) leaves the very entries the one-batch forward makes.
+    In hybrid pools, with pages of one token and eviction before every chunk, the entries the
+    window keeps sit in the SWA pool at the SWA slots of their positions."""
     path = FIXTURES / family
     _, k_ref, v_ref = _reference_forward(path)
     decoder = load_decoder(path)
     model = HybridLM(decoder, dtype="fp32")
     mtp = MtpLM(load_mtp(path, decoder.spec), model)
-    sizes = PoolSizes(PoolMode.SINGLE, 256, 256, 4)
+    hybrid = mode is PoolMode.HYBRID
+    sizes = PoolSizes(mode, 256, 256, 1 if hybrid else 4)
     options = EngineOptions(
-        max_running=2, max_context=64, chunk_size=8, num_speculative_tokens=2, prefix_cache=False
+        max_running=2,
+        max_context=64,
+        chunk_size=8,
+        num_speculative_tokens=2,
+        prefix_cache=False,
+        eviction_interval=1,
+        overlap=False,
     )
     engine = engine_for(decoder.spec.hybrid, model, sizes, options, draft=mtp)
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=16))
@@ -82,9 +95,14 @@ def test_chunked_prefill_writes_the_reference_entries(family):
         engine.step()
     req = engine.requests[rid]
     slots = np.asarray(engine.runner.r2t.table[req.row, : len(PROMPT) - 1])
+    if hybrid:  # the SWA slots of the entries the window keeps (freed ones translate to 0)
+        slots = np.asarray(A.translate(engine.runner.alloc, jnp.asarray(slots)))
+    live = slots > 0
+    if hybrid:
+        assert 0 < live.sum() < len(slots) and live[16 - 1]  # the last chunk's first entry
     k, v = engine.runner.draft_pools.pools.layer(0)
-    np.testing.assert_allclose(np.asarray(k)[slots], k_ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(v)[slots], v_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(k)[slots[live]], k_ref[live], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(v)[slots[live]], v_ref[live], rtol=1e-4, atol=1e-5)
 
 
 def test_the_draft_layers_kind_window_and_sizing():
