@@ -22,19 +22,35 @@ written under the names the hub's checkpoints use:
 Recorded: `mtp_logits.npy` [23, vocab], the draft's logits at positions 0..22 of the base
 fixtures' 24-token prompt, where position i reads the target's final hidden state at i (after
 its final norm, as transformers hands it over) and the prompt's token i + 1.
+
+DeepSeek-V4 (`deepseek_v4_mtp`): transformers skips its `mtp.*` tensors and has no MTP forward
+for it, so the reference is assembled here from transformers' own V4 modules in the shape of
+DeepSeek's reference `MTPBlock` (the checkpoint's `inference/model.py`): the token's embedding,
+`enorm` then `e_proj`, added to each of the target's last-layer streams (before its
+hyper-connection head), `hnorm` then `h_proj`; one `DeepseekV4DecoderLayer` (window-only
+attention, top-k routed MoE: the layer number after the decoder's); the block's own
+`DeepseekV4HyperHead` and `norm`; the target's head. The block's decoder layer is layer N of a
+model one layer deeper, written by transformers' `save_pretrained` (the hub's names) and read
+back by it; the names go under `mtp.0.` with the KV norm as the hub names it (`attn.kv_norm`).
+`mtp_logits.npy` is [79, vocab] over the base fixture's 80-token prompt.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
-from make_fixtures import OUT, PROMPT, reload  # noqa: E402 - beside this script
+from make_fixtures import LONG_PROMPT, OUT, PROMPT, build, reload  # noqa: E402 - beside this script
 from safetensors.torch import load_file, save_file
+from transformers.masking_utils import create_sliding_window_causal_mask
 from transformers.modeling_layers import MtpModel
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
 
 # fixture -> (base fixture, the MTP layer's attention kind, its MLP kind)
 MTP = {
@@ -100,7 +116,92 @@ def _mimo_reload(mtp: MtpModel, tensors: dict[str, torch.Tensor]) -> None:
         raise SystemExit(f"MiMo MTP mapping: missing {layer}, unexpected {unexpected}")
 
 
+def _v4_block(main, n: int):
+    """(transformers' decoder layer N of a model one layer deeper, its tensors under the hub's
+    `mtp.0.` names)."""
+    deeper = copy.deepcopy(main.config)
+    deeper.num_hidden_layers = n + 1
+    deeper.layer_types = [*main.config.layer_types, "sliding_attention"]
+    deeper.mlp_layer_types = [*main.config.mlp_layer_types, "moe"]
+    with tempfile.TemporaryDirectory() as tmp:
+        build(deeper, seed=11).save_pretrained(tmp)
+        stored = load_file(Path(tmp) / "model.safetensors")
+        block = reload(Path(tmp)).model.layers[n]
+    layer = f"model.layers.{n}."
+    tensors = {}
+    for name, t in stored.items():
+        if name.startswith(layer):
+            rest = name[len(layer) :].replace("attn.norm.weight", "attn.kv_norm.weight")
+            tensors[f"mtp.0.{rest}"] = t
+    return block, tensors
+
+
+def make_v4(name: str) -> None:
+    src, out = OUT / "deepseek_v4", OUT / name
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(src, out)
+    main = reload(out)
+    cfg = main.config
+    n, h, hc = cfg.num_hidden_layers, cfg.hidden_size, cfg.hc_mult
+    block, tensors = _v4_block(main, n)
+    gen = torch.Generator().manual_seed(12)
+    own = {  # the block's parts beside its decoder layer, drawn like the base weights
+        "enorm.weight": (h,),
+        "hnorm.weight": (h,),
+        "norm.weight": (h,),
+        "e_proj.weight": (h, h),
+        "h_proj.weight": (h, h),
+        "hc_head_fn": (hc, hc * h),
+        "hc_head_base": (hc,),
+        "hc_head_scale": (1,),
+    }
+    for part, shape in own.items():
+        tensors[f"mtp.0.{part}"] = torch.randn(shape, generator=gen) * 0.3
+    weights = load_file(out / "model.safetensors")
+    save_file({**weights, **tensors}, out / "model.safetensors")
+
+    def norm(part):
+        m = v4.DeepseekV4RMSNorm(h, eps=cfg.rms_norm_eps)
+        m.weight.data.copy_(tensors[f"mtp.0.{part}.weight"])
+        return m
+
+    head = v4.DeepseekV4HyperHead(cfg)
+    for part in ("fn", "base", "scale"):
+        getattr(head, f"hc_{part}").data.copy_(tensors[f"mtp.0.hc_head_{part}"])
+    main = reload(out)  # the target as transformers reads the folder back (it skips mtp.*)
+    ids = torch.tensor([LONG_PROMPT])
+    seen = {}
+    hook = main.model.layers[-1].register_forward_hook(lambda m, a, out: seen.setdefault("x", out))
+    with torch.no_grad():
+        main(input_ids=ids)
+        hook.remove()
+        streams, follow = seen["x"][:, :-1], ids[:, 1:]
+        pos = torch.arange(follow.shape[1])[None]
+        e = norm("enorm")(main.model.embed_tokens(follow))
+        x = torch.nn.functional.linear(e, tensors["mtp.0.e_proj.weight"]).unsqueeze(2)
+        x = x + torch.nn.functional.linear(norm("hnorm")(streams), tensors["mtp.0.h_proj.weight"])
+        rope = {
+            k: main.model.rotary_emb(e, position_ids=pos, layer_type=k)
+            for k in ("main", "compress")
+        }
+        mask = create_sliding_window_causal_mask(
+            config=main.config, inputs_embeds=e, attention_mask=None, cache=None, position_ids=pos
+        )
+        x = block(
+            x, position_embeddings=rope, position_ids=pos, attention_mask=mask, input_ids=follow
+        )
+        logits = main.lm_head(norm("norm")(head(x)))[0].float().numpy()
+    np.save(out / "mtp_logits.npy", logits)
+    (out / "greedy.json").unlink(missing_ok=True)
+    (out / "logits.npy").unlink(missing_ok=True)
+    (out / "prompt.json").write_text(json.dumps(LONG_PROMPT) + "\n")
+    print(f"{name}: {len(tensors)} draft tensors, mtp_logits {logits.shape}")
+
+
 def make(name: str) -> None:
+    if name == "deepseek_v4_mtp":
+        return make_v4(name)
     base, attention, mlp = MTP[name]
     src, out = OUT / base, OUT / name
     if out.exists():
@@ -140,5 +241,5 @@ def make(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or MTP:
+    for name in sys.argv[1:] or [*MTP, "deepseek_v4_mtp"]:
         make(name)

@@ -22,7 +22,7 @@ from swajax.errors import InputError
 from swajax.host_memory import WORTH_FROM_BYTES, release_free_memory
 from swajax.models import HybridLM, load_decoder
 from swajax.models.decoder import Decoder
-from swajax.models.mtp import MtpLayer, MtpLM
+from swajax.models.mtp import MtpLayer, MtpLM, V4MtpLayer, is_mtp_layer
 from swajax.models.sharding import kv_mesh
 from swajax.runner import DeviceRunner, HostRunner
 from swajax.serving.engine import Engine, engine_window, resolve_context
@@ -251,7 +251,7 @@ def _check_host_memory(gib: float) -> None:
 def make_engine(
     decoder: Decoder,
     spec: EngineSpec,
-    draft: Decoder | MtpLayer | None = None,
+    draft: Decoder | MtpLayer | V4MtpLayer | None = None,
     *,
     consume: bool = False,
 ) -> Engine:
@@ -291,7 +291,7 @@ def make_engine(
     )
     model = HybridLM(decoder, consume=consume, **lm)
     draft_lm = None
-    if isinstance(draft, MtpLayer):  # the checkpoint's own draft layer
+    if is_mtp_layer(draft):  # the checkpoint's own draft layer
         draft_lm = MtpLM(draft, model)
     elif draft is not None:
         draft_lm = HybridLM(draft, consume=consume, **lm)

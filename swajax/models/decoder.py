@@ -140,7 +140,7 @@ class Decoder(nnx.Module):
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
         x, pools = self.hidden(tokens, positions, pools, meta, mode=mode)
-        return self.head(self.norm(x[sample_index])), pools
+        return self.unembed(self.normed(x[sample_index])), pools
 
     def embedded(self, tokens):
         """The input embedding of `tokens` (scaled as the family scales it)."""
@@ -159,7 +159,15 @@ class Decoder(nnx.Module):
                 x, pools = layer(x, positions, pools, meta, mode, per_layer[:, i])
         return x, pools
 
-    def head(self, x):
+    def normed(self, x):
+        """Rows of `hidden`'s output as the head reads them: the final norm's output."""
+        return self.norm(x)
+
+    def mtp_input(self, x):
+        """What the family's MTP layer reads of `hidden`'s output: the final norm's output."""
+        return self.norm(x)
+
+    def unembed(self, x):
         """Float32 logits of normed rows `x` (whatever the parameter dtype)."""
         head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
         logits = head_dot(x, head)
@@ -198,14 +206,13 @@ class Forward:
             return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
     def hidden_logits(self, params, pools, tokens, meta, rows):
-        """(hidden, logits, pools): the final norm's output of every row [T, H] (what a
-        multi-token-prediction draft reads), the logits of the flat rows `rows`, and the pools
-        with the batch's KV written."""
+        """(hidden, logits, pools): what the family's multi-token-prediction layer reads of
+        every row (`mtp_input`: [T, H], or DeepSeek-V4's streams [T, hc, H]), the logits of the
+        flat rows `rows`, and the pools with the batch's KV written."""
         model = self._model(params)
         with invariant.batch_invariant(self.mode.deterministic):
             x, pools = model.hidden(tokens, meta.positions, pools, meta, mode=self.mode)
-            x = model.norm(x)
-            return x, model.head(x[rows]), pools
+            return model.mtp_input(x), model.unembed(model.normed(x[rows])), pools
 
     def __call__(
         self,
@@ -220,7 +227,7 @@ class Forward:
         hidden: bool = False,
     ):
         """(pools, penalties, Sampled): forward the batch, then sample its sampled rows.
-        `hidden`: (pools, penalties, Sampled, the final norm's output of every row)."""
+        `hidden`: (pools, penalties, Sampled, `mtp_input` of every row)."""
         if hidden:
             tokens, rows = batch.tokens, batch.logit_index
             x, logits, pools = self.hidden_logits(params, pools, tokens, meta, rows)

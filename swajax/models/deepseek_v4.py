@@ -18,7 +18,7 @@ from swajax.memory import pool as pool_lib
 from swajax.models import deepseek_v4_attention as v4_attention
 from swajax.models.deepseek_v4_compressor import Compressor, rope_tail, update
 from swajax.models.hyper_connection import HyperConnection, HyperHead, expand
-from swajax.models.layers import F32, HIGHEST, Linear, RMSNorm, dot, param, unit_rms
+from swajax.models.layers import F32, HIGHEST, Linear, RMSNorm, head_dot, param, unit_rms
 from swajax.models.moe import DeepseekV4MoE
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import Layout
@@ -58,7 +58,8 @@ class V4Attention(nnx.Module):
         for name in ("wq_a", "wq_b", "wkv", "wo_b"):
             getattr(self, name).load(w, f"{prefix}.{name}")
         self.q_norm.load(w, f"{prefix}.q_norm.weight")
-        self.kv_norm.load(w, f"{prefix}.norm.weight")
+        # The hub's name (transformers' `save_pretrained` writes `attn.norm`).
+        self.kv_norm.load(w, (f"{prefix}.kv_norm.weight", f"{prefix}.norm.weight"))
         groups = self.wo_a.get_value().shape[0]
         w.fill(self.wo_a, f"{prefix}.wo_a.weight", transform=grouped_layout(groups))
         w.fill(self.sinks, f"{prefix}.attn_sink")
@@ -159,6 +160,47 @@ class V4Layer(nnx.Module):
         return expand(streams, post, comb, self.ffn(self.ffn_norm(x), tokens)), pools
 
 
+class V4MtpLayer(nnx.Module):
+    """DeepSeek-V4's multi-token-prediction block (the hub's `mtp.N.*`, DeepSeek's reference
+    `MTPBlock`): the token's embedding, normed and projected (`e_proj`), is added to every
+    stream of the target's last-layer streams, each normed and projected (`h_proj`); one V4
+    layer (a window-only one, top-k routed) runs on the streams; its own hyper-connection head
+    and norm give what the target's head reads. Its output streams are what a next draft step
+    reads."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec, h, q = spec, spec.hidden, spec.weights
+        self.enorm, self.hnorm, self.norm = (RMSNorm(h, spec.eps) for _ in range(3))
+        self.e_proj = Linear(h, h, dtype=spec.dtype, quant=q)
+        self.h_proj = Linear(h, h, dtype=spec.dtype, quant=q)
+        self.block = V4Layer(spec, 0)
+        self.hc_head = HyperHead(spec.v4.hc_mult, h, spec.v4.hc_eps, spec.eps)
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return (self.spec.v4.hc_mult, self.spec.hidden)
+
+    def load(self, w, prefix: str) -> None:
+        names = names_of(w)
+        prefixed = PrefixedLoader(w, names)
+        for name in ("enorm", "hnorm", "norm"):
+            getattr(self, name).load(prefixed, f"{prefix}.{name}.weight")
+        self.e_proj.load(prefixed, f"{prefix}.e_proj")
+        self.h_proj.load(prefixed, f"{prefix}.h_proj")
+        self.block.load(prefixed, prefix)
+        parts = ("fn", "base", "scale")
+        self.hc_head.load(w, {p: names(f"{prefix}.hc_head_{p}") for p in parts})
+
+    def __call__(self, embedded, streams, tokens, positions, pools, meta, mode):
+        """(output streams [T, hc, H], pools)."""
+        e = self.e_proj(self.enorm(embedded))
+        x = self.h_proj(self.hnorm(streams.astype(embedded.dtype)))
+        return self.block(x + e[:, None, :], tokens, positions, pools, meta, mode)
+
+    def normed(self, streams):
+        return self.norm(self.hc_head(streams))
+
+
 class DeepseekV4Decoder(nnx.Module):
     """`Decoder`'s interface (load, scan_layers, __call__) for DeepSeek-V4."""
 
@@ -175,9 +217,7 @@ class DeepseekV4Decoder(nnx.Module):
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
 
     def load(self, w):
-        # A loader resolves names against its checkpoint; a writer (`export`) writes the hub's.
-        checkpoint = getattr(w, "checkpoint", None)
-        names = Names(checkpoint.names() if checkpoint is not None else ())
+        names = names_of(w)
         prefixed = PrefixedLoader(w, names)
         w.fill(self.embed, names("embed.weight", "embed_tokens.weight"))
         for i, layer in enumerate(self.layers):
@@ -188,13 +228,29 @@ class DeepseekV4Decoder(nnx.Module):
         w.fill(self.head.kernel, names("head.weight", "lm_head.weight"), transpose=True)
 
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
-        embed = self.embed[...]
-        x = embed[tokens]
+        streams, pools = self.hidden(tokens, positions, pools, meta, mode=mode)
+        return self.unembed(self.normed(streams[sample_index])), pools
+
+    def embedded(self, tokens):
+        return self.embed[...][tokens]
+
+    def hidden(self, tokens, positions, pools, meta, *, mode=XLA):
+        """The last layer's streams of every row [T, hc, H], and the pools."""
+        x = self.embedded(tokens)
         streams = jnp.broadcast_to(x[:, None, :], (x.shape[0], self.spec.v4.hc_mult, x.shape[1]))
         for layer in self.layers:
             streams, pools = layer(streams, tokens, positions, pools, meta, mode)
-        x = self.norm(self.hc_head(streams[sample_index]))
-        return dot(x, self.head.kernel[...]), pools
+        return streams, pools
+
+    def normed(self, streams):
+        return self.norm(self.hc_head(streams))
+
+    def mtp_input(self, streams):
+        """The MTP layer reads the streams themselves (DeepSeek's reference `MTPBlock`)."""
+        return streams
+
+    def unembed(self, x):
+        return head_dot(x, self.head.kernel[...])
 
 
 class Names:
@@ -212,6 +268,12 @@ class Names:
         return candidates[0]  # absent: the loader names it in its error
 
 
+def names_of(w) -> Names:
+    """A loader resolves names against its checkpoint; a writer (`export`) writes the hub's."""
+    checkpoint = getattr(w, "checkpoint", None)
+    return Names(checkpoint.names() if checkpoint is not None else ())
+
+
 class PrefixedLoader:
     """A `WeightLoader` whose names resolve through `Names` (layer tensors)."""
 
@@ -226,6 +288,8 @@ class PrefixedLoader:
         def resolve(arg):
             if isinstance(arg, str):
                 return self._names(arg)
+            if isinstance(arg, tuple) and all(isinstance(a, str) for a in arg):  # aliases
+                return self._names(*arg)
             if isinstance(arg, list) and arg and isinstance(arg[0], list):  # stacked groups
                 return [[self._names(n) for n in group] for group in arg]
             return arg

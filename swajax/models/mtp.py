@@ -1,12 +1,13 @@
 """The checkpoint's own draft: multi-token-prediction (MTP, "nextn") layers as speculative drafts.
 
-MiMo-V2-Flash and Step 3.x publish MTP layers beside the decoder (`num_nextn_predict_layers`).
-One MTP layer at position i reads the embedding of token i + 1 and the target's hidden state at
-position i (the final norm's output), norms each, joins them and projects back to the hidden
-width, runs one decoder layer of the family at position i, applies its own final norm and the
-target's head: logits for token i + 2. The draft here is the first MTP layer, reused for every
-draft step of a round, as SGLang and vLLM run these checkpoints; the layers after it are read
-by neither and skipped.
+MiMo-V2-Flash, Step 3.x and DeepSeek-V4 publish MTP layers beside the decoder
+(`num_nextn_predict_layers`). One MTP layer at position i reads the embedding of token i + 1 and
+the target's hidden state at position i (the final norm's output; DeepSeek-V4: its last layer's
+hyper-connection streams), norms each, joins them and projects back to the hidden width, runs one
+decoder layer of the family at position i, applies its own final norm (DeepSeek-V4: its own
+hyper-connection head first) and the target's head: logits for token i + 2. The draft here is
+the first MTP layer, reused for every draft step of a round, as SGLang and vLLM run these
+checkpoints; the layers after it are read by neither and skipped.
 
 The layer is a full or sliding layer with its own window, so its KV lives in the pool of its
 kind, at the target's slots: its entry for (hidden_i, token_i+1) at the slot of position i,
@@ -38,7 +39,7 @@ from swajax.memory.req_to_token import last_loc
 from swajax.models import invariant
 from swajax.models.checkpoint import Checkpoint
 from swajax.models.decoder import DecoderLayer
-from swajax.models.deepseek_v4 import PrefixedLoader
+from swajax.models.deepseek_v4 import PrefixedLoader, V4MtpLayer
 from swajax.models.family_specs import FAMILIES, model_spec
 from swajax.models.layers import Linear, norm_of
 from swajax.models.loading import ORBAX_DIR, checkpoint_files, checkpoint_quantization, read_config
@@ -47,16 +48,16 @@ from swajax.models.weights import WeightLoader
 
 MTP = "mtp"  # the draft_model name (vLLM's speculative method) that asks for these layers
 SLIDING, FULL = "sliding_attention", "full_attention"
-# Per family: where the first MTP layer's tensors are (`{n}`: the decoder's layer count), the
-# name of its final norm, and the block's norms the family names otherwise.
+# Per family: where the first MTP layer's tensors are (`{n}`: the decoder's layer count).
+PREFIXES = {"mimo": "model.mtp.layers.0", "step3": "model.layers.{n}", "deepseek_v4": "mtp.0"}
+# `MtpLayer`'s families: the name of its final norm, and the block's norms named otherwise.
 NAMES = {
-    "mimo": (
-        "model.mtp.layers.0",
-        "final_layernorm",
-        {"post_attention_layernorm": "pre_mlp_layernorm"},
-    ),
-    "step3": ("model.layers.{n}", "shared_head.norm", {}),
+    "mimo": ("final_layernorm", {"post_attention_layernorm": "pre_mlp_layernorm"}),
+    "step3": ("shared_head.norm", {}),
 }
+# The MTP layer's MLP where the config does not list it: DeepSeek-V4's is top-k routed (its
+# layer number is past the hash-routed ones).
+DEFAULT_MLP = {"deepseek_v4": "moe"}
 # Per-layer lists of a Step 3.x config, which hub configs pad with the MTP layers' entries.
 PER_LAYER = ("swiglu_limits", "swiglu_limits_shared", "rope_theta", "partial_rotary_factors")
 
@@ -72,9 +73,9 @@ def mtp_config(cfg) -> dict:
     window, its MLP), so `model_spec` builds its shapes as it builds any decoder's."""
     model_type, text = text_config(cfg)
     family = FAMILIES.get(model_type)
-    if family not in NAMES:
+    if family not in PREFIXES:
         raise InputError(
-            f"MTP drafts are built for {sorted(k for k, v in FAMILIES.items() if v in NAMES)}; "
+            f"MTP drafts are built for {sorted(k for k, v in FAMILIES.items() if v in PREFIXES)}; "
             f"model_type {model_type!r} has none here"
         )
     m = mtp_layer_count(cfg)
@@ -82,10 +83,16 @@ def mtp_config(cfg) -> dict:
         raise InputError("the config declares no MTP layers (num_nextn_predict_layers is 0)")
     n = positive_int(text, "num_hidden_layers")
     kind = _first_mtp(text, "layer_types", "mtp_layer_types", n, m) or SLIDING
-    mlp = _first_mtp(text, "mlp_layer_types", "mtp_mlp_layer_types", n, m) or "dense"
-    if kind not in (SLIDING, FULL):
-        raise ConfigError(f"the MTP layer's type must be {SLIDING!r} or {FULL!r}, got {kind!r}")
-    out = {k: v for k, v in text.items() if k not in ("moe_layers_enum", "attention_other_setting")}
+    mlp = _first_mtp(text, "mlp_layer_types", "mtp_mlp_layer_types", n, m)
+    mlp = mlp or DEFAULT_MLP.get(family, "dense")
+    kinds = (SLIDING,) if family == "deepseek_v4" else (SLIDING, FULL)
+    # DeepSeek-V4's hub form: `compress_ratios` with the MTP layer's entry (0: window only).
+    ratio = _first_mtp(text, "compress_ratios", "", n, m) or 0
+    if kind not in kinds or ratio:
+        got = f"compress ratio {ratio}" if ratio else repr(kind)
+        raise ConfigError(f"the MTP layer's type must be one of {list(kinds)}, got {got}")
+    drop = ("moe_layers_enum", "attention_other_setting", "compress_ratios", "num_hash_layers")
+    out = {k: v for k, v in text.items() if k not in drop}
     out.update(num_hidden_layers=1, num_nextn_predict_layers=0, layer_types=[kind])
     out.update(mlp_layer_types=[mlp], hybrid_layer_pattern=[int(kind == SLIDING)])
     for field in PER_LAYER:
@@ -117,7 +124,7 @@ def _first_mtp(text, field: str, mtp_field: str, n: int, m: int):
 
 class MtpLayer(nnx.Module):
     """One MTP layer: enorm(embedding) | hnorm(hidden) -> eh_proj -> a decoder layer -> its final
-    norm (the head is the target's)."""
+    norm (the head is the target's). DeepSeek-V4's is its own (`deepseek_v4.V4MtpLayer`)."""
 
     def __init__(self, spec: ModelSpec):
         self.spec, h = spec, spec.hidden
@@ -126,8 +133,13 @@ class MtpLayer(nnx.Module):
         self.block = DecoderLayer(spec, 0)
         self.final_norm = norm_of(spec, h)
 
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """A row of what it reads of the target and hands the next draft step."""
+        return (self.spec.hidden,)
+
     def load(self, w, prefix: str) -> None:
-        _, final, renames = NAMES[self.spec.family]
+        final, renames = NAMES[self.spec.family]
         for name in ("enorm", "hnorm"):
             getattr(self, name).load(w, f"{prefix}.{name}.weight")
         self.eh_proj.load(w, f"{prefix}.eh_proj")
@@ -142,17 +154,31 @@ class MtpLayer(nnx.Module):
 
         self.block.load(PrefixedLoader(w, renamed), prefix)
 
-    def __call__(self, embedded, hidden, positions, pools, meta, mode):
+    def __call__(self, embedded, hidden, tokens, positions, pools, meta, mode):
         """(final-normed output [T, H], pools) of rows joining `embedded` and `hidden`."""
+        del tokens  # read by DeepSeek-V4's layer (its MoE may route by token)
         x = jnp.concatenate([self.enorm(embedded), self.hnorm(hidden.astype(embedded.dtype))], -1)
         x, pools = self.block(self.eh_proj(x), positions, pools, meta, mode)
         return self.final_norm(x), pools
+
+    def normed(self, x):
+        """What the target's head reads of the output (already normed)."""
+        return x
+
+
+def mtp_layer(spec: ModelSpec) -> MtpLayer | V4MtpLayer:
+    """The family's MTP layer module."""
+    return V4MtpLayer(spec) if spec.family == "deepseek_v4" else MtpLayer(spec)
+
+
+def is_mtp_layer(module) -> bool:
+    return isinstance(module, (MtpLayer, V4MtpLayer))
 
 
 def mtp_prefix(cfg, spec: ModelSpec) -> str:
     """Where the first MTP layer's tensors are in a checkpoint of config `cfg`."""
     n = positive_int(text_config(cfg)[1], "num_hidden_layers")
-    return NAMES[spec.family][0].format(n=n)
+    return PREFIXES[spec.family].format(n=n)
 
 
 def ignored(prefix: str) -> tuple[str, ...]:
@@ -169,13 +195,19 @@ class MtpState:
     target's hidden state at the last position the row completed and that position's slot."""
 
     pools: pool_lib.KVPools
-    hidden: jax.Array  # [max_running, H]
+    hidden: jax.Array  # [max_running, *feature_shape]
     slot: jax.Array  # i32[max_running]: -1: none (`last_loc`'s answer for no position, which
     # `extend` never compares: it asks only where a position precedes the step)
 
 
-def init_state(pools, rows: int, hidden: int, dtype) -> MtpState:
-    return MtpState(pools, jnp.zeros((rows, hidden), dtype), jnp.full(rows, -1, jnp.int32))
+def init_state(pools, rows: int, feature_shape: tuple[int, ...], dtype) -> MtpState:
+    hidden = jnp.zeros((rows, *feature_shape), dtype)
+    return MtpState(pools, hidden, jnp.full(rows, -1, jnp.int32))
+
+
+def _rows(mask, x):
+    """A per-row mask shaped to broadcast over rows of `x`."""
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
 
 
 def _shifted(shape: MetadataShape) -> MetadataShape:
@@ -198,14 +230,13 @@ class MtpForward:
         target = self.target._model(t_params)
         with invariant.batch_invariant(self.mode.deterministic):
             x, pools = layer(
-                target.embedded(tokens), hidden, meta.positions, pools, meta, self.mode
+                target.embedded(tokens), hidden, tokens, meta.positions, pools, meta, self.mode
             )
-        return x, pools, target
+            return target.unembed(layer.normed(x)), x, pools
 
     def logits(self, params, t_params, pools, tokens, hidden, meta):
-        """(logits [T, V], output [T, H], pools) of rows at `meta`'s positions."""
-        x, pools, target = self._run(params, t_params, pools, tokens, hidden, meta)
-        return target.head(x), x, pools
+        """(logits [T, V], output [T, *feature_shape], pools) of rows at `meta`'s positions."""
+        return self._run(params, t_params, pools, tokens, hidden, meta)
 
     def extend(
         self, params, t_params, state: MtpState, tokens, hidden, meta, r2t, alloc, rows, shape
@@ -222,7 +253,7 @@ class MtpForward:
         r, i, cu, last = m.token_req, m.positions, meta.cu_q_lens, tokens.shape[0] - 1
         toks = tokens[jnp.clip(cu[r] + i + 1 - s[r], 0, last)]
         own = hidden[jnp.clip(cu[r] + i - s[r], 0, last)]
-        h = jnp.where((i < s[r])[:, None], state.hidden[rows[r]], own)
+        h = jnp.where(_rows(i < s[r], own), state.hidden[rows[r]], own)
         _, _, pools = self.logits(params, t_params, state.pools, toks, h, m)
         final = hidden[jnp.clip(cu[:-1] + e - 1 - s, 0, last)]
         return _remember(state, pools, rows, real, final, last_loc(r2t, rows, e))
@@ -247,7 +278,7 @@ class MtpForward:
         state and `first`, each later step its own output and the proposal before."""
         n_rows = rows.shape[0]
         valid = state.slot[rows] == last_loc(r2t, rows, prefix)
-        h = jnp.where(valid[:, None], state.hidden[rows], 0)
+        h = jnp.where(_rows(valid, state.hidden), state.hidden[rows], 0)
         current, pools, proposals, q_probs = first, state.pools, [], []
         for j in range(k):
             pre = (prefix - 1 + j) * real
@@ -258,7 +289,7 @@ class MtpForward:
             current = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
             proposals.append(current)
             q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
-            h = jnp.zeros((n_rows, x.shape[-1]), x.dtype).at[:n].set(x)
+            h = jnp.zeros((n_rows, *x.shape[1:]), x.dtype).at[:n].set(x)
         return proposals, q_probs, dataclasses.replace(state, pools=pools)
 
     def settle(
@@ -304,7 +335,7 @@ def _remember(state: MtpState, pools, rows, real, hidden, slots) -> MtpState:
 _FORWARDS: dict = {}
 
 
-def load_mtp(path, target: ModelSpec, *, mesh=None) -> MtpLayer:
+def load_mtp(path, target: ModelSpec, *, mesh=None) -> MtpLayer | V4MtpLayer:
     """The first MTP layer of checkpoint `path` (whose decoder has spec `target`), in the
     target's dtype and quantization; every tensor of the layer read and checked."""
     cfg = read_config(path)
@@ -319,7 +350,7 @@ def load_mtp(path, target: ModelSpec, *, mesh=None) -> MtpLayer:
     checkpoint = Checkpoint(files, ignored(prefix))
     if not any(name.startswith(prefix + ".") for name in checkpoint.names()):
         raise InputError(f"{path} declares MTP layers but holds no tensor under {prefix}.")
-    layer = nnx.eval_shape(lambda: MtpLayer(spec))
+    layer = nnx.eval_shape(lambda: mtp_layer(spec))
     loader = WeightLoader(checkpoint, layer, checkpoint_quantization(cfg), mesh)
     layer.load(loader, prefix)
     loader.check_complete(layer)
@@ -338,9 +369,9 @@ class MtpLM:
 
     needs_kv = True
 
-    def __init__(self, layer: MtpLayer, target):
+    def __init__(self, layer, target):
         """`target`: the `HybridLM` whose embedding, head and hidden states the layer reads."""
-        self.spec, self.target = layer.spec, target
+        self.spec, self.target, self.feature_shape = layer.spec, target, layer.feature_shape
         self.vocab_size, self.mesh = target.vocab_size, target.mesh
         self.state_sharding, self.dtype = target.state_sharding, target.dtype
         graphdef, state = nnx.split(layer)
@@ -370,7 +401,7 @@ class MtpLM:
 
             heads = pool_sharding(self.mesh, self.spec)
         pools = pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)
-        state = init_state(pools, rows, self.spec.hidden, jnp.dtype(self.spec.dtype))
+        state = init_state(pools, rows, self.feature_shape, jnp.dtype(self.spec.dtype))
         if self.state_sharding is not None:
             hidden, slot = jax.device_put((state.hidden, state.slot), self.state_sharding)
             state = MtpState(state.pools, hidden, slot)

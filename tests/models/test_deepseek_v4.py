@@ -214,9 +214,10 @@ def test_a_hit_from_the_host_tier_matches_transformers():
 
 def test_the_hubs_tensor_names_and_its_mtp_layers_load(tmp_path):
     """The hub publishes DeepSeek-V4 without transformers' `model.` prefix (`embed.weight`,
-    `layers.N.attn.*`, `hc_head_fn`) and with its multi-token-prediction layers (`mtp.*`),
-    which the decoder declares and skips; the same parameters load. A tensor nothing reads
-    is still an error naming it."""
+    `layers.N.attn.*`, `hc_head_fn`), its KV norms as `attn.kv_norm` (transformers writes
+    `attn.norm`) and with its multi-token-prediction layers (`mtp.*`), which the decoder
+    declares and skips; the same parameters load. A tensor nothing reads is still an error
+    naming it."""
     import shutil
 
     import jax
@@ -231,7 +232,9 @@ def test_the_hubs_tensor_names_and_its_mtp_layers_load(tmp_path):
     hub = {}
     for name, value in weights.items():
         name = name.removeprefix("model.").replace("embed_tokens.", "embed.")
+        name = name.replace(".attn.norm.", ".attn.kv_norm.")
         hub[name.replace("hc_head.hc_", "hc_head_")] = value
+    assert sum(".attn.kv_norm." in name for name in hub) == 3
     hub["mtp.0.attn.wq_a.weight"] = hub["layers.0.attn.wq_a.weight"]
     save_file(hub, str(dst / "model.safetensors"))
     loaded = nnx.state(load_decoder(dst))
@@ -262,6 +265,7 @@ def test_export_writes_the_hubs_names_and_the_original_tensors():
     for name, value in exported.items():
         # transformers' save_pretrained wrote two top-level tensors under its own names
         alias = name.replace("embed.", "embed_tokens.").replace("hc_head_", "hc_head.hc_")
+        alias = alias.replace(".attn.kv_norm.", ".attn.norm.")
         np.testing.assert_array_equal(value, source.array(names(name, alias)), err_msg=name)
     assert source.unconsumed() == []
 

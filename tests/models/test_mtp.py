@@ -22,24 +22,32 @@ from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 from swajax.sizing import PoolMode, PoolSizes
 
-FAMILIES = ["mimo_v2_flash_mtp", "step3p7_mtp"]
+FAMILIES = ["mimo_v2_flash_mtp", "step3p7_mtp", "deepseek_v4_mtp"]
 PROMPT = json.loads((FIXTURES / "step3p7" / "greedy.json").read_text())["prompt"]
 
 
+def _prompt(path):
+    """The prompt the fixture's reference logits were made over (DeepSeek-V4's is longer)."""
+    own = path / "prompt.json"
+    return json.loads(own.read_text()) if own.exists() else PROMPT
+
+
 def _reference_forward(path):
-    """The target over the prompt, then the MTP layer over (hidden_i, token_i+1), i < 23, in
-    one batch each: (MTP logits [23, V], its KV of those positions [23, heads, dim] x 2)."""
+    """The target over the prompt, then the MTP layer over (hidden_i, token_i+1), i < n - 1, in
+    one batch each: (MTP logits [n - 1, V], its K and V of those positions [n - 1, heads, dim];
+    DeepSeek-V4's V is its K)."""
+    prompt = _prompt(path)
     decoder = load_decoder(path)
     model = HybridLM(decoder, dtype="fp32", scan_layers=False)
     mtp = MtpLM(load_mtp(path, decoder.spec), model)
-    n, ps = len(PROMPT), 4
-    sizes = PoolSizes(PoolMode.SINGLE, 64, 64, ps)
-    alloc = A.init_allocator(64, 64, ps, PoolMode.SINGLE)
-    r2t = R.ReqToToken.init(1, 64)
+    n, ps, cap = len(prompt), 4, 128
+    sizes = PoolSizes(PoolMode.SINGLE, cap, cap, ps)
+    alloc = A.init_allocator(cap, cap, ps, PoolMode.SINGLE)
+    r2t = R.ReqToToken.init(1, cap)
     alloc, res = A.alloc_extend(alloc, [0], [n], [-1])
     r2t = R.write(r2t, [0], [0], [n], res.full_slots)
     meta = build_metadata(r2t, alloc, [0], [0], [n], window=0)
-    tokens = jnp.zeros(meta.num_tokens, jnp.int32).at[:n].set(jnp.asarray(PROMPT))
+    tokens = jnp.zeros(meta.num_tokens, jnp.int32).at[:n].set(jnp.asarray(prompt))
     rows = jnp.arange(meta.num_tokens, dtype=jnp.int32)
     hidden, _, _ = model.forward.hidden_logits(
         model.params, model.init_pools(sizes), tokens, meta, rows
@@ -47,7 +55,7 @@ def _reference_forward(path):
     m = build_metadata(r2t, alloc, [0], [0], [n - 1], window=0)
     state = mtp.draft_state(sizes, 1)
     t = m.num_tokens
-    following = jnp.zeros(t, jnp.int32).at[: n - 1].set(jnp.asarray(PROMPT[1:]))
+    following = jnp.zeros(t, jnp.int32).at[: n - 1].set(jnp.asarray(prompt[1:]))
     logits, _, pools = mtp.fused_forward.logits(
         mtp.params, model.params, state.pools, following, hidden[:t], m
     )
@@ -66,15 +74,18 @@ def test_the_draft_layer_matches_transformers(family):
 @pytest.mark.parametrize(
     "family, mode",
     [("mimo_v2_flash_mtp", PoolMode.SINGLE), ("step3p7_mtp", PoolMode.SINGLE)]
-    + [("mimo_v2_flash_mtp", PoolMode.HYBRID)],
+    + [("mimo_v2_flash_mtp", PoolMode.HYBRID), ("deepseek_v4_mtp", PoolMode.HYBRID)],
 )
 def test_chunked_prefill_writes_the_reference_entries(family, mode):
     """The engine's prefill in chunks of 8 (every chunk pairs its first position's hidden state
     from the buffer with its first token) leaves the very entries the one-batch forward makes.
     In hybrid pools, with pages of one token and eviction before every chunk, the entries the
-    window keeps sit in the SWA pool at the SWA slots of their positions."""
+    window keeps sit in the SWA pool at the SWA slots of their positions. (A longer reference
+    prompt's first entries are this one's: they read nothing after their position.)"""
     path = FIXTURES / family
     _, k_ref, v_ref = _reference_forward(path)
+    prompt = _prompt(path)[: len(PROMPT)]
+    k_ref, v_ref = k_ref[: len(prompt) - 1], v_ref[: len(prompt) - 1]
     decoder = load_decoder(path)
     model = HybridLM(decoder, dtype="fp32")
     mtp = MtpLM(load_mtp(path, decoder.spec), model)
@@ -90,11 +101,11 @@ def test_chunked_prefill_writes_the_reference_entries(family, mode):
         overlap=False,
     )
     engine = engine_for(decoder.spec.hybrid, model, sizes, options, draft=mtp)
-    rid = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=16))
+    rid = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=16))
     for _ in range(3):  # the three chunks
         engine.step()
     req = engine.requests[rid]
-    slots = np.asarray(engine.runner.r2t.table[req.row, : len(PROMPT) - 1])
+    slots = np.asarray(engine.runner.r2t.table[req.row, : len(prompt) - 1])
     if hybrid:  # the SWA slots of the entries the window keeps (freed ones translate to 0)
         slots = np.asarray(A.translate(engine.runner.alloc, jnp.asarray(slots)))
     live = slots > 0
@@ -161,3 +172,33 @@ def test_the_hubs_padded_per_layer_lists_name_the_draft_layer():
     assert draft.mlps == ("dense",) and draft.intermediate == (cfg["intermediate_size"],)
     assert draft.expert_limits == (7.0,)
     assert model_spec(cfg).num_layers == n
+
+
+def test_deepseek_v4s_hub_config_gives_a_window_only_routed_draft_layer():
+    """DeepSeek-V4-Flash's hub config lists `compress_ratios` for its 43 layers and the MTP
+    layer (a trailing 0: window only); the draft layer is top-k routed (its number is past the
+    three hash-routed layers), with the target's window; a compressed MTP layer is refused (the
+    hub's has no compressor tensors)."""
+    from swajax.config import ConfigError
+    from swajax.models.family_specs import model_spec
+    from swajax.presets import DEEPSEEK_V4_FLASH
+
+    cfg = dict(DEEPSEEK_V4_FLASH, num_nextn_predict_layers=1)
+    draft = model_spec(mtp_config(cfg))
+    target = model_spec(cfg)
+    assert target.num_layers == 43 and draft.num_layers == 1
+    assert draft.hybrid.layers[0].kind.is_local and not draft.hybrid.layers[0].compress_rate
+    assert draft.hybrid.sliding_window == target.hybrid.sliding_window
+    assert draft.v4.hash_layers == (False,) and target.v4.hash_layers[:4] == (True,) * 3 + (False,)
+    assert draft.hidden == target.hidden and draft.v4.hc_mult == target.v4.hc_mult
+    cfg["compress_ratios"] = cfg["compress_ratios"][:-1] + [4]
+    with pytest.raises(ConfigError, match="compress ratio 4"):
+        mtp_config(cfg)
+
+    # The fixture's layer in the sizing: one more window-only layer, its one shared-KV head
+    # (K is V), nothing on the full side.
+    target = load_decoder(FIXTURES / "deepseek_v4_mtp").spec
+    layer = load_mtp(FIXTURES / "deepseek_v4_mtp", target)
+    full, swa = sizing.token_bytes(target.hybrid, "fp32")
+    full_d, swa_d = sizing.token_bytes(target.hybrid, "fp32", layer.spec.hybrid)
+    assert (full_d, swa_d - swa) == (full, 4 * target.hybrid.swa_attention.head_dim)

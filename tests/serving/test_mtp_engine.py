@@ -74,7 +74,7 @@ def run(
 
 @pytest.fixture(scope="module")
 def plain():
-    return {f: run(f)[0] for f in ("mimo_v2_flash_mtp", "step3p7_mtp")}
+    return {f: run(f)[0] for f in ("mimo_v2_flash_mtp", "step3p7_mtp", "deepseek_v4_mtp")}
 
 
 @pytest.mark.parametrize(
@@ -83,6 +83,9 @@ def plain():
         ("mimo_v2_flash_mtp", 2),
         ("step3p7_mtp", 4),
         ("step3p7_mtp", 1),
+        ("deepseek_v4_mtp", 2),
+        pytest.param("deepseek_v4_mtp", 1, marks=pytest.mark.slow),
+        pytest.param("deepseek_v4_mtp", 4, marks=pytest.mark.slow),
         pytest.param("mimo_v2_flash_mtp", 1, marks=pytest.mark.slow),
         pytest.param("mimo_v2_flash_mtp", 4, marks=pytest.mark.slow),
         pytest.param("step3p7_mtp", 2, marks=pytest.mark.slow),
