@@ -4,7 +4,8 @@
     python benchmarks/device_check.py --smoke     # anywhere: tiny shapes, Pallas interpreted
 
 1. The decode kernel against its reference, compiled, and its achieved bandwidth against the
-   device's peak (benchmarks/device_attention.py: batch 64, 32K tokens, bf16).
+   device's peak (benchmarks/device_attention.py: batch 64, 32K tokens, bf16); on Hopper and
+   newer both GPU front ends, Mosaic GPU (the engine's there) and Triton, side by side.
 2. The engine on gpt-oss-20b's published widths (random weights in the hub's layout, written by
    benchmarks/published_shapes.py; `--layers` of its 24; the real 201,088-token vocabulary):
    the XLA path and the Pallas kernels must give the same greedy tokens.
@@ -121,9 +122,10 @@ def run(smoke: bool, layers: int, new: int) -> dict:
     kernel_args = ["--json"] + (["--smoke"] if smoke else [])
     kernels = _captured(device_attention.main, kernel_args)
     peak = PEAK_BANDWIDTH.get(device.device_kind)
-    for kind in ("full", "sliding"):
-        gbs = kernels[kind]["gb_per_s"]
-        kernels[kind]["share_of_peak"] = None if peak is None else round(gbs * 1e9 / peak, 3)
+    for kinds in kernels["front_ends"].values():
+        for figures in kinds.values():
+            gbs = figures["gb_per_s"]
+            figures["share_of_peak"] = None if peak is None else round(gbs * 1e9 / peak, 3)
     result["decode_kernel"] = kernels
     config = dict(published_shapes.GPT_OSS_20B, **(SMOKE if smoke else {}))
     with tempfile.TemporaryDirectory(prefix="swajax_device_check_") as tmp:
@@ -160,12 +162,13 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         print(f"{result['device']} ({result['device_kind']}, {result['backend']})")
-        for kind in ("full", "sliding"):
-            r = result["decode_kernel"][kind]
-            print(
-                f"  decode kernel {kind:8} {r['ms']:.3f} ms, {r['gb_per_s']:.1f} GB/s "
-                f"({r['share_of_peak']} of peak), rel err {r['rel_err']:.1e}"
-            )
+        for front_end, kinds in result["decode_kernel"]["front_ends"].items():
+            for kind, r in kinds.items():
+                print(
+                    f"  decode kernel ({front_end}) {kind:8} {r['ms']:.3f} ms, "
+                    f"{r['gb_per_s']:.1f} GB/s ({r['share_of_peak']} of peak), "
+                    f"rel err {r['rel_err']:.1e}"
+                )
         print(
             f"  engine ({engine['attention']}): XLA and Pallas greedy tokens equal: "
             f"{engine['same_greedy_tokens']}"

@@ -23,6 +23,8 @@ from jax.experimental import pallas as pl
 
 from swajax.kernels import common
 
+F32 = jnp.float32
+
 # ---------------------------------------------------------------------------------------------
 # Reference: the spec every front end is checked against
 
@@ -183,6 +185,209 @@ def paged_decode_kernel_tpu(
 
 
 # ---------------------------------------------------------------------------------------------
+# Mosaic GPU front end (Hopper and newer)
+
+MGPU_ROWS = 64  # a warpgroup product's rows: the G query heads of one KV head, padded
+MGPU_BLOCK = 64  # keys per step (whole pages; at least a product's minimum width)
+MGPU_NEG = -1e30  # finite: a step whose keys are all masked must not make exp(-inf + inf)
+MGPU_DTYPES = (jnp.bfloat16, jnp.float16)
+MGPU_SMEM_BYTES = 200 * 1024  # of Hopper's 227 KiB per block, some left to the compiler
+
+
+def mosaic_gpu_misfit(q, k_pages, v_pages) -> str | None:
+    """Why the Mosaic GPU front end cannot run these shapes (None: it can). Its products are
+    warpgroup matrix products over 128-byte swizzled tiles in shared memory: 16-bit KV, head
+    dims a multiple of 64, at most 64 query heads per KV head, pages of 8 to 64 tokens that
+    tile 64 (or whole multiples of 64)."""
+    g, dk = q.shape[2], q.shape[3]
+    ps, dv = k_pages.shape[1], v_pages.shape[3]
+    dt = jnp.dtype(k_pages.dtype)
+    if dt not in (jnp.dtype(d) for d in MGPU_DTYPES) or v_pages.dtype != k_pages.dtype:
+        return f"KV dtype {dt} (16-bit only)"
+    if dk % 64 or dv % 64:
+        return f"head dims {dk} / {dv} (multiples of 64 only)"
+    if g > MGPU_ROWS:
+        return f"{g} query heads per KV head (at most {MGPU_ROWS})"
+    if ps < 8 or (MGPU_BLOCK % ps if ps < MGPU_BLOCK else ps % MGPU_BLOCK):
+        return f"page size {ps} (8 to 64 dividing 64, or a multiple of 64)"
+    block = max(ps, MGPU_BLOCK)
+    smem = dt.itemsize * (MGPU_ROWS * (dk + 2 * dv + block) + 2 * block * (dk + dv))
+    if smem > MGPU_SMEM_BYTES:
+        return f"{smem} bytes of shared memory (at most {MGPU_SMEM_BYTES})"
+    return None
+
+
+def _gpu_interpreter(interpret):
+    """The Mosaic GPU interpreter's parameters for `interpret` (True: its defaults; it runs the
+    kernel on CPU, simulating shared memory, barriers and asynchronous copies), or None."""
+    if not interpret or not isinstance(interpret, bool):
+        return interpret or None
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    params = getattr(plgpu, "InterpretParams", None)  # public in later JAX, private in 0.10
+    if params is None:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
+    return params()
+
+
+def paged_decode_mosaic_gpu(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    first_page,
+    seq_lens,
+    sinks,
+    *,
+    kind,
+    window,
+    scale,
+    soft_cap,
+    interpret,
+):
+    """Grid (batch, KV head), one warpgroup each: the window's pages, `MGPU_BLOCK` keys per
+    step, copied by TMA into shared memory two steps deep (the next step's pages are in flight
+    while this one computes); QK^T and PV are warpgroup products into float32 accumulators,
+    with the running softmax between them in registers. The kernel returns the output and
+    log-sum-exp of each row; a head's sink joins the softmax afterwards, exactly
+    (out * sigmoid(lse - sink)). Interpreted (CPU), the product QK^T runs as an ordinary dot
+    (the interpreter takes no transposed operand) and register layouts are left to it."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    b, hkv, g, dk = q.shape
+    ps, np_, dv, dt = k_pages.shape[1], page_table.shape[1], v_pages.shape[3], k_pages.dtype
+    rows, block = MGPU_ROWS, max(ps, MGPU_BLOCK)
+    per_step = block // ps
+    qp = jnp.zeros((b, hkv, rows, dk), dt).at[:, :, :g].set(q.astype(dt))
+    cols = -(-np_ // 32) * 32  # copies move whole multiples of 128 bytes
+    table = jnp.zeros((b, cols), jnp.int32).at[:, :np_].set(page_table)
+    q_pos, lo, first, last = _window(seq_lens, first_page, jnp.arange(b), ps, np_, kind, window)
+    scalars = jnp.stack([first_page, q_pos, lo, first, last], 1).astype(jnp.int32)
+    info = jnp.zeros((b, 32), jnp.int32).at[:, :5].set(scalars)
+    tiles = (plgpu.TilingTransform((8, 128 // jnp.dtype(dt).itemsize)), plgpu.SwizzleTransform(128))
+    if interpret:
+        cast, iota = (lambda x, _: x), jax.lax.broadcasted_iota
+    else:
+        cast = plgpu.layout_cast
+        iota = functools.partial(plgpu.broadcasted_iota, layout=plgpu.Layout.WGMMA)
+    row_layout, wgmma = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA
+
+    def body(q_ref, k_ref, v_ref, pt_ref, info_ref, o_ref, lse_ref, smem, barriers):
+        q_s, k_s, v_s, pt_s, info_s, p_s, o_s, lse_s = smem
+        k_bar, v_bar, q_bar, s_bar = barriers
+        i, h = jax.lax.axis_index("b"), jax.lax.axis_index("h")
+        plgpu.copy_gmem_to_smem(q_ref.at[i, h], q_s, q_bar.at[0])
+        plgpu.copy_gmem_to_smem(pt_ref.at[i], pt_s, s_bar.at[0])
+        plgpu.copy_gmem_to_smem(info_ref.at[i], info_s, s_bar.at[1])
+        plgpu.barrier_wait(s_bar.at[0])
+        plgpu.barrier_wait(s_bar.at[1])
+        fp, qpos, lo_, c0, c1 = (info_s[j] for j in range(5))
+        steps = jnp.maximum(c1 - c0 + per_step, 0) // per_step
+
+        def fetch(step, slot):  # the step's pages; one past the window repeats the last
+            for j in range(per_step):
+                page = pt_s[jnp.minimum(c0 + step * per_step + j, c1)]
+                rows_j = pl.ds(j * ps, ps)
+                plgpu.copy_gmem_to_smem(k_ref.at[page, :, h], k_s.at[slot, rows_j], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[page, :, h], v_s.at[slot, rows_j], v_bar.at[slot])
+
+        @pl.when(steps > 0)
+        def _():
+            fetch(0, 0)
+
+        plgpu.barrier_wait(q_bar.at[0])
+
+        def step(s, carry):
+            acc, m, l = carry
+            slot = jax.lax.rem(s, 2)
+
+            @pl.when(s + 1 < steps)
+            def _():
+                fetch(s + 1, 1 - slot)
+
+            plgpu.barrier_wait(k_bar.at[slot])
+            if interpret:
+                qk = jax.lax.dot_general(
+                    q_s[...], k_s[slot], (((1,), (1,)), ((), ())), preferred_element_type=F32
+                )
+            else:
+
+                def qk_product(acc_ref):
+                    plgpu.wgmma(acc_ref, q_s, plgpu.transpose_ref(k_s.at[slot], (1, 0)))
+                    return acc_ref[...]
+
+                qk = pl.run_scoped(qk_product, plgpu.ACC((rows, block), F32))
+            qk = qk * scale
+            if soft_cap is not None:
+                qk = jnp.tanh(qk / soft_cap) * soft_cap
+            k_pos = (fp + c0 + s * per_step) * ps + iota(jnp.int32, (rows, block), 1)
+            qk = jnp.where((k_pos >= lo_) & (k_pos <= qpos), qk, MGPU_NEG)
+            m_new = jnp.maximum(m, qk.max(axis=1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.exp(qk - jax.lax.broadcast_in_dim(m_new, qk.shape, [0]))
+            l = l * alpha + p.sum(axis=1)
+            acc = acc * jax.lax.broadcast_in_dim(alpha, acc.shape, [0])
+            p_s[...] = p.astype(dt)
+            plgpu.commit_smem()  # the product reads p through the async proxy
+            plgpu.barrier_wait(v_bar.at[slot])
+
+            def pv_product(acc_ref):
+                plgpu.wgmma(acc_ref, p_s, v_s.at[slot])
+                return acc_ref[...]
+
+            return acc + pl.run_scoped(pv_product, plgpu.ACC((rows, dv), F32)), m_new, l
+
+        init = (
+            cast(jnp.full((rows, dv), 0, F32), wgmma),
+            cast(jnp.full((rows,), MGPU_NEG, F32), row_layout),
+            cast(jnp.full((rows,), 0, F32), row_layout),
+        )
+        acc, m, l = jax.lax.fori_loop(0, steps, step, init)
+        safe = jnp.maximum(l, 1e-30)  # padding rows (no key) end at 0 / 1e-30 = 0
+        o_s[...] = (acc / jax.lax.broadcast_in_dim(safe, acc.shape, [0])).astype(dt)
+        lse_s[...] = m + jnp.log(safe)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_ref.at[i, h])
+        plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[i, h])
+        plgpu.wait_smem_to_gmem(0)
+
+    def swajax_paged_decode_mosaic_gpu(*refs):
+        smem = (
+            plgpu.SMEM((rows, dk), dt, transforms=tiles),
+            plgpu.SMEM((2, block, dk), dt, transforms=tiles),
+            plgpu.SMEM((2, block, dv), dt, transforms=tiles),
+            plgpu.SMEM((cols,), jnp.int32),
+            plgpu.SMEM((32,), jnp.int32),
+            plgpu.SMEM((rows, block), dt, transforms=tiles),
+            plgpu.SMEM((rows, dv), dt, transforms=tiles),
+            plgpu.SMEM((rows,), F32),
+        )
+        barriers = (
+            plgpu.Barrier(num_arrivals=per_step, num_barriers=2),  # one arrival per page copy
+            plgpu.Barrier(num_arrivals=per_step, num_barriers=2),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.Barrier(num_barriers=2),
+        )
+        pl.run_scoped(lambda s, bars: body(*refs, s, bars), smem, barriers)
+
+    out, lse = plgpu.kernel(
+        swajax_paged_decode_mosaic_gpu,
+        out_type=(
+            jax.ShapeDtypeStruct((b, hkv, rows, dv), dt),
+            jax.ShapeDtypeStruct((b, hkv, rows), F32),
+        ),
+        grid=(b, hkv),
+        grid_names=("b", "h"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=_gpu_interpreter(interpret),
+    )(qp, k_pages, v_pages, table, info)
+    out, lse = out[:, :, :g].astype(F32), lse[:, :, :g]
+    if sinks is not None:  # the sink's share of the softmax, joined exactly
+        out = out * jax.nn.sigmoid(lse - sinks.astype(F32)[None])[..., None]
+    return out.astype(q.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # Public function
 
 
@@ -271,12 +476,22 @@ def paged_decode(
       first_page: i32[B]; seq_lens: i32[B] (0 marks padding: its output is 0).
       sinks: optional f32[Hkv, G] per-head sink logits.
       kind / window: "full", "sliding" (keys [q - window, q]) or "chunked" (chunk = window).
-      backend: "gpu" (pages gathered in the kernel) or "tpu" (scalar-prefetched page table).
+      backend: "gpu" (Triton: pages gathered in the kernel), "mosaic_gpu" (Hopper and newer:
+        pages copied by TMA, warpgroup products; `mosaic_gpu_misfit` says which shapes) or
+        "tpu" (scalar-prefetched page table). Interpreted, each runs on CPU.
     Returns:
       [B, Hkv, G, Dv] in q's dtype.
     """
     static_validate(q, k_pages, v_pages, page_table, first_page, seq_lens, sinks, kind, window)
     params = dict(kind=kind, window=window, scale=scale, soft_cap=soft_cap)
+    if backend == "mosaic_gpu":
+        misfit = mosaic_gpu_misfit(q, k_pages, v_pages)
+        if misfit is not None:
+            raise ValueError(f"the Mosaic GPU decode kernel does not take {misfit}")
+        tables = (page_table, first_page, seq_lens)
+        return paged_decode_mosaic_gpu(
+            q, k_pages, v_pages, *tables, sinks, **params, interpret=interpret
+        )
     ps, np_ = k_pages.shape[1], page_table.shape[1]
 
     def page_map(i, j, pt, fp, sl):

@@ -33,3 +33,14 @@ def lowering_for(platform: str):
         yield
     finally:
         _TARGET.reset(token)
+
+
+def mosaic_gpu() -> bool:
+    """The GPU traced for runs Mosaic GPU kernels (Hopper, compute capability 9.0, or newer).
+    Lowered ahead of time for CUDA: yes (the design's GPUs are H100 and H200)."""
+    if target() != "gpu":
+        return False
+    if _TARGET.get() is not None:
+        return True
+    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    return float(capability) >= 9.0

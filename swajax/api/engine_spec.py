@@ -90,6 +90,16 @@ class EngineSpec:
 
 KV_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DEFAULT_PAGE_SIZE = 4
+# On Hopper and newer GPUs: the decode kernel's Mosaic GPU front end copies whole pages of at
+# least 8 tokens into 64-key steps (`kernels.paged_decode.mosaic_gpu_misfit`); 16 is vLLM's.
+MOSAIC_GPU_PAGE_SIZE = 16
+
+
+def default_page_size() -> int:
+    """The page size where neither the spec nor the model names one, for the platform."""
+    return MOSAIC_GPU_PAGE_SIZE if platform.mosaic_gpu() else DEFAULT_PAGE_SIZE
+
+
 DEFAULT_RATIO = 0.5  # swa_full_tokens_ratio when neither the spec nor the model names one
 DEFAULT_CONTEXT = 4096  # a config without max_position_embeddings
 AUTO_CONTEXT, AUTO_REQUESTS, AUTO_BUDGET_GIB = 32_768, 2, 2.0
@@ -162,7 +172,7 @@ def _budget_bytes(decoder: Decoder, spec: EngineSpec, kv: str, draft_cfg, hybrid
     full, swa = sizing.token_bytes(cfg, kv, draft_cfg)
     ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)
     per_token = sizing.cell_bytes(cfg, ratio, kv, draft_cfg) if hybrid else full + swa
-    page_size = sizing.resolve_page_size(cfg, spec.page_size, DEFAULT_PAGE_SIZE)
+    page_size = sizing.resolve_page_size(cfg, spec.page_size, default_page_size())
     tokens = AUTO_REQUESTS * (context + 2 * page_size)
     return int(min(tokens * per_token, sizing.gib_to_bytes(AUTO_BUDGET_GIB)))
 
@@ -264,7 +274,7 @@ def make_engine(
     draft_cfg = draft.spec.hybrid if draft is not None else None
     kv = spec.kv_dtype or KV_DTYPE[decoder.spec.dtype]
     hybrid = spec.hybrid_memory and cfg.layer_mix != "full_only"
-    page_size = sizing.resolve_page_size(cfg, spec.page_size, DEFAULT_PAGE_SIZE)
+    page_size = sizing.resolve_page_size(cfg, spec.page_size, default_page_size())
     budget = _budget_bytes(decoder, spec, kv, draft_cfg, hybrid)
     if hybrid:
         ratio = sizing.resolve_ratio(cfg, spec.ratio, DEFAULT_RATIO)

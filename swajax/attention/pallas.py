@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from swajax import platform
 from swajax.attention.metadata import AttentionMetadata, from_blocks, to_blocks
 from swajax.config import LayerSpec
-from swajax.kernels.paged_decode import paged_decode
+from swajax.kernels.paged_decode import mosaic_gpu_misfit, paged_decode
 from swajax.kernels.ragged_extend import ragged_extend
 
 
@@ -56,16 +56,13 @@ def attention_pallas(
     if bq == 1:
         req = meta.block_req
         seq = jnp.where(real[:, 0], meta.block_pos + 1, 0)
-        out = paged_decode(
-            q_blocks.reshape(nb, hkv, g, dk),
-            k_pages,
-            v_pages,
-            table[req],
-            first[req],
-            seq,
-            sink,
-            **kw,
-        )
+        q_dec = q_blocks.reshape(nb, hkv, g, dk)
+        # Hopper and newer: the Mosaic GPU front end where its shapes allow (the Triton one,
+        # which JAX deprecated, otherwise).
+        if backend == "gpu" and platform.mosaic_gpu() and not interpret:
+            if mosaic_gpu_misfit(q_dec, k_pages, v_pages) is None:
+                kw["backend"] = "mosaic_gpu"
+        out = paged_decode(q_dec, k_pages, v_pages, table[req], first[req], seq, sink, **kw)
     else:
         q_rows = q_blocks.reshape(nb, bq, hkv, g, dk).transpose(0, 2, 1, 3, 4)
         out = ragged_extend(

@@ -1,6 +1,8 @@
 """Pallas kernels on their own: references, validation, the TPU interpreter's race detector,
 lowering for real devices. The cases shared with the XLA path are in test_implementations.py."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from swajax.config import LayerKind, LayerSpec
 from swajax.kernels.paged_decode import paged_decode, paged_decode_reference
 from swajax.kernels.ragged_extend import ragged_extend
 
+TRITON, MOSAIC_GPU = "__gpu$xla.gpu.triton", "mosaic_gpu_v2"
 LAYERS = {
     "full": LayerSpec(LayerKind.FULL),
     "sliding": LayerSpec(LayerKind.SLIDING, 8),
@@ -123,32 +126,98 @@ def test_tpu_interpreter_extend_no_races():
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
 
 
+# ---------------------------------------------------------------------------------------------
+# The decode kernel's Mosaic GPU front end (Hopper and newer), run by JAX's GPU interpreter:
+# shared memory, barriers and TMA copies simulated on CPU, the warpgroup product PV as written
+# (QK^T, whose operand is transposed, as an ordinary dot: the interpreter takes no transposed
+# operand).
+
+MGPU_CASES = {
+    # G, dk, dv, page size, kind, window, sinks, soft cap, dtype
+    "sliding-pages16": (8, 64, 64, 16, "sliding", 70, True, None, jnp.bfloat16),
+    "full-pages64-f16": (4, 128, 128, 64, "full", 0, False, None, jnp.float16),
+    "chunked-pages8-cap": (2, 64, 64, 8, "chunked", 32, True, 30.0, jnp.bfloat16),
+    "dk-not-dv-pages128": (1, 128, 64, 128, "sliding", 200, False, None, jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MGPU_CASES))
+def test_the_mosaic_gpu_decode_matches_the_reference(case):
+    """Against the dense reference at 16-bit precision: windows that span several 64-key steps
+    (the next step's pages copied while one computes), a first page past 0, a padding row."""
+    g, dk, dv, ps, kind, window, sinks, cap, dt = MGPU_CASES[case]
+    rng = np.random.default_rng(len(case))
+    b, hkv, pages, cols = 3, 2, 40, 12
+    q = jnp.asarray(rng.normal(size=(b, hkv, g, dk)), dt)
+    k = jnp.asarray(rng.normal(size=(pages, ps, hkv, dk)), dt)
+    v = jnp.asarray(rng.normal(size=(pages, ps, hkv, dv)), dt)
+    table = jnp.asarray(rng.integers(1, pages, size=(b, cols)), jnp.int32)
+    first = jnp.array([0, 1, 0], jnp.int32)
+    seq = jnp.array([ps * 5 + 3, ps * cols, 0], jnp.int32)
+    sink = jnp.asarray(rng.normal(size=(hkv, g)), jnp.float32) if sinks else None
+    args = (q, k, v, table, first, seq, sink)
+    kw = dict(kind=kind, window=window, scale=dk**-0.5, soft_cap=cap)
+    out = paged_decode(*args, backend="mosaic_gpu", interpret=True, **kw)
+    ref = paged_decode_reference(*args, **kw)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+    assert not np.asarray(out[2]).any()  # the padding row
+
+
+def test_the_mosaic_gpu_decode_runs_without_races_and_names_what_it_cannot_take():
+    from swajax.kernels.paged_decode import _gpu_interpreter
+
+    params = type(_gpu_interpreter(True))(detect_races=True)
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpreter
+
+    rng = np.random.default_rng(3)
+    bf = jnp.bfloat16
+    q = jnp.asarray(rng.normal(size=(2, 2, 4, 64)), bf)
+    k = jnp.asarray(rng.normal(size=(30, 16, 2, 64)), bf)
+    table = jnp.asarray(rng.integers(1, 30, size=(2, 10)), jnp.int32)
+    args = (q, k, k, table, jnp.array([0, 2], jnp.int32), jnp.array([100, 150], jnp.int32))
+    kw = dict(kind="sliding", window=70, scale=0.1)
+    out = paged_decode(*args, backend="mosaic_gpu", interpret=params, **kw)
+    assert not gpu_interpreter.get_races().races_found
+    ref = paged_decode_reference(*args, **kw)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+    for bad, match in (
+        (dict(k=k.astype(jnp.float32)), "KV dtype float32 .16-bit only"),
+        (dict(q=q[..., :48], k=k[..., :48]), "head dims 48 / 48 .multiples of 64 only"),
+        (dict(k=k[:, :4]), "page size 4 .8 to 64 dividing 64"),
+    ):
+        x = {"q": q, "k": k, **bad}
+        with pytest.raises(ValueError, match=f"Mosaic GPU decode kernel does not take {match}"):
+            paged_decode(x["q"], x["k"], x["k"], *args[3:], backend="mosaic_gpu", **kw)
+
+
 def _export(fn, args, platform, device_kind=None):
     import functools
 
     import jax
     from jax import export
 
-    f = jax.jit(
-        functools.partial(
-            fn, kind="sliding", window=128, scale=0.1, backend="tpu" if platform == "tpu" else "gpu"
-        )
-    )
+    backend = {"tpu": "tpu", "cuda": "gpu", "cuda-mosaic": "mosaic_gpu"}[platform]
+    f = jax.jit(functools.partial(fn, kind="sliding", window=128, scale=0.1, backend=backend))
     if platform == "tpu":
         from jax.sharding import AbstractDevice, AbstractMesh
 
         device = AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
         with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
             return export.export(f, platforms=["tpu"])(*args)
-    check = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-    return export.export(f, platforms=["cuda"], disabled_checks=[check])(*args)
+    checks = [export.DisabledSafetyCheck.custom_call(c) for c in (TRITON, MOSAIC_GPU)]
+    exp = export.export(f, platforms=["cuda"], disabled_checks=checks)(*args)
+    calls = set(re.findall(r"custom_call @([\w$.]+)", exp.mlir_module()))
+    assert calls == {MOSAIC_GPU if platform == "cuda-mosaic" else TRITON}, calls
+    return exp
 
 
 @pytest.mark.parametrize(
-    "platform, device_kind", [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
+    "platform, device_kind",
+    [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None), ("cuda-mosaic", None)],
 )
 def test_front_ends_lower_at_production_shapes(platform, device_kind):
-    """Lowering only (no hardware): GPT-OSS-like decode, batch 8, 8 KV heads x 8, head dim 128."""
+    """Lowering only (no hardware): GPT-OSS-like decode, batch 8, 8 KV heads x 8, head dim 128
+    (the extend kernel has no Mosaic GPU front end: Triton on every GPU)."""
     import functools
 
     import jax
@@ -160,6 +229,8 @@ def test_front_ends_lower_at_production_shapes(platform, device_kind):
     _export(
         paged_decode, (s((b, hkv, g, d), jnp.bfloat16), pool, pool, *small), platform, device_kind
     )
+    if platform == "cuda-mosaic":
+        return
     blocks = tuple(s((b,), jnp.int32) for _ in range(3))
     extend = functools.partial(ragged_extend, g=g)
     _export(

@@ -1,6 +1,7 @@
 """Every engine step program at gpt-oss-20b's widths (4 layers, weights as shapes only) lowers
 for TPU v5e and v6e and for CUDA through `jax.export`, with the compiled kernels (Mosaic on
-TPU, Triton on GPU; no interpreter), and with the XLA path. No accelerator is needed: the
+TPU; on CUDA, traced for Hopper, the decode kernel's Mosaic GPU front end and the extend
+kernel's Triton one; no interpreter), and with the XLA path. No accelerator is needed: the
 programs are traced for the target (`swajax.platform.lowering_for`), as that platform runs
 them (its attention, none of XLA:CPU's workarounds). Deterministic mode's programs lower for
 both too."""
@@ -18,7 +19,8 @@ from jax.sharding import AbstractDevice, AbstractMesh
 
 from swajax import platform
 
-KERNELS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+TRITON, MOSAIC_GPU = "__gpu$xla.gpu.triton", "mosaic_gpu_v2"
+KERNELS = {"tpu": "tpu_custom_call", "cuda": TRITON}
 PROGRAMS = ("prefill", "decode", "round", "verify")
 TARGETS = [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
 
@@ -37,8 +39,8 @@ def lowered(target: str, device_kind, program) -> str:
             with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
                 exp = fn(program.fn, platforms=["tpu"])(*program.args, **program.statics)
         else:
-            check = export.DisabledSafetyCheck.custom_call(KERNELS["cuda"])
-            exp = fn(program.fn, platforms=["cuda"], disabled_checks=[check])(
+            checks = [export.DisabledSafetyCheck.custom_call(c) for c in (TRITON, MOSAIC_GPU)]
+            exp = fn(program.fn, platforms=["cuda"], disabled_checks=checks)(
                 *program.args, **program.statics
             )
     return exp.mlir_module()
@@ -65,10 +67,13 @@ def test_each_step_program_lowers_with_the_compiled_kernels(target, device_kind)
     for name in PROGRAMS:
         text = lowered(target, device_kind, found[name])
         clean(text)
-        kernel = KERNELS[target]
-        assert kernel in custom_calls(text), (name, custom_calls(text))
         # which kernel: the extend kernel reads a prompt, the decode kernel one token a row
-        wanted = "swajax_ragged_extend" if name in ("prefill", "verify") else "swajax_paged_decode"
+        extend = name in ("prefill", "verify")
+        kernel = KERNELS[target] if extend or target == "tpu" else MOSAIC_GPU
+        assert kernel in custom_calls(text), (name, custom_calls(text))
+        wanted = "swajax_ragged_extend" if extend else "swajax_paged_decode"
+        if target == "cuda" and not extend:
+            wanted = "swajax_paged_decode_mosaic_gpu"
         assert wanted in text, name
 
 
@@ -81,7 +86,7 @@ def test_each_step_program_lowers_with_the_xla_path(target, device_kind):
     for name in PROGRAMS:
         text = lowered(target, device_kind, found[name])
         clean(text)
-        assert not custom_calls(text) & set(KERNELS.values()), name
+        assert not custom_calls(text) & {*KERNELS.values(), MOSAIC_GPU}, name
 
 
 # Deterministic mode (its fenced tile loops and per-query attention) on the accelerators it is
@@ -94,7 +99,7 @@ def test_each_step_program_lowers_in_deterministic_mode(target, device_kind):
     for name in PROGRAMS:
         text = lowered(target, device_kind, found[name])
         clean(text)
-        assert not custom_calls(text) & set(KERNELS.values()), name  # the XLA path, by design
+        assert not custom_calls(text) & {*KERNELS.values(), MOSAIC_GPU}, name  # XLA, by design
         # the fenced tile loops (their trip counts behind barriers; the default path has none)
         assert "stablehlo.optimization_barrier" in text, name
 
