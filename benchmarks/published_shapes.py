@@ -71,7 +71,17 @@ GPT_OSS_20B = {
     "use_cache": True,
     "vocab_size": 201088,
 }
-MODELS = {"gpt-oss-20b": GPT_OSS_20B}
+# Other families, from their published configs (`swajax.presets`, each naming its source),
+# written by the decoder's own tensor walk (`write_model`) under the names their hub
+# checkpoints use: the text model inside the multimodal wrapper, as transformers 4 saved Gemma
+# 3 and Llama 4 (`language_model.model.*`, `language_model.lm_head.*`) and transformers 5 saves
+# Gemma 4 (`model.language_model.*`).
+FAMILIES = {
+    "gemma-3-27b": ("language_model.model.", "language_model.lm_head."),
+    "gemma-4-31b": ("model.language_model.", "lm_head."),
+    "llama-4-scout": ("language_model.model.", "language_model.lm_head."),
+}
+MODELS = {"gpt-oss-20b": GPT_OSS_20B, **dict.fromkeys(FAMILIES)}
 
 
 def _bf16(rng, *shape, scale=None):
@@ -134,6 +144,104 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps(c, indent=2))
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def model_config(name: str, layers: int | None) -> dict:
+    """A published config at `layers` of its depth: per-layer lists cut to match."""
+    from swajax.config import text_config
+    from swajax.presets import PRESETS
+
+    cfg = json.loads(json.dumps(PRESETS[name]))
+    text = text_config(cfg)[1]
+    n = text["num_hidden_layers"]
+    layers = layers or n
+    for key, value in list(text.items()):
+        if isinstance(value, list) and len(value) == n:
+            text[key] = value[:layers]
+    text["num_hidden_layers"] = layers
+    text.setdefault("torch_dtype", "bfloat16")
+    return cfg
+
+
+class _ShapeWriter:
+    """The checkpoint's tensor names and shapes, from the decoder's own export walk
+    (`swajax.models.export.WeightWriter`) over zero-filled parameters made one at a time (a
+    parameter is held only while its layout is inverted)."""
+
+    def __init__(self):
+        from swajax.models.export import WeightWriter
+
+        self.writer, self.shapes = WeightWriter(), {}
+
+    def __getattr__(self, method):
+        call = getattr(self.writer, method)
+
+        def run(*params, **kw):
+            concrete = [_Zeros(p) if hasattr(p, "get_value") else p for p in params]
+            call(*concrete, **kw)
+            for name, value in self.writer.tensors.items():
+                self.shapes[name] = (value.shape, value.dtype)
+            self.writer.tensors.clear()
+
+        return run
+
+
+class _Zeros:
+    def __init__(self, param):
+        self.value = param.get_value()
+
+    def get_value(self):
+        return np.zeros(self.value.shape, self.value.dtype)
+
+
+def write_model(name: str, folder: Path, layers: int | None) -> int:
+    """A random checkpoint of `name`'s published config in the hub's layout: every tensor the
+    decoder reads, under its hub name and layout, bfloat16 (norm weights near 1, the rest of
+    scale 1 / sqrt(fan-in)); one shard per layer plus one for the rest. Returns the bytes."""
+    import re
+
+    import jax
+    import ml_dtypes
+    from flax import nnx
+
+    from swajax.models.decoder import decoder_for
+    from swajax.models.export import write_safetensors
+    from swajax.models.loading import decoder_spec
+
+    cfg = model_config(name, layers)
+    spec = decoder_spec(cfg, dtype="bfloat16")
+    walker = _ShapeWriter()
+    nnx.eval_shape(lambda: decoder_for(spec)).load(walker)
+    jax.clear_caches()
+    groups: dict[str, dict] = {}
+    model, head = FAMILIES[name]
+    for tensor, shape_dtype in walker.shapes.items():
+        tensor = re.sub(r"^model\.", model, re.sub(r"^lm_head\.", head, tensor))
+        found = re.search(r"layers\.(\d+)\.", tensor)
+        key = f"model-layer-{int(found[1]):05d}" if found else "model-other"
+        groups.setdefault(key, {})[tensor] = shape_dtype
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map, total = {}, 0
+    for key, tensors in sorted(groups.items()):
+        made = {}
+        for tensor, (shape, dtype) in tensors.items():
+            if len(shape) == 1 and "norm" in tensor:
+                made[tensor] = (1 + rng.standard_normal(shape, np.float32) * 0.02).astype(
+                    ml_dtypes.bfloat16
+                )
+            elif np.dtype(dtype).kind in "iu":  # an index table (none in these families)
+                made[tensor] = np.zeros(shape, dtype)
+            else:
+                made[tensor] = _bf16(rng, *shape, scale=shape[-1] ** -0.5)
+        write_safetensors(folder / f"{key}.safetensors", made)
+        weight_map.update(dict.fromkeys(made, f"{key}.safetensors"))
+        total += sum(x.nbytes for x in made.values())
+        del made
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
@@ -228,8 +336,12 @@ def main(argv=None) -> int:
         print(json.dumps(dict(written_gib=round(written / 2**30, 3), **result)))
         return 0
     if args.cmd == "write":
-        layers = args.layers or MODELS[args.model]["num_hidden_layers"]
-        written = write_gpt_oss(MODELS[args.model], args.folder, layers)
+        if args.model == "gpt-oss-20b":
+            layers = args.layers or GPT_OSS_20B["num_hidden_layers"]
+            written = write_gpt_oss(GPT_OSS_20B, args.folder, layers)
+        else:
+            written = write_model(args.model, args.folder, args.layers)
+            layers = args.layers or "all"
         print(f"wrote {args.folder}: {layers} layers, {written / 2**30:.2f} GiB")
         return 0
     if args.cmd == "run":

@@ -169,8 +169,10 @@ class Decoder(nnx.Module):
 
     def unembed(self, x):
         """Float32 logits of normed rows `x` (whatever the parameter dtype)."""
-        head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
-        logits = head_dot(x, head)
+        if self.lm_head is None:  # tied: the embedding table, read as stored [V, H]
+            logits = head_dot(x, self.embed[...], vocab_first=True)
+        else:
+            logits = head_dot(x, self.lm_head.kernel[...])
         if self.spec.logit_scale != 1.0:  # Cohere
             logits = logits * self.spec.logit_scale
         if self.spec.final_soft_cap is not None:

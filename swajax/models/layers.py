@@ -54,13 +54,17 @@ def unhoisted(weight, varying):
     return jax.lax.optimization_barrier((weight, varying))
 
 
-def dot(x, w):
+def dot(x, w, *, w_rows_out: bool = False):
     """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
-    batch-invariant mode, `invariant.rows`)."""
+    batch-invariant mode, `invariant.rows`). `w_rows_out`: w is stored [out, in] (x @ w.T,
+    contracted as stored: no transposed copy)."""
     w, x = unhoisted(w, x)
+    dims = (((x.ndim - 1,), (1 if w_rows_out else 0,)), ((), ()))
 
     def product(x):
-        return jnp.dot(x.astype(w.dtype), w, precision=HIGHEST, preferred_element_type=F32)
+        return jax.lax.dot_general(
+            x.astype(w.dtype), w, dims, precision=HIGHEST, preferred_element_type=F32
+        )
 
     if invariant.on():
         lead = x.shape[:-1]
@@ -78,22 +82,26 @@ def lookup(table, tokens):
     return table[tokens]
 
 
-def head_dot(x, head):
-    """x [T, H] @ head [H, V]: the vocabulary head, float32 logits. XLA:CPU has no
+def head_dot(x, head, *, vocab_first: bool = False):
+    """x [T, H] @ head [H, V]: the vocabulary head, float32 logits; `vocab_first`: the head is
+    stored [V, H] (an embedding the head is tied to), read as it is stored. XLA:CPU has no
     low-precision dot: it converts a bfloat16 operand to float32 whole before the product, and
-    for a 201k-token head that is a 2.2 GiB temporary in every step. On CPU a low-precision
-    head therefore runs one tile of HEAD_TILE columns at a time (the converted copy is one tile);
-    elsewhere, and for a float32 head, one product."""
-    v = head.shape[1]
+    for a 201k-token head that is a 2.2 GiB temporary in every step (a tied head transposed
+    first was another copy of the table: 2.6 GiB at Gemma 3 27B's). On CPU a low-precision
+    head therefore runs one tile of HEAD_TILE vocabulary entries at a time (the converted copy
+    is one tile); elsewhere, and for a float32 head, one product."""
+    axis = 0 if vocab_first else 1
+    v = head.shape[axis]
     if not platform.is_cpu() or head.dtype == F32 or v <= 2 * HEAD_TILE:
-        return dot(x, head)
+        return dot(x, head, w_rows_out=vocab_first)
     n = -(-v // HEAD_TILE)
 
     def tile(i, out):  # the last tile ends at v (it overlaps the one before)
         start = jnp.minimum(i * HEAD_TILE, v - HEAD_TILE)
         whole, start = unhoisted(head, start)  # tied to the tile: widened a tile at a time
-        block = jax.lax.dynamic_slice_in_dim(whole, start, HEAD_TILE, axis=1)
-        return jax.lax.dynamic_update_slice_in_dim(out, dot(x, block), start, axis=1)
+        block = jax.lax.dynamic_slice_in_dim(whole, start, HEAD_TILE, axis=axis)
+        logits = dot(x, block, w_rows_out=vocab_first)
+        return jax.lax.dynamic_update_slice_in_dim(out, logits, start, axis=1)
 
     return jax.lax.fori_loop(0, n, tile, jnp.zeros((x.shape[0], v), F32))
 

@@ -28,6 +28,16 @@ def test_the_head_widens_one_tile_at_a_time(rows):
         assert temp_bytes(dot, x, head) > 2000 * MIB
 
 
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_tied_head_is_read_as_stored(rows):
+    """Gemma 3 27B's head is its embedding, [262,208 x 5376] bfloat16 (2.6 GiB): read as stored,
+    a tile at a time, not transposed whole first (a 2.8 GiB temporary in every step, measured
+    through the engine with benchmarks/published_shapes.py)."""
+    x = jax.ShapeDtypeStruct((rows, 5376), jnp.float32)
+    table = jax.ShapeDtypeStruct((262_208, 5376), jnp.bfloat16)
+    assert temp_bytes(lambda x, t: head_dot(x, t, vocab_first=True), x, table) < 256 * MIB
+
+
 def test_a_lookup_in_a_loop_widens_only_the_rows():
     table = jax.ShapeDtypeStruct((VOCAB, HIDDEN), jnp.bfloat16)
     tokens = jax.ShapeDtypeStruct((16,), jnp.int32)
@@ -49,6 +59,8 @@ def test_tiles_give_the_plain_products_bits():
     for vocab in (40_000, 40_960, 16_385 + 8192):  # uneven, even, just past one tile
         head = (rng.standard_normal((64, vocab)) * 0.1).astype(jnp.bfloat16)
         np.testing.assert_array_equal(jax.jit(head_dot)(x, head), jax.jit(dot)(x, head))
+        tied = jax.jit(lambda x, t: head_dot(x, t, vocab_first=True))(x, head.T)
+        np.testing.assert_array_equal(tied, jax.jit(dot)(x, head))
     table = (rng.standard_normal((1000, 8))).astype(jnp.bfloat16)
     tokens = jnp.asarray([3, 999, 0, 3])
     np.testing.assert_array_equal(jax.jit(lookup)(table, tokens), table[np.asarray(tokens)])
