@@ -230,6 +230,14 @@ def _gpu_interpreter(interpret):
     return params()
 
 
+def _transposed(plgpu, ref):
+    """A shared-memory ref read transposed by a product: Mosaic GPU's own transform in JAX
+    0.10; the ref's `transpose` from 0.11 (where the former is deprecated for it)."""
+    if jax.__version_info__ < (0, 11):
+        return plgpu.transpose_ref(ref, (1, 0))
+    return ref.transpose((1, 0))
+
+
 def paged_decode_mosaic_gpu(
     q,
     k_pages,
@@ -313,7 +321,7 @@ def paged_decode_mosaic_gpu(
             else:
 
                 def qk_product(acc_ref):
-                    plgpu.wgmma(acc_ref, q_s, plgpu.transpose_ref(k_s.at[slot], (1, 0)))
+                    plgpu.wgmma(acc_ref, q_s, _transposed(plgpu, k_s.at[slot]))
                     return acc_ref[...]
 
                 qk = pl.run_scoped(qk_product, plgpu.ACC((rows, block), F32))
