@@ -149,11 +149,10 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
 
 def model_config(name: str, layers: int | None) -> dict:
     """A published config at `layers` of its depth: per-layer lists cut to match."""
-    from swajax.config import text_config
     from swajax.presets import PRESETS
 
     cfg = json.loads(json.dumps(PRESETS[name]))
-    text = text_config(cfg)[1]
+    text = cfg.get("text_config", cfg)  # the wrapper's text model, edited in place
     n = text["num_hidden_layers"]
     layers = layers or n
     for key, value in list(text.items()):

@@ -57,7 +57,24 @@ def unhoisted(weight, varying):
 def dot(x, w, *, w_rows_out: bool = False):
     """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
     batch-invariant mode, `invariant.rows`). `w_rows_out`: w is stored [out, in] (x @ w.T,
-    contracted as stored: no transposed copy)."""
+    contracted as stored: no transposed copy). On CPU a low-precision weight of WIDE_BYTES or
+    more runs in column tiles (`tiled_dot`): XLA:CPU widens the operand of a product whole,
+    and a dense MLP matrix at published widths is 0.46 GiB widened (Gemma 4 31B's)."""
+    out_axis = 0 if w_rows_out else 1
+    if (
+        platform.is_cpu()
+        and w.dtype != F32
+        and w.ndim == 2
+        and w.size * w.dtype.itemsize >= WIDE_BYTES
+        and not invariant.on()
+    ):
+        cols = max(TILE_BYTES // (4 * w.shape[1 - out_axis]), 128)
+        if w.shape[out_axis] > 2 * cols:
+            return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
+    return _dot(x, w, w_rows_out)
+
+
+def _dot(x, w, w_rows_out: bool):
     w, x = unhoisted(w, x)
     dims = (((x.ndim - 1,), (1 if w_rows_out else 0,)), ((), ()))
 
@@ -73,6 +90,26 @@ def dot(x, w, *, w_rows_out: bool = False):
 
 
 HEAD_TILE = 8192  # vocabulary columns per tile of a tiled head product
+WIDE_BYTES = 64 * 2**20  # a low-precision weight this large runs in column tiles on CPU
+TILE_BYTES = 32 * 2**20  # a tile's widened float32 bytes
+
+
+def tiled_dot(x, w, cols: int, *, w_rows_out: bool = False):
+    """`dot` `cols` output columns at a time (w's output axis), bit for bit the same: each
+    tile is widened where it is read, inside the loop (`unhoisted` ties the weight to the
+    tile's index, so XLA cannot widen it whole ahead of the loop)."""
+    axis = 0 if w_rows_out else 1
+    v = w.shape[axis]
+    n = -(-v // cols)
+
+    def tile(i, out):  # the last tile ends at v (it overlaps the one before)
+        start = jnp.minimum(i * cols, v - cols)
+        whole, start = unhoisted(w, start)
+        block = jax.lax.dynamic_slice_in_dim(whole, start, cols, axis=axis)
+        y = _dot(x, block, w_rows_out)
+        return jax.lax.dynamic_update_slice_in_dim(out, y, start, axis=x.ndim - 1)
+
+    return jax.lax.fori_loop(0, n, tile, jnp.zeros((*x.shape[:-1], v), F32))
 
 
 def lookup(table, tokens):
@@ -90,20 +127,10 @@ def head_dot(x, head, *, vocab_first: bool = False):
     first was another copy of the table: 2.6 GiB at Gemma 3 27B's). On CPU a low-precision
     head therefore runs one tile of HEAD_TILE vocabulary entries at a time (the converted copy
     is one tile); elsewhere, and for a float32 head, one product."""
-    axis = 0 if vocab_first else 1
-    v = head.shape[axis]
+    v = head.shape[0 if vocab_first else 1]
     if not platform.is_cpu() or head.dtype == F32 or v <= 2 * HEAD_TILE:
-        return dot(x, head, w_rows_out=vocab_first)
-    n = -(-v // HEAD_TILE)
-
-    def tile(i, out):  # the last tile ends at v (it overlaps the one before)
-        start = jnp.minimum(i * HEAD_TILE, v - HEAD_TILE)
-        whole, start = unhoisted(head, start)  # tied to the tile: widened a tile at a time
-        block = jax.lax.dynamic_slice_in_dim(whole, start, HEAD_TILE, axis=axis)
-        logits = dot(x, block, w_rows_out=vocab_first)
-        return jax.lax.dynamic_update_slice_in_dim(out, logits, start, axis=1)
-
-    return jax.lax.fori_loop(0, n, tile, jnp.zeros((x.shape[0], v), F32))
+        return _dot(x, head, vocab_first)
+    return tiled_dot(x, head, HEAD_TILE, w_rows_out=vocab_first)
 
 
 class Linear(nnx.Module):
