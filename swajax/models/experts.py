@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from swajax import platform
 from swajax.arith import ceil_div, round_up
 from swajax.models import invariant, quantized
+from swajax.models.layers import unhoisted
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -156,6 +157,8 @@ def expert_product(rows, w, e, along: str | None = "in", copy=None):
     length, across = (k, n) if along == "in" else (n, k)
     size = k_rows(length, across, jnp.dtype(w.dtype).itemsize) if chunkable else length
     if along is None or size >= length:
+        if not quantized.is_quantized(w):  # widened (on CPU) an expert at a time, not whole
+            w, lead = unhoisted(w, lead)
         return quantized.matmul(rows, w[lead])  # quantized: this expert alone dequantized
 
     def piece(start, size):
@@ -163,7 +166,11 @@ def expert_product(rows, w, e, along: str | None = "in", copy=None):
             return w.outputs(lead, start, size)
         shape, at = ((size, n), (start, 0)) if along == "in" else ((k, size), (0, start))
         ones = (1,) * len(lead)
-        return jax.lax.dynamic_slice(w, (*lead, *at), (*ones, *shape)).reshape(shape)
+        # Tied to the chunk: XLA:CPU would otherwise widen a low-precision stack whole, ahead
+        # of the loops (all of Llama 4 Scout's experts of a layer: 7.5 GiB of float32).
+        whole, start = unhoisted(w, start)
+        at = (start, 0) if along == "in" else (0, start)
+        return jax.lax.dynamic_slice(whole, (*lead, *at), (*ones, *shape)).reshape(shape)
 
     def over_inputs(start, size, acc):
         part = jax.lax.dynamic_slice_in_dim(rows, start, size, 1)

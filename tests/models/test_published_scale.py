@@ -48,6 +48,29 @@ def test_a_wide_dense_weight_widens_a_tile_at_a_time():
         assert temp_bytes(lambda x, w: tiled_dot(x, w, w.shape[1]), x, weight) > 400 * MIB
 
 
+def test_routed_bfloat16_experts_widen_a_chunk_at_a_time():
+    """Llama 4 Scout's experts, 16 x [5120 x 16384] and [8192 x 5120] bfloat16 (4 GiB a layer):
+    a decode token's routed loop widens the chunk it reads, where XLA:CPU widened the whole
+    stack ahead of the loop (7.5 GiB of temporaries, seen through the engine at one layer)."""
+    from swajax.models import experts as X
+
+    e, h, f = 16, 5120, 8192
+
+    def routed(x, w1, w2, ids, weight):
+        act = lambda g: jax.nn.silu(g[:, :f]) * g[:, f:]  # noqa: E731
+        return X.routed(x, X.Routing(ids, None, weight), X.Experts(w1, None, w2, None), act)
+
+    s = jax.ShapeDtypeStruct
+    args = (
+        s((1, h), jnp.bfloat16),
+        s((e, h, 2 * f), jnp.bfloat16),
+        s((e, f, h), jnp.bfloat16),
+        s((1, 1), jnp.int32),
+        s((1, 1), jnp.float32),
+    )
+    assert temp_bytes(routed, *args) < 64 * MIB
+
+
 def test_a_lookup_in_a_loop_widens_only_the_rows():
     table = jax.ShapeDtypeStruct((VOCAB, HIDDEN), jnp.bfloat16)
     tokens = jax.ShapeDtypeStruct((16,), jnp.int32)
