@@ -3,14 +3,17 @@ with them on this machine: bytes on disk, weights as loaded, peak resident memor
 decode tokens/s.
 
     python benchmarks/published_shapes.py write gpt-oss-20b DIR [--layers N]
-    python benchmarks/published_shapes.py run DIR [--dtype bfloat16] [--new 16]
+    python benchmarks/published_shapes.py write gemma-3-27b|gemma-4-31b|llama-4-scout DIR
+    python benchmarks/published_shapes.py run DIR [--dtype bfloat16] [--new 16] [--batch B]
 
 `write` makes gpt-oss-20b's checkpoint as the hub ships it (its published config: hidden 2880,
 64 query / 8 KV heads of 64, 32 experts top-4 with MXFP4 blocks and E8M0 scales, vocabulary
 201,088, window 128, YaRN; everything but the experts in bfloat16), one safetensors shard per
 layer plus one for the embeddings and head; `--layers` cuts the depth (24 published). Values are
-random but finite and small (scales near 2^-7), so the model runs like a real one. `run` loads
-the folder through `swajax.LLM` and generates, in this process, printing one JSON line.
+random but finite and small (scales near 2^-7), so the model runs like a real one. The other
+models are written from their published configs (`swajax.presets`) by `write_model`, through
+the decoder's own tensor walk, bfloat16 throughout. `run` loads the folder through
+`swajax.LLM` and generates, in this process, printing one JSON line.
 """
 
 from __future__ import annotations
