@@ -150,11 +150,11 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
-def model_config(name: str, layers: int | None) -> dict:
-    """A published config at `layers` of its depth: per-layer lists cut to match."""
+def model_config(name: str, layers: int | None, config: dict | None = None) -> dict:
+    """A published config (or `config`) at `layers` of its depth: per-layer lists cut."""
     from swajax.presets import PRESETS
 
-    cfg = json.loads(json.dumps(PRESETS[name]))
+    cfg = json.loads(json.dumps(config if config is not None else PRESETS[name]))
     text = cfg.get("text_config", cfg)  # the wrapper's text model, edited in place
     n = text["num_hidden_layers"]
     layers = layers or n
@@ -197,27 +197,41 @@ class _Zeros:
         return np.zeros(self.value.shape, self.value.dtype)
 
 
-def write_model(name: str, folder: Path, layers: int | None) -> int:
-    """A random checkpoint of `name`'s published config in the hub's layout: every tensor the
-    decoder reads, under its hub name and layout, bfloat16 (norm weights near 1, the rest of
-    scale 1 / sqrt(fan-in)); one shard per layer plus one for the rest. Returns the bytes."""
+def _random(rng, name: str, shape, dtype: np.dtype) -> np.ndarray:
+    """A tensor as the decoder holds it: norm weights near 1, block-FP8 scales 2^-7, index
+    tables 0, the rest of scale 1 / sqrt(fan-in) (float8 kernels as published, before their
+    scales), in the tensor's own dtype."""
+    if dtype.kind in "iu":
+        return np.zeros(shape, dtype)
+    if name.endswith("scale_inv"):
+        return np.full(shape, 2.0**-7, dtype)
+    if len(shape) == 1 and "norm" in name:
+        return (1 + rng.standard_normal(shape, np.float32) * 0.02).astype(dtype)
+    scale = 1.0 if dtype.itemsize == 1 else shape[-1] ** -0.5
+    return (rng.standard_normal(shape, np.float32) * scale).astype(dtype)
+
+
+def write_model(name: str, folder: Path, layers: int | None, *, config: dict | None = None) -> int:
+    """A random checkpoint of `name`'s published config (or `config`) in the hub's layout:
+    every tensor the decoder reads, under its hub name, layout and dtype (bfloat16, or block
+    FP8 where the config says so; `_random`); one shard per layer plus one for the rest.
+    Returns the bytes."""
     import re
 
     import jax
-    import ml_dtypes
     from flax import nnx
 
     from swajax.models.decoder import decoder_for
     from swajax.models.export import write_safetensors
     from swajax.models.loading import decoder_spec
 
-    cfg = model_config(name, layers)
+    cfg = model_config(name, layers, config)
     spec = decoder_spec(cfg, dtype="bfloat16")
     walker = _ShapeWriter()
     nnx.eval_shape(lambda: decoder_for(spec)).load(walker)
     jax.clear_caches()
     groups: dict[str, dict] = {}
-    model, head = FAMILIES[name]
+    model, head = FAMILIES.get(name, ("model.", "lm_head."))
     for tensor, shape_dtype in walker.shapes.items():
         tensor = re.sub(r"^model\.", model, re.sub(r"^lm_head\.", head, tensor))
         found = re.search(r"layers\.(\d+)\.", tensor)
@@ -229,14 +243,7 @@ def write_model(name: str, folder: Path, layers: int | None) -> int:
     for key, tensors in sorted(groups.items()):
         made = {}
         for tensor, (shape, dtype) in tensors.items():
-            if len(shape) == 1 and "norm" in tensor:
-                made[tensor] = (1 + rng.standard_normal(shape, np.float32) * 0.02).astype(
-                    ml_dtypes.bfloat16
-                )
-            elif np.dtype(dtype).kind in "iu":  # an index table (none in these families)
-                made[tensor] = np.zeros(shape, dtype)
-            else:
-                made[tensor] = _bf16(rng, *shape, scale=shape[-1] ** -0.5)
+            made[tensor] = _random(rng, tensor, shape, np.dtype(dtype))
         write_safetensors(folder / f"{key}.safetensors", made)
         weight_map.update(dict.fromkeys(made, f"{key}.safetensors"))
         total += sum(x.nbytes for x in made.values())

@@ -146,3 +146,28 @@ def test_step_temporaries_do_not_grow_with_depth():
     shallow, deep = step_temporaries(4), step_temporaries(8)
     for name, size in deep.items():
         assert size <= shallow[name] + 16 * MIB, (name, size, shallow[name])
+
+
+@pytest.mark.parametrize(
+    "name, fixture",
+    [("gemma-3-27b", "gemma3_vl"), ("tiny-mimo", None), ("llama-4-scout", "llama4")],
+)
+def test_the_writer_makes_checkpoints_the_loader_reads_whole(name, fixture, tmp_path):
+    """benchmarks/published_shapes.py's writer, on configs small enough for a test (a fixture's,
+    or a tiny preset): every tensor the decoder reads, under the hub's names (the text model
+    inside a multimodal wrapper), and none besides; the engine generates from it."""
+    import json
+
+    from helpers import FIXTURES
+    from helpers.published import shapes_module
+
+    from swajax import LLM, SamplingParams
+
+    config = json.loads((FIXTURES / fixture / "config.json").read_text()) if fixture else None
+    shapes_module().write_model(name, tmp_path / "m", 2, config=config)
+    names = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())
+    wrapped = name != "tiny-mimo"
+    assert all(n.startswith("language_model.") for n in names["weight_map"]) == wrapped
+    llm = LLM(str(tmp_path / "m"), kv_budget_gib=0.01)  # raises on a missing or stray tensor
+    out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 2
