@@ -36,11 +36,16 @@ def lowering_for(platform: str):
 
 
 def mosaic_gpu() -> bool:
-    """The GPU traced for runs Mosaic GPU kernels (Hopper, compute capability 9.0, or newer).
-    Lowered ahead of time for CUDA: yes (the design's GPUs are H100 and H200)."""
+    """The GPU traced for runs Mosaic GPU kernels: an NVIDIA GPU of compute capability 9.0
+    (Hopper) or newer. Lowered ahead of time for CUDA: yes (the design's GPUs are H100 and
+    H200); for ROCm, no (an AMD GPU reports its architecture, "gfx90a", instead)."""
     if target() != "gpu":
         return False
-    if _TARGET.get() is not None:
-        return True
-    capability = getattr(jax.devices()[0], "compute_capability", "0")
-    return float(capability) >= 9.0
+    named = _TARGET.get()
+    if named is not None:
+        return named in ("cuda", "gpu")
+    capability = str(getattr(jax.devices()[0], "compute_capability", "0"))
+    try:
+        return float(capability) >= 9.0
+    except ValueError:
+        return False

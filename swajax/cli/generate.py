@@ -341,7 +341,7 @@ def add_model_args(p, prompts: bool = True) -> None:
         "--page-size",
         type=args_lib.PAGE_SIZE,
         default=None,
-        help="tokens per KV page (default 4; DeepSeek-V4: 64)",
+        help="tokens per KV page (default 4, 16 on Hopper GPUs; DeepSeek-V4: 64)",
     )
     p.add_argument(
         "--chunked-prefill-size",

@@ -165,7 +165,7 @@ class Decoder(nnx.Module):
 
     def mtp_input(self, x):
         """What the family's MTP layer reads of `hidden`'s output: the final norm's output."""
-        return self.norm(x)
+        return self.normed(x)
 
     def unembed(self, x):
         """Float32 logits of normed rows `x` (whatever the parameter dtype)."""

@@ -120,3 +120,25 @@ def test_the_target_decides_what_is_traced():
     pools = found["decode"].args[2]
     assert pools.full_k.dtype == jax.numpy.bfloat16 and pools.bits_of == (None, None)
     assert platform.target() == jax.default_backend()  # outside the block: this machine's
+
+
+def test_which_gpus_run_the_mosaic_gpu_kernel(monkeypatch):
+    """Hopper or newer NVIDIA GPUs (and CUDA lowered ahead of time) take the decode kernel's
+    Mosaic GPU front end and its page size of 16; older ones, AMD GPUs (which report an
+    architecture name) and CPUs keep the defaults."""
+    from swajax.api.engine_spec import DEFAULT_PAGE_SIZE, MOSAIC_GPU_PAGE_SIZE, default_page_size
+
+    assert not platform.mosaic_gpu() and default_page_size() == DEFAULT_PAGE_SIZE  # this CPU
+    with platform.lowering_for("cuda"):
+        assert platform.mosaic_gpu() and default_page_size() == MOSAIC_GPU_PAGE_SIZE
+    with platform.lowering_for("rocm"):
+        assert not platform.mosaic_gpu()
+
+    class Gpu:
+        def __init__(self, capability):
+            self.compute_capability = capability
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for capability, mosaic in (("9.0", True), ("10.0", True), ("8.0", False), ("gfx90a", False)):
+        monkeypatch.setattr(jax, "devices", lambda c=capability: [Gpu(c)])
+        assert platform.mosaic_gpu() is mosaic, capability
