@@ -57,13 +57,12 @@ def unhoisted(weight, varying):
 def dot(x, w, *, w_rows_out: bool = False):
     """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
     batch-invariant mode, `invariant.rows`). `w_rows_out`: w is stored [out, in] (x @ w.T,
-    contracted as stored: no transposed copy). On CPU a low-precision weight of WIDE_BYTES or
-    more runs in column tiles (`tiled_dot`): XLA:CPU widens the operand of a product whole,
-    and a dense MLP matrix at published widths is 0.46 GiB widened (Gemma 4 31B's)."""
+    contracted as stored: no transposed copy). On CPU a weight that XLA:CPU would widen
+    (`widened_on_cpu`) of WIDE_BYTES or more runs in column tiles (`tiled_dot`): widened whole,
+    a dense MLP matrix at published widths is 0.46 GiB (Gemma 4 31B's)."""
     out_axis = 0 if w_rows_out else 1
     if (
-        platform.is_cpu()
-        and w.dtype != F32
+        widened_on_cpu(w)
         and w.ndim == 2
         and w.size * w.dtype.itemsize >= WIDE_BYTES
         and not invariant.on()
@@ -72,6 +71,15 @@ def dot(x, w, *, w_rows_out: bool = False):
         if w.shape[out_axis] > 2 * cols:
             return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
     return _dot(x, w, w_rows_out)
+
+
+def widened_on_cpu(w) -> bool:
+    """Whether XLA:CPU widens `w` to float32 whole before a product reads it. It multiplies
+    float32 and bfloat16 as stored (bfloat16 by its YNNPACK fusion, for products of two rows or
+    more: `_dot` gives a single row a zero companion), and widens every other low precision
+    (float16, float8) first (measured with jax 0.10.2 and 0.12: benchmarks/README.md, "Products
+    of bfloat16 weights")."""
+    return platform.is_cpu() and w.dtype not in (F32, jnp.bfloat16)
 
 
 def _dot(x, w, w_rows_out: bool):
@@ -86,6 +94,12 @@ def _dot(x, w, w_rows_out: bool):
     if invariant.on():
         lead = x.shape[:-1]
         return invariant.rows(product, x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
+    if platform.is_cpu() and w.dtype == jnp.bfloat16 and x.size == x.shape[-1]:
+        # One row is a matrix-vector product, which XLA:CPU runs by widening the whole weight
+        # (2.2 GiB for gpt-oss-20b's head; 10-25x slower than two rows, measured): a zero row
+        # makes it a product of two rows, read as stored.
+        two = jnp.concatenate([x.reshape(1, -1), jnp.zeros((1, x.shape[-1]), x.dtype)])
+        return product(two)[:1].reshape(*x.shape[:-1], -1)
     return product(x)
 
 
@@ -121,14 +135,13 @@ def lookup(table, tokens):
 
 def head_dot(x, head, *, vocab_first: bool = False):
     """x [T, H] @ head [H, V]: the vocabulary head, float32 logits; `vocab_first`: the head is
-    stored [V, H] (an embedding the head is tied to), read as it is stored. XLA:CPU has no
-    low-precision dot: it converts a bfloat16 operand to float32 whole before the product, and
-    for a 201k-token head that is a 2.2 GiB temporary in every step (a tied head transposed
-    first was another copy of the table: 2.6 GiB at Gemma 3 27B's). On CPU a low-precision
-    head therefore runs one tile of HEAD_TILE vocabulary entries at a time (the converted copy
-    is one tile); elsewhere, and for a float32 head, one product."""
+    stored [V, H] (an embedding the head is tied to), read as it is stored (a tied head
+    transposed first was another copy of the table: 2.6 GiB at Gemma 3 27B's). Where XLA:CPU
+    would widen the head (`widened_on_cpu`), a 201k-token head would be a 2.2 GiB temporary in
+    every step, so it runs one tile of HEAD_TILE vocabulary entries at a time (the widened copy
+    is one tile); elsewhere one product."""
     v = head.shape[0 if vocab_first else 1]
-    if not platform.is_cpu() or head.dtype == F32 or v <= 2 * HEAD_TILE:
+    if not widened_on_cpu(head) or v <= 2 * HEAD_TILE:
         return _dot(x, head, vocab_first)
     return tiled_dot(x, head, HEAD_TILE, w_rows_out=vocab_first)
 

@@ -4,6 +4,8 @@ besides its inputs and outputs. gpt-oss-20b's head and embedding are 201,088 x 2
 every step (2.2 GiB apiece), so a 2-layer model's step held 2.5 GiB of temporaries and the
 full-depth model was killed for memory on a 24 GB machine."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,13 +21,23 @@ def temp_bytes(fn, *args) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+def one_product(x, w):
+    """x @ w as one product of w's dtype, with no rows added: what XLA:CPU does unaided."""
+    dims = (((1,), (0,)), ((), ()))
+    return jax.lax.dot_general(x.astype(w.dtype), w, dims, preferred_element_type=jnp.float32)
+
+
 @pytest.mark.parametrize("rows", [1, 16, 64])
-def test_the_head_widens_one_tile_at_a_time(rows):
+def test_the_head_is_never_widened_whole(rows):
     x = jax.ShapeDtypeStruct((rows, HIDDEN), jnp.float32)
     head = jax.ShapeDtypeStruct((HIDDEN, VOCAB), jnp.bfloat16)
     assert temp_bytes(head_dot, x, head) < 128 * MIB  # whole: 2,209 MiB
-    if rows == 1:  # the plain product (one tile) of a decode step's one row, for contrast
-        assert temp_bytes(lambda x, h: tiled_dot(x, h, VOCAB), x, head) > 2000 * MIB
+    if rows == 1:  # a decode step's one row, unaided, for contrast: widened whole
+        assert temp_bytes(one_product, x, head) > 2000 * MIB
+    # A float16 head, which XLA:CPU widens at any batch, a tile at a time.
+    head = jax.ShapeDtypeStruct((HIDDEN, VOCAB), jnp.float16)
+    assert temp_bytes(head_dot, x, head) < 128 * MIB
+    assert temp_bytes(one_product, x, head) > 2000 * MIB
 
 
 @pytest.mark.parametrize("rows", [1, 16])
@@ -38,14 +50,16 @@ def test_a_tied_head_is_read_as_stored(rows):
     assert temp_bytes(lambda x, t: head_dot(x, t, vocab_first=True), x, table) < 256 * MIB
 
 
-def test_a_wide_dense_weight_widens_a_tile_at_a_time():
-    """Gemma 4 31B's MLP matrices, 5376 x 21504 bfloat16: widened in 32 MiB column tiles, not
-    whole (441 MiB each; 0.9 GiB of a step's temporaries at published widths)."""
+def test_a_wide_dense_weight_is_never_widened_whole():
+    """Gemma 4 31B's MLP matrices, 5376 x 21504 (441 MiB each widened; 0.9 GiB of a step's
+    temporaries at published widths): bfloat16 is multiplied as stored, float16 (widened by
+    XLA:CPU) in 32 MiB column tiles."""
     for w in ((5376, 21504), (21504, 5376)):
         x = jax.ShapeDtypeStruct((1, w[0]), jnp.float32)
-        weight = jax.ShapeDtypeStruct(w, jnp.bfloat16)
-        assert temp_bytes(dot, x, weight) < 96 * MIB
-        assert temp_bytes(lambda x, w: tiled_dot(x, w, w.shape[1]), x, weight) > 400 * MIB
+        for dtype in (jnp.bfloat16, jnp.float16):
+            weight = jax.ShapeDtypeStruct(w, dtype)
+            assert temp_bytes(dot, x, weight) < 96 * MIB
+            assert temp_bytes(one_product, x, weight) > 400 * MIB
 
 
 def test_routed_bfloat16_experts_widen_a_chunk_at_a_time():
@@ -86,16 +100,24 @@ def test_a_lookup_in_a_loop_widens_only_the_rows():
     assert ours < 16 * MIB < 2000 * MIB < plain
 
 
-def test_tiles_give_the_plain_products_bits():
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_tiles_give_the_plain_products_bits(dtype):
+    """bfloat16 tiles give the whole product's bits; float16 ones its values (XLA:CPU widens
+    float16 and blocks the widened product differently by its width)."""
+    same = np.testing.assert_array_equal
+    if dtype == jnp.float16:
+        same = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     for vocab in (40_000, 40_960, 16_385 + 8192):  # uneven, even, just past one tile
-        head = (rng.standard_normal((64, vocab)) * 0.1).astype(jnp.bfloat16)
-        np.testing.assert_array_equal(jax.jit(head_dot)(x, head), jax.jit(dot)(x, head))
+        head = (rng.standard_normal((64, vocab)) * 0.1).astype(dtype)
+        same(jax.jit(head_dot)(x, head), jax.jit(dot)(x, head))
         tied = jax.jit(lambda x, t: head_dot(x, t, vocab_first=True))(x, head.T)
-        np.testing.assert_array_equal(tied, jax.jit(dot)(x, head))
+        same(tied, jax.jit(dot)(x, head))
         tiles = jax.jit(lambda x, w: tiled_dot(x, w, 1000))(x[None], head)  # any leading dims
-        np.testing.assert_array_equal(tiles[0], jax.jit(dot)(x, head))
+        same(tiles[0], jax.jit(dot)(x, head))
+        one = jax.jit(head_dot)(x[:1], head)  # one row, given a zero companion on CPU
+        np.testing.assert_allclose(one, jax.jit(dot)(x, head)[:1], rtol=1e-6, atol=1e-6)
     table = (rng.standard_normal((1000, 8))).astype(jnp.bfloat16)
     tokens = jnp.asarray([3, 999, 0, 3])
     np.testing.assert_array_equal(jax.jit(lookup)(table, tokens), table[np.asarray(tokens)])

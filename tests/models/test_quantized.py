@@ -27,6 +27,31 @@ def test_mxfp4_every_code_and_scale_equals_the_load_path():
     np.testing.assert_allclose(got, x.astype(np.float64) @ want[2], rtol=1e-5, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_mxfp4_values_of_every_code_at_every_scale(dtype):
+    """The values the products read, written as bits (float32, bfloat16) or multiplied
+    (float16), against numpy's exact product rounded to `dtype`: every code at every scale
+    (255 is refused at load). Results below float32's normal range, and every result of the
+    subnormal scale 0, are zero, and past the dtype's range infinite (refused at load too), as
+    the float product on CPU (which flushes subnormals) gives them."""
+    codes = np.arange(256, dtype=np.uint8)  # every (low, high) pair of codes
+    blocks = np.broadcast_to(codes.reshape(16, 16), (255, 16, 16)).reshape(255, 1, 1, 256)
+    blocks = np.ascontiguousarray(blocks.reshape(255, 16, 1, 16))
+    scales = np.broadcast_to(np.arange(255, dtype=np.uint8)[:, None, None], (255, 16, 1))
+    even, odd = jax.jit(quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scales), dtype).halves)()
+    magnitude = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    table = np.concatenate([magnitude, -magnitude])
+    scale = np.ldexp(1.0, np.arange(255) - 127)[:, None, None]
+    for got, nibbles in ((even, blocks & 15), (odd, blocks >> 4)):
+        want = table[nibbles.reshape(255, 16, 16)] * scale
+        flushed = (np.abs(want) < np.finfo(np.float32).tiny) | (scale == scale[0])
+        with np.errstate(over="ignore"):
+            want = np.where(flushed, 0 * want, want).astype(np.float32).astype(dtype)
+        got = np.asarray(got).reshape(255, 16, 16)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 @pytest.mark.parametrize(
     "shape, block", [((48, 32), (16, 16)), ((40, 24), (16, 16)), ((24, 20), (24, 20))]
 )
