@@ -6,6 +6,7 @@ inside the engine; `HybridLM` is the engine's model interface (`init_pools`, `fo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -16,7 +17,7 @@ from swajax import platform
 from swajax.attention import AttentionMode
 from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
-from swajax.models import invariant, layer_stack
+from swajax.models import experts, invariant, layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Linear, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
@@ -181,6 +182,15 @@ class Decoder(nnx.Module):
         return logits
 
 
+@contextlib.contextmanager
+def traced(mode: AttentionMode):
+    """The trace-time switches of a step's `mode`: batch invariance, and whether the experts'
+    intermediate axis is split over devices (tensor parallel, `mode.mesh`)."""
+    with invariant.batch_invariant(mode.deterministic):
+        with experts.intermediate_split(mode.mesh is not None):
+            yield
+
+
 class Forward:
     """The traced body of a step's model half: forward the batch, sample inside the same
     program. Static (hashable) so it can be an argument of any jit, the engine's fused step
@@ -204,7 +214,7 @@ class Forward:
         """Logits of the flat rows `rows` of a forward of `tokens` (a draft's proposals, a
         verify step's rows), and the pools with the batch's KV written."""
         model = self._model(params)
-        with invariant.batch_invariant(self.mode.deterministic):
+        with traced(self.mode):
             return model(tokens, meta.positions, pools, meta, rows, mode=self.mode)
 
     def hidden_logits(self, params, pools, tokens, meta, rows):
@@ -212,7 +222,7 @@ class Forward:
         every row (`mtp_input`: [T, H], or DeepSeek-V4's streams [T, hc, H]), the logits of the
         flat rows `rows`, and the pools with the batch's KV written."""
         model = self._model(params)
-        with invariant.batch_invariant(self.mode.deterministic):
+        with traced(self.mode):
             x, pools = model.hidden(tokens, meta.positions, pools, meta, mode=self.mode)
             return model.mtp_input(x), model.unembed(model.normed(x[rows])), pools
 
@@ -235,7 +245,7 @@ class Forward:
             x, logits, pools = self.hidden_logits(params, pools, tokens, meta, rows)
         else:
             model = self._model(params)
-            with invariant.batch_invariant(self.mode.deterministic):
+            with traced(self.mode):
                 logits, pools = model(
                     batch.tokens, meta.positions, pools, meta, batch.logit_index, mode=self.mode
                 )

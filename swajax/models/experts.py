@@ -15,6 +15,8 @@ on every token and weighs the unselected ones 0: the test oracle.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -131,6 +133,21 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
 # slice of a split axis would gather it from every device. Only on CPU.
 CHUNK_BYTES = 8 << 20
 
+# Whether the experts' intermediate axis (w1's outputs, w2's inputs) is split over devices in
+# the computation being traced: a trace-time switch the model's forward sets from its mesh
+# (`decoder.traced`), as `invariant.batch_invariant` is.
+_SPLIT = contextvars.ContextVar("experts_split", default=False)
+
+
+@contextlib.contextmanager
+def intermediate_split(split: bool):
+    """Trace what runs inside with the experts' intermediate axis split over devices or not."""
+    token = _SPLIT.set(split)
+    try:
+        yield
+    finally:
+        _SPLIT.reset(token)
+
 
 def k_rows(k: int, n: int, itemsize: int) -> int:
     """Rows of a [K, N] weight read per product: as many as fit CHUNK_BYTES (at least 8)."""
@@ -222,7 +239,12 @@ def routed(
     rows = xz[layout.token] * layout.scale[:, None]
     expert_of_row = jnp.repeat(layout.expert, block, total_repeat_length=rows.shape[0])
     copy = experts.copy
-    h = _grouped(rows, experts.w1, layout, block, method, "in", copy)  # chunks: hidden axis
+    # w1's chunks run along the hidden axis; an MXFP4 w1 has none there (see `expert_product`),
+    # so it runs in chunks of its outputs where they are not split over devices: decoded a
+    # cache-sized chunk at a time, 17 -> 12.6 ms a layer at gpt-oss-20b's shapes, one token
+    # (benchmarks/README.md, "MXFP4 experts at batch 1").
+    along = "out" if isinstance(experts.w1, quantized.Mxfp4) and not _SPLIT.get() else "in"
+    h = _grouped(rows, experts.w1, layout, block, method, along, copy)
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
     out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)
     out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out

@@ -36,9 +36,8 @@ from swajax.config.hf_fields import positive_int
 from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
 from swajax.memory.req_to_token import last_loc
-from swajax.models import invariant
 from swajax.models.checkpoint import Checkpoint
-from swajax.models.decoder import DecoderLayer
+from swajax.models.decoder import DecoderLayer, traced
 from swajax.models.deepseek_v4 import PrefixedLoader, V4MtpLayer
 from swajax.models.family_specs import FAMILIES, model_spec
 from swajax.models.layers import Linear, norm_of
@@ -228,7 +227,7 @@ class MtpForward:
     def _run(self, params, t_params, pools, tokens, hidden, meta):
         layer = nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, params))
         target = self.target._model(t_params)
-        with invariant.batch_invariant(self.mode.deterministic):
+        with traced(self.mode):
             x, pools = layer(
                 target.embedded(tokens), hidden, tokens, meta.positions, pools, meta, self.mode
             )

@@ -82,13 +82,14 @@ def test_paired_fp8_expands_each_halfs_own_grid_interleaved():
 
 
 # 48 * 256 bytes, chunks along the hidden axis (64): w1 [64, 128] 24 float input rows at a time
-# (64 = 2 x 24 + 16; MXFP4 inputs are not chunked), w2 [64, 64] 48 output columns at a time
-# (64 = 48 + 16), MXFP4 or float.
+# (64 = 2 x 24 + 16), w2 [64, 64] 48 output columns at a time (64 = 48 + 16), MXFP4 or float;
+# an MXFP4 w1 48 of its outputs at a time (128 = 2 x 48 + 32) unless they are split.
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("chunk_bytes", [None, 48 * 256])
-def test_routed_experts_over_mxfp4_equal_the_dense_reference(monkeypatch, chunk_bytes):
+def test_routed_experts_over_mxfp4_equal_the_dense_reference(monkeypatch, chunk_bytes, split):
     if chunk_bytes:
         monkeypatch.setattr(ex, "CHUNK_BYTES", chunk_bytes)
-        assert [ex.k_rows(64, 128, 4), ex.k_rows(64, 64, 4)] == [24, 48]
+        assert [ex.k_rows(64, 128, 4), ex.k_rows(64, 64, 4), ex.k_rows(128, 64, 4)] == [24, 48, 48]
     rng = np.random.default_rng(3)
     e, h, t, k = 4, 64, 9, 2
 
@@ -107,6 +108,51 @@ def test_routed_experts_over_mxfp4_equal_the_dense_reference(monkeypatch, chunk_
         return jax.nn.silu(g[..., 0::2]) * g[..., 1::2]
 
     want = np.asarray(ex.dense(x, routing, plain, act))
+
+    def routed(x, w):
+        with ex.intermediate_split(split):
+            return ex.routed(x, routing, w, act)
+
     for weights in (packed, plain):
-        got = np.asarray(jax.jit(lambda x, w: ex.routed(x, routing, w, act))(x, weights))
+        got = np.asarray(jax.jit(routed)(x, weights))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_split_mxfp4_experts_are_never_gathered():
+    """Tensor parallel splits w1's outputs over the devices: its chunks then run along the
+    hidden axis (MXFP4: it runs whole), never slicing the split axis, which XLA would gather
+    (the contrast: the same program traced as if unsplit)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from swajax.memory.mesh_axis import AXIS
+    from swajax.models.sharding import kv_mesh
+
+    mesh, (e, h, f) = kv_mesh(2), (4, 256, 256)
+    rng = np.random.default_rng(4)
+
+    def put(a, *spec):
+        return jax.device_put(jnp.asarray(a), NamedSharding(mesh, P(*spec)))
+
+    def mxfp4(din, dout, axis):  # as `sharding.PARAM_SPECS` splits gate_up / down blocks
+        split = [None, None, None, None]
+        split[axis] = AXIS
+        blocks = put(rng.integers(0, 256, (e, dout, din // 32, 16), np.uint8), *split)
+        return quantized.Mxfp4(
+            blocks, put(np.full((e, dout, din // 32), 121, np.uint8), *split[:3]), "bfloat16"
+        )
+
+    weights = ex.Experts(mxfp4(h, 2 * f, 1), None, mxfp4(f, h, 2), None)
+    x, ids = put(rng.normal(size=(3, h)).astype(np.float32)), put(np.arange(6).reshape(3, 2) % e)
+    routing = ex.Routing(ids.astype(jnp.int32), None, put(np.full((3, 2), 0.5, np.float32)))
+
+    def gathers(split):
+        def routed(x, w):
+            with ex.intermediate_split(split):
+                return ex.routed(x, routing, w, lambda g: jax.nn.silu(g[:, 0::2]) * g[:, 1::2])
+
+        return jax.jit(routed).lower(x, weights).compile().as_text().count("all-gather")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ex, "CHUNK_BYTES", 64 * 256)  # several chunks at these widths
+        assert gathers(True) == 0
+        assert gathers(False) > 0

@@ -1,0 +1,116 @@
+"""What XLA:CPU does with low-precision weights, at gpt-oss-20b's widths, on this machine.
+
+    python benchmarks/cpu_products.py [--repeats 5] [--smoke]
+
+Two tables. *Products*: x [rows, in] @ w in float32 / bfloat16 / float16, stored [in, out] or
+[out, in], as one `dot_general` of w's dtype with float32 accumulation (what `layers._dot`
+runs): its temporaries from XLA's own `memory_analysis()` (a widened copy of w shows there),
+its time and the bytes of w read per second; then the same through `layers.dot` /
+`layers.head_dot` (the engine's products). *MXFP4 values*: one expert's gate-up blocks
+[5760, 90, 16] decoded to bfloat16 by multiplying floats and rounding (`_fp4` x `_e8m0`) and
+by writing the bits (`quantized._scaled_bits`). Best of `--repeats`, interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swajax.models import layers, quantized
+
+F32 = jnp.float32
+
+
+def _best(fn, args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _product(rows_out: bool):
+    dims = (((1,), (1 if rows_out else 0,)), ((), ()))
+
+    def product(x, w):
+        return jax.lax.dot_general(
+            x.astype(w.dtype), w, dims, precision=layers.HIGHEST, preferred_element_type=F32
+        )
+
+    return product
+
+
+def products(hidden: int, out: int, repeats: int) -> None:
+    print(f"jax {jax.__version__}: x [rows, {hidden}] @ w, {out} outputs")
+    print("dtype     stored    rows  path    temp MiB      ms   GB/s of w")
+    for dtype in (F32, jnp.bfloat16, jnp.float16):
+        for rows_out in (False, True):
+            shape = (out, hidden) if rows_out else (hidden, out)
+            w = jnp.zeros(shape, dtype)
+            mib = w.size * w.dtype.itemsize
+            for rows in (1, 2, 8):
+                x = jnp.ones((rows, hidden), F32)
+                for path, fn in (("one", _product(rows_out)), ("ours", _ours(rows_out))):
+                    compiled = jax.jit(fn).lower(x, w).compile()
+                    temp = compiled.memory_analysis().temp_size_in_bytes / 2**20
+                    s = _best(compiled, (x, w), repeats)
+                    print(
+                        f"{jnp.dtype(dtype).name:9s} {'[out,in]' if rows_out else '[in,out]'}"
+                        f"  {rows:4d}  {path:5s} {temp:9.1f} {s * 1e3:8.2f} {mib / s / 1e9:8.1f}"
+                    )
+            del w
+
+
+def _ours(rows_out: bool):
+    """The engine's product (`layers.dot`: a zero companion row, column tiles)."""
+    return lambda x, w: layers.dot(x, w, w_rows_out=rows_out)
+
+
+def mxfp4_values(rows: int, groups: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    blocks = jnp.asarray(rng.integers(0, 256, (rows, groups, 16), dtype=np.uint8))
+    scales = jnp.asarray(rng.integers(100, 140, (rows, groups), dtype=np.uint8))[..., None]
+
+    def floats(b, s):
+        return tuple(
+            (quantized._fp4(c) * quantized._e8m0(s)).astype(jnp.bfloat16) for c in (b & 15, b >> 4)
+        )
+
+    def bits(b, s):
+        return tuple(quantized._scaled_bits(c, s, jnp.bfloat16) for c in (b & 15, b >> 4))
+
+    fns = {"multiply and round": jax.jit(floats), "bits": jax.jit(bits)}
+    same = all(
+        np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+        for a, b in zip(fns["bits"](blocks, scales), fns["multiply and round"](blocks, scales))
+    )
+    print(f"MXFP4 [{rows}, {groups}, 16] to bfloat16 (the same bits: {same}):")
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):  # interleaved
+        for name, fn in fns.items():
+            best[name] = min(best[name], _best(fn, (blocks, scales), 1))
+    for name, s in best.items():
+        print(f"  {name:20s} {s * 1e3:7.2f} ms")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (tests)")
+    a = p.parse_args(argv)
+    if a.smoke:
+        products(64, 96, 1)
+        mxfp4_values(8, 2, 1)
+        return
+    products(2880, 5760, a.repeats)
+    mxfp4_values(5760, 90, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
