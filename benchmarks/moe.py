@@ -1,6 +1,7 @@
 """Routed experts vs every expert on every token, GPT-OSS-shaped MoE block, CPU.
 
     python benchmarks/moe.py [--json] [--tokens 256] [--hidden 2880] [--repeats 3] [--bound]
+                             [--dtype bfloat16]
 
 gpt-oss-20b's block: 32 experts of width 2880, top-4, hidden 2880, float32; 256 tokens (a
 prefill chunk). Both paths run jitted, interleaved, best of `--repeats`; the outputs are compared
@@ -43,6 +44,7 @@ def main(argv=None) -> int | None:
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--block", type=int, default=None, help="rows per block (default: automatic)")
+    p.add_argument("--dtype", default="float32", help="what the MXFP4 products run in")
     p.add_argument("--json", action="store_true")
     p.add_argument("--bound", action="store_true", help="time the loop's weight reads instead")
     p.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
@@ -59,7 +61,7 @@ def main(argv=None) -> int | None:
     def mxfp4(din, dout):  # random codes, scales 2^-6: values within +-0.09
         blocks = rng.integers(0, 256, (e, dout, din // 32, 16), dtype=np.uint8)
         scales = np.full((e, dout, din // 32), 127 - 6, np.uint8)
-        return quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scales), "float32")
+        return quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scales), a.dtype)
 
     packed = ex.Experts(
         mxfp4(h, 2 * h),

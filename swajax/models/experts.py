@@ -183,11 +183,13 @@ def expert_product(rows, w, e, along: str | None = "in", copy=None):
             return w.outputs(lead, start, size)
         shape, at = ((size, n), (start, 0)) if along == "in" else ((k, size), (0, start))
         ones = (1,) * len(lead)
-        # Tied to the chunk: XLA:CPU would otherwise widen a low-precision stack whole, ahead
-        # of the loops (all of Llama 4 Scout's experts of a layer: 7.5 GiB of float32).
-        whole, start = unhoisted(w, start)
+        # Tied to the chunk and the expert: XLA:CPU would otherwise widen a low-precision stack
+        # whole, ahead of the loops (all of Llama 4 Scout's experts of a layer: 7.5 GiB of
+        # float32). The last, shorter chunk's start is a constant, so the expert is what varies
+        # there (tied to its start alone, gpt-oss-20b's bfloat16 experts held 3 GiB, 0.7 s).
+        whole, (start, at_lead) = unhoisted(w, (jnp.asarray(start, jnp.int32), lead))
         at = (start, 0) if along == "in" else (0, start)
-        return jax.lax.dynamic_slice(whole, (*lead, *at), (*ones, *shape)).reshape(shape)
+        return jax.lax.dynamic_slice(whole, (*at_lead, *at), (*ones, *shape)).reshape(shape)
 
     def over_inputs(start, size, acc):
         part = jax.lax.dynamic_slice_in_dim(rows, start, size, 1)
