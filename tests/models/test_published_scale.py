@@ -34,9 +34,10 @@ def test_the_head_is_never_widened_whole(rows):
     assert temp_bytes(head_dot, x, head) < 128 * MIB  # whole: 2,209 MiB
     if rows == 1:  # a decode step's one row, unaided, for contrast: widened whole
         assert temp_bytes(one_product, x, head) > 2000 * MIB
-    # A float16 head, which XLA:CPU widens at any batch, a tile at a time.
+    # A float16 head, which XLA:CPU widens at any batch, a tile at a time (a tile's slice and
+    # its widened copy: 141 MiB on jax 0.12).
     head = jax.ShapeDtypeStruct((HIDDEN, VOCAB), jnp.float16)
-    assert temp_bytes(head_dot, x, head) < 128 * MIB
+    assert temp_bytes(head_dot, x, head) < 160 * MIB
     assert temp_bytes(one_product, x, head) > 2000 * MIB
 
 
@@ -98,7 +99,9 @@ def test_a_lookup_in_a_loop_widens_only_the_rows():
 
     ours = temp_bytes(lambda t, k: steps(t, k, lookup), table, tokens)
     plain = temp_bytes(lambda t, k: steps(t, k, lambda t, k: t[k]), table, tokens)
-    assert ours < 16 * MIB < 2000 * MIB < plain
+    assert ours < 16 * MIB
+    if jax.__version_info__ < (0, 12):  # jax 0.12's XLA no longer widens the plain lookup
+        assert 2000 * MIB < plain
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
