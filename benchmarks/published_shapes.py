@@ -5,6 +5,7 @@ decode tokens/s.
     python benchmarks/published_shapes.py write gpt-oss-20b DIR [--layers N]
     python benchmarks/published_shapes.py write gemma-3-27b|gemma-4-31b|llama-4-scout DIR
     python benchmarks/published_shapes.py run DIR [--dtype bfloat16] [--new 16] [--batch B]
+                                                  [--unroll-layers]
 
 `write` makes gpt-oss-20b's checkpoint as the hub ships it (its published config: hidden 2880,
 64 query / 8 KV heads of 64, 32 experts top-4 with MXFP4 blocks and E8M0 scales, vocabulary
@@ -279,11 +280,11 @@ def measuring_temporaries():
         program_store.ProgramStore.call = call
 
 
-def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
+def run(folder: Path, dtype: str, new: int, batch: int, scan_layers: bool = True) -> dict:
     from swajax import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(str(folder), dtype=dtype)  # the engine's default pools and context
+    llm = LLM(str(folder), dtype=dtype, scan_layers=scan_layers)  # default pools and context
     load_s = time.perf_counter() - t0
     loaded = peak_rss_gib()
     prompts = [[(7 * i + 13 * j) % 1000 + 3 for j in range(16)] for i in range(batch)]
@@ -312,6 +313,7 @@ def run(folder: Path, dtype: str, new: int, batch: int) -> dict:
         kv_gib=round(kv_bytes(llm) / 2**30, 3),
         step_temporaries_gib=round(max(t for _, t in temps) / 2**30, 3),
         batch=batch,
+        scan_layers=scan_layers,
         decode_tokens_per_s=round(batch * new / seconds, 2),
     )
 
@@ -336,6 +338,7 @@ def main(argv=None) -> int:
     r.add_argument("--dtype", default="auto")
     r.add_argument("--new", type=int, default=16)
     r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--unroll-layers", action="store_true", help="no layer scan (as generate's)")
     p.add_argument("--smoke", action="store_true", help="a 1-layer checkpoint, written and run")
     args = p.parse_args(argv)
     if args.smoke:  # a 1-layer checkpoint, written, run and deleted
@@ -357,7 +360,8 @@ def main(argv=None) -> int:
         print(f"wrote {args.folder}: {layers} layers, {written / 2**30:.2f} GiB")
         return 0
     if args.cmd == "run":
-        print(json.dumps(run(args.folder, args.dtype, args.new, args.batch)))
+        scan = not args.unroll_layers
+        print(json.dumps(run(args.folder, args.dtype, args.new, args.batch, scan)))
         return 0
     p.print_help()
     return 2
