@@ -243,8 +243,8 @@ def routed(
     copy = experts.copy
     # w1's chunks run along the hidden axis; an MXFP4 w1 has none there (see `expert_product`),
     # so it runs in chunks of its outputs where they are not split over devices: decoded a
-    # cache-sized chunk at a time, 17 -> 12.6 ms a layer at gpt-oss-20b's shapes, one token
-    # (benchmarks/README.md, "MXFP4 experts at batch 1").
+    # cache-sized chunk at a time (one token's block at gpt-oss-20b's shapes, bfloat16: 0.031
+    # -> 0.018 s; benchmarks/README.md, "Routed experts, float and MXFP4").
     along = "out" if isinstance(experts.w1, quantized.Mxfp4) and not _SPLIT.get() else "in"
     h = _grouped(rows, experts.w1, layout, block, method, along, copy)
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h

@@ -46,10 +46,10 @@ def unhoisted(weight, varying):
     widens a low-precision operand to float32 first (a one-row product, float16, slices and
     gathers of a stack: `widened_on_cpu`, `_dot`), a weight's widening is invariant to every
     loop around it (the layers' scan, the steps of a multi-step round), so XLA hoists it out of
-    them: every weight of the model widened at once,
-    resident for the whole program (at gpt-oss-20b's shapes several GiB). Through a barrier
-    with `varying`, the weight is not invariant, and only what a product reads is widened, when
-    it reads it. Elsewhere, and for float32 weights, `weight` itself."""
+    them: every weight of the model widened at once, resident for the whole program (at
+    gpt-oss-20b's shapes several GiB). Through a barrier with `varying`, the weight is not
+    invariant, and only what a product reads is widened, when it reads it. Elsewhere, and for
+    float32 weights, `weight` itself."""
     if weight.dtype == F32 or not platform.is_cpu():
         return weight, varying
     return jax.lax.optimization_barrier((weight, varying))

@@ -51,9 +51,10 @@ def _scaled_bits(codes, scales, dtype):
     """e2m1 codes times 2^(s - 127), as float32 or bfloat16, written as bits: an e2m1 value is
     (1 + m/2) 2^(e-1) (e > 0) or m/2, so its scaled exponent is e + s - 1 (or s - 1 for m/2)
     and its one mantissa bit is m. Integer operations only: three times faster on CPU than
-    multiplying floats and rounding them to bfloat16 (benchmarks/README.md, "MXFP4 experts at
-    batch 1"). Results below float32's normal range are zero and a zero scale gives zeros, as
-    XLA:CPU's float product (which flushes subnormals) gives; past the range, infinity."""
+    multiplying floats and rounding them to bfloat16 (benchmarks/README.md, "Products of
+    bfloat16 weights"). Results below float32's normal range are zero and a zero scale gives
+    zeros, as XLA:CPU's float product (which flushes subnormals) gives; past the range,
+    infinity."""
     uint, mant = _BITS[jnp.dtype(dtype)]
     c, s = codes.astype(jnp.int32), scales.astype(jnp.int32)
     e, m = (c >> 1) & 3, c & 1
