@@ -11,6 +11,8 @@ import contextvars
 
 import jax
 
+from swajax.switch import switched
+
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target", default=None)
 ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
@@ -25,14 +27,9 @@ def is_cpu() -> bool:
     return target() == "cpu"
 
 
-@contextlib.contextmanager
-def lowering_for(platform: str):
+def lowering_for(platform: str) -> contextlib.AbstractContextManager[None]:
     """Trace for `platform` ("tpu", "cuda", "gpu", "cpu") inside the block."""
-    token = _TARGET.set(platform)
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
+    return switched(_TARGET, platform)
 
 
 def mosaic_gpu() -> bool:

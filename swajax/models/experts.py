@@ -27,6 +27,7 @@ from swajax import platform
 from swajax.arith import ceil_div, round_up
 from swajax.models import invariant, quantized
 from swajax.models.layers import unhoisted
+from swajax.switch import switched
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -130,7 +131,9 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
 # last-level cache (benchmarks/moe.py --bound: 0.27 -> 0.21 s for that projection); an MXFP4
 # w2 is dequantized a chunk of outputs at a time for the same reason. Chunks run along the
 # hidden axis (w1's inputs, w2's outputs), which tensor parallelism never splits: a dynamic
-# slice of a split axis would gather it from every device. Only on CPU.
+# slice of a split axis would gather it from every device. An MXFP4 w1, which has no chunks of
+# inputs, runs in chunks of its outputs only where they are not split (`intermediate_split`).
+# Only on CPU.
 CHUNK_BYTES = 8 << 20
 
 # Whether the experts' intermediate axis (w1's outputs, w2's inputs) is split over devices in
@@ -139,14 +142,9 @@ CHUNK_BYTES = 8 << 20
 _SPLIT = contextvars.ContextVar("experts_split", default=False)
 
 
-@contextlib.contextmanager
-def intermediate_split(split: bool):
+def intermediate_split(split: bool) -> contextlib.AbstractContextManager[None]:
     """Trace what runs inside with the experts' intermediate axis split over devices or not."""
-    token = _SPLIT.set(split)
-    try:
-        yield
-    finally:
-        _SPLIT.reset(token)
+    return switched(_SPLIT, split)
 
 
 def k_rows(k: int, n: int, itemsize: int) -> int:

@@ -24,6 +24,7 @@ import contextvars
 import functools
 
 from swajax.attention.invariant import tiled
+from swajax.switch import switched
 
 ROW_TILE = 8
 
@@ -35,14 +36,9 @@ def on() -> bool:
     return _ON.get()
 
 
-@contextlib.contextmanager
-def batch_invariant(enabled: bool = True):
+def batch_invariant(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Trace what runs inside batch-invariant (or not, with `enabled=False`)."""
-    token = _ON.set(enabled)
-    try:
-        yield
-    finally:
-        _ON.reset(token)
+    return switched(_ON, enabled)
 
 
 def rows(fn, *xs):
