@@ -14,7 +14,9 @@ by writing the bits (`quantized._scaled_bits`). Best of `--repeats`, interleaved
 from __future__ import annotations
 
 import argparse
-import time
+import functools
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +24,10 @@ import numpy as np
 
 from swajax.models import layers, quantized
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe import _best  # noqa: E402  (best of interleaved rounds, after one untimed)
+
 F32 = jnp.float32
-
-
-def _best(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _product(rows_out: bool):
@@ -59,7 +54,7 @@ def products(hidden: int, out: int, repeats: int) -> None:
                 for path, fn in (("one", _product(rows_out)), ("ours", _ours(rows_out))):
                     compiled = jax.jit(fn).lower(x, w).compile()
                     temp = compiled.memory_analysis().temp_size_in_bytes / 2**20
-                    s = _best(compiled, (x, w), repeats)
+                    s = _best({"": functools.partial(compiled, x, w)}, repeats)[""]
                     print(
                         f"{jnp.dtype(dtype).name:9s} {'[out,in]' if rows_out else '[in,out]'}"
                         f"  {rows:4d}  {path:5s} {temp:9.1f} {s * 1e3:8.2f} {mib / s / 1e9:8.1f}"
@@ -91,10 +86,7 @@ def mxfp4_values(rows: int, groups: int, repeats: int) -> None:
         for a, b in zip(fns["bits"](blocks, scales), fns["multiply and round"](blocks, scales))
     )
     print(f"MXFP4 [{rows}, {groups}, 16] to bfloat16 (the same bits: {same}):")
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):  # interleaved
-        for name, fn in fns.items():
-            best[name] = min(best[name], _best(fn, (blocks, scales), 1))
+    best = _best({name: functools.partial(fn, blocks, scales) for name, fn in fns.items()}, repeats)
     for name, s in best.items():
         print(f"  {name:20s} {s * 1e3:7.2f} ms")
 
