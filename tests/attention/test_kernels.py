@@ -198,22 +198,13 @@ def _export(fn, args, platform, device_kind=None):
 
     backend = {"tpu": "tpu", "cuda": "gpu", "cuda-mosaic": "mosaic_gpu"}[platform]
     f = jax.jit(functools.partial(fn, kind="sliding", window=128, scale=0.1, backend=backend))
+    from helpers.lowering import H100, on_device, tpu
+
     if platform == "tpu":
-        from jax.sharding import AbstractDevice, AbstractMesh, AxisType
-
-        device = AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
-        with jax.sharding.use_abstract_mesh(
-            AbstractMesh((1,), ("x",), axis_types=(AxisType.Auto,), abstract_device=device)
-        ):
+        with on_device(tpu(device_kind)):
             return export.export(f, platforms=["tpu"])(*args)
-    from jax.sharding import AbstractDevice, AbstractMesh, AxisType
-
-    # newer JAX asks which GPU a kernel is lowered for without one: an H100
-    h100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=1, platform="cuda")
     checks = [export.DisabledSafetyCheck.custom_call(c) for c in (TRITON, MOSAIC_GPU)]
-    with jax.sharding.use_abstract_mesh(
-        AbstractMesh((1,), ("x",), axis_types=(AxisType.Auto,), abstract_device=h100)
-    ):
+    with on_device(H100):
         exp = export.export(f, platforms=["cuda"], disabled_checks=checks)(*args)
     calls = set(re.findall(r"custom_call @([\w$.]+)", exp.mlir_module()))
     assert calls == {MOSAIC_GPU if platform == "cuda-mosaic" else TRITON}, calls

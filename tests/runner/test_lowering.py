@@ -13,9 +13,9 @@ import re
 
 import jax
 import pytest
+from helpers.lowering import H100, on_device, tpu
 from helpers.published import step_programs
 from jax import export
-from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
 from swajax import platform
 
@@ -23,7 +23,6 @@ TRITON, MOSAIC_GPU = "__gpu$xla.gpu.triton", "mosaic_gpu_v2"
 KERNELS = {"tpu": "tpu_custom_call", "cuda": TRITON}
 PROGRAMS = ("prefill", "decode", "round", "verify")
 TARGETS = [("tpu", "TPU v5 lite"), ("tpu", "TPU v6 lite"), ("cuda", None)]
-H100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=1, platform="cuda")
 
 
 @functools.cache
@@ -32,19 +31,11 @@ def programs(target: str, attention: str, deterministic: bool = False):
         return step_programs(attention, deterministic=deterministic)
 
 
-def on_device(device):
-    """The device a program is lowered for without one (newer JAX asks which GPU a kernel is
-    for); its one axis unsharded (Auto), as the engine's one-device programs are."""
-    mesh = AbstractMesh((1,), ("x",), axis_types=(AxisType.Auto,), abstract_device=device)
-    return jax.sharding.use_abstract_mesh(mesh)
-
-
 def lowered(target: str, device_kind, program) -> str:
     with platform.lowering_for(target):
         fn = export.export
         if target == "tpu":
-            device = AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
-            with on_device(device):
+            with on_device(tpu(device_kind)):
                 exp = fn(program.fn, platforms=["tpu"])(*program.args, **program.statics)
         else:
             checks = [export.DisabledSafetyCheck.custom_call(c) for c in (TRITON, MOSAIC_GPU)]
