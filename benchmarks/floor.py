@@ -58,7 +58,7 @@ def weights_of(decoder) -> dict:
         embed=decoder.embed[...],
         norm=decoder.norm.weight[...],
         layers=layers,
-        head=decoder.lm_head.kernel[...],
+        head=decoder.lm_head.weight[...].T,
     )
 
 

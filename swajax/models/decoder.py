@@ -19,7 +19,7 @@ from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
 from swajax.models import experts, invariant, layer_stack
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
-from swajax.models.layers import Attention, DenseMLP, Linear, head_dot, lookup, norm_of, param
+from swajax.models.layers import Attention, DenseMLP, Head, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
 from swajax.models.sampling import SampleMode, sample
 from swajax.models.spec import Block, Mlp, ModelSpec
@@ -104,10 +104,8 @@ class Decoder(nnx.Module):
         self.layers = nnx.List([layer(spec, i) for i in range(spec.num_layers)])
         self.per_layer_inputs = PerLayerInputs(spec) if spec.ple_dim else None
         self.norm = norm_of(spec, spec.hidden)
-        head = (
-            None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
-        )
-        self.lm_head = head
+        tied = spec.tie_embeddings
+        self.lm_head = None if tied else Head(spec.hidden, spec.vocab_size, spec.dtype)
         self.scanned = False
 
     def scan_layers(self, consume: bool = False) -> None:
@@ -136,7 +134,7 @@ class Decoder(nnx.Module):
             self.per_layer_inputs.load(w)
         self.norm.load(w, "model.norm.weight")
         if self.lm_head is not None:
-            self.lm_head.load(w, "lm_head")
+            self.lm_head.load(w, "lm_head.weight")
 
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         """Logits [len(sample_index), vocab] of the given rows, and the updated pools."""
@@ -173,7 +171,7 @@ class Decoder(nnx.Module):
         if self.lm_head is None:  # tied: the embedding table, read as stored [V, H]
             logits = head_dot(x, self.embed[...], vocab_first=True)
         else:
-            logits = head_dot(x, self.lm_head.kernel[...])
+            logits = self.lm_head(x)
         if self.spec.logit_scale != 1.0:  # Cohere
             logits = logits * self.spec.logit_scale
         if self.spec.final_soft_cap is not None:

@@ -18,7 +18,7 @@ from swajax.memory import pool as pool_lib
 from swajax.models import deepseek_v4_attention as v4_attention
 from swajax.models.deepseek_v4_compressor import Compressor, rope_tail, update
 from swajax.models.hyper_connection import HyperConnection, HyperHead, expand
-from swajax.models.layers import F32, HIGHEST, Linear, RMSNorm, head_dot, param, unit_rms
+from swajax.models.layers import F32, HIGHEST, Head, Linear, RMSNorm, param, unit_rms
 from swajax.models.moe import DeepseekV4MoE
 from swajax.models.spec import ModelSpec
 from swajax.models.weights import Layout
@@ -211,7 +211,7 @@ class DeepseekV4Decoder(nnx.Module):
         self.layers = nnx.List([V4Layer(spec, i) for i in range(spec.num_layers)])
         self.hc_head = HyperHead(v4.hc_mult, spec.hidden, v4.hc_eps, spec.eps)
         self.norm = RMSNorm(spec.hidden, spec.eps)
-        self.head = Linear(spec.hidden, spec.vocab_size, dtype=spec.dtype)
+        self.head = Head(spec.hidden, spec.vocab_size, spec.dtype)
 
     def scan_layers(self, consume: bool = False) -> None:
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
@@ -225,7 +225,7 @@ class DeepseekV4Decoder(nnx.Module):
         parts = ("fn", "base", "scale")
         self.hc_head.load(w, {p: names(f"hc_head_{p}", f"hc_head.hc_{p}") for p in parts})
         self.norm.load(w, names("norm.weight"))
-        w.fill(self.head.kernel, names("head.weight", "lm_head.weight"), transpose=True)
+        self.head.load(w, names("head.weight", "lm_head.weight"))
 
     def __call__(self, tokens, positions, pools, meta, sample_index, *, mode=XLA):
         streams, pools = self.hidden(tokens, positions, pools, meta, mode=mode)
@@ -250,7 +250,7 @@ class DeepseekV4Decoder(nnx.Module):
         return streams
 
     def unembed(self, x):
-        return head_dot(x, self.head.kernel[...])
+        return self.head(x)
 
 
 class Names:

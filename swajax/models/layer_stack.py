@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from swajax import platform
 from swajax.memory import bits
 from swajax.memory.pool import Slot
-from swajax.models.layers import ExpertWeight
+from swajax.models.layers import ExpertWeight, StackedKernel
 from swajax.models.spec import ModelSpec
 
 MAX_PERIOD = 16  # longer repeating patterns are not worth searching for
@@ -111,9 +112,9 @@ class LayerStack(nnx.Module):
     def __init__(self, layers: list[nnx.Module], segment: Segment, consume: bool = False):
         self.segment = segment
         p = segment.period
-        # the dtypes of the parameters the stacks hold as bits, in their leaves' order
+        # each parameter's dtype by its path, for those the stacks hold as bits
         self.dtypes = tuple(
-            tuple(x.dtype.name for x in jax.tree.leaves(nnx.split(layers[j], ExpertWeight, ...)[2]))
+            tuple((_key(path), x.dtype.name) for path, x in _leaves(nnx.state(layers[j])))
             for j in range(p)
         )
         self.stacks = nnx.List([_stacked(layers[j::p], consume) for j in range(p)])
@@ -125,22 +126,34 @@ class LayerStack(nnx.Module):
         ]
         is_swa = [slots[0][p].is_swa for p in range(period)]
         index = jnp.asarray(np.array([[s.index for s in row] for row in slots], np.int32))
-        # Expert weights go in whole, every copy's (`layers.ExpertWeight`); the rest is sliced.
+        # Expert weights go in whole, every copy's (`layers.ExpertWeight`), and on one CPU
+        # device so do the plain kernels (`layers.StackedKernel`); the rest is sliced.
+        kernels = platform.is_cpu() and mode.mesh is None
+        dtypes = [dict(d) for d in self.dtypes]
         graphdefs, whole, sliced = zip(
-            *(nnx.split(stack, ExpertWeight, ...) for stack in self.stacks), strict=True
+            *(
+                nnx.split(stack, _whole(kernels, held), ...)
+                for stack, held in zip(self.stacks, dtypes, strict=True)
+            ),
+            strict=True,
         )
 
         def body(carry, xs):
             x, pools = carry
             layer_states, layer_index, copy = xs
             layer_states = [
-                jax.tree.unflatten(
-                    jax.tree.structure(state), map(bits.from_bits, jax.tree.leaves(state), dtypes)
+                jax.tree_util.tree_map_with_path(
+                    lambda path, a, held=held: bits.from_bits(a, held[_key(path)]), state
                 )
-                for state, dtypes in zip(layer_states, self.dtypes, strict=True)
+                for state, held in zip(layer_states, dtypes, strict=True)
             ]
             for p in range(period):
-                layer = nnx.merge(graphdefs[p], whole[p], layer_states[p])
+                held = whole[p]
+                if kernels:
+                    held = jax.tree_util.tree_map_with_path(
+                        lambda path, a, d=dtypes[p]: _stacked_kernel(path, a, copy, d), held
+                    )
+                layer = nnx.merge(graphdefs[p], held, layer_states[p])
                 slot = Slot(layer_index[p], is_swa[p])
                 x, pools = layer(x, positions, pools, meta, mode, slot=slot, copy=copy)
             return (x, pools), None
@@ -151,3 +164,35 @@ class LayerStack(nnx.Module):
         copies = jnp.arange(repeats, dtype=jnp.int32)
         (x, pools), _ = jax.lax.scan(body, (x, pools), (tuple(sliced), index, copies))
         return x, pools
+
+
+PLAIN = ("float32", "bfloat16", "float16")  # the dtypes of kernels read out of the stack
+
+
+def _leaves(state):
+    return jax.tree_util.tree_leaves_with_path(state)
+
+
+def _key(path) -> str:
+    """A parameter's path as "a.b.c", from a graph path or a tree path (without its value)."""
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return ".".join(keys[:-1] if keys and keys[-1] == "value" else keys)
+
+
+def _whole(kernels: bool, dtypes: dict):
+    """The parameters a stack hands its layers whole: the experts, and with `kernels` the
+    `Linear` kernels of a plain dtype (block-FP8 ones are dequantized per layer as sliced)."""
+
+    def chosen(path, node) -> bool:
+        if isinstance(node, ExpertWeight):
+            return True
+        return kernels and path[-1] == "kernel" and dtypes[_key(path)] in PLAIN
+
+    return chosen
+
+
+def _stacked_kernel(path, a, copy, dtypes: dict):
+    """A parameter a stack hands its layers whole: a kernel as copy `copy`'s view of the stack
+    (`layers.StackedKernel`), an expert weight as it is."""
+    key = _key(path)
+    return StackedKernel(a, copy, dtypes[key]) if key.endswith(".kernel") else a

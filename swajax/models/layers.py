@@ -7,6 +7,7 @@ Linear kernels are stored [in, out]; `load(weights, prefix)` reads the Hugging F
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from flax import nnx
 
 from swajax import platform
 from swajax.attention import AttentionMode, attention
-from swajax.memory import pool as pool_lib
+from swajax.memory import bits, pool as pool_lib
 from swajax.models import invariant, quantized
 from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
@@ -55,23 +56,71 @@ def unhoisted(weight, varying):
     return jax.lax.optimization_barrier((weight, varying))
 
 
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["stack", "copy"], meta_fields=["dtype"]
+)
+@dataclasses.dataclass(frozen=True)
+class StackedKernel:
+    """Copy `copy`'s [in, out] kernel, read out of the stack of every copy's [C, in, out] as
+    the stack holds it (`memory.bits`): what a `LayerStack` hands a `Linear` on CPU in place of
+    a slice. XLA:CPU copies a slice of a stack into a buffer of its own before a product reads
+    it, and the bit cast back to `dtype` is another copy: each layer's weights through memory
+    three times. `dot` reads a stacked kernel a cache-sized chunk of outputs at a time, straight
+    out of the stack (benchmarks/README.md, "Published shapes")."""
+
+    stack: jax.Array  # [C, in, out]
+    copy: jax.Array  # int32 []
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.stack.shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __getitem__(self, index) -> StackedKernel:
+        if index is not Ellipsis:
+            raise TypeError(f"a stacked kernel is read whole ([...]), not at {index!r}")
+        return self
+
+    def columns(self, start, cols: int) -> jax.Array:
+        """Columns [start, start + cols) of this copy's kernel, in `dtype` (a copy of them:
+        read where they are used, `unhoisted`)."""
+        din = self.stack.shape[1]
+        whole, (start, copy) = unhoisted(self.stack, (jnp.asarray(start, jnp.int32), self.copy))
+        block = jax.lax.dynamic_slice(whole, (copy, 0, start), (1, din, cols))
+        return bits.from_bits(block.reshape(din, cols), self.dtype)
+
+
 def dot(x, w, *, w_rows_out: bool = False):
     """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
     batch-invariant mode, `invariant.rows`). `w_rows_out`: w is stored [out, in] (x @ w.T,
-    contracted as stored: no transposed copy). On CPU a weight that XLA:CPU would widen
-    (`widened_on_cpu`) of WIDE_BYTES or more runs in column tiles (`tiled_dot`): widened whole,
-    a dense MLP matrix at published widths is 0.46 GiB (Gemma 4 31B's)."""
+    contracted as stored: no transposed copy); `w` may be a `StackedKernel`. On CPU:
+
+    - a weight that XLA:CPU would widen (`widened_on_cpu`) of WIDE_BYTES or more runs in column
+      tiles (`tiled_dot`): widened whole, a dense MLP matrix at published widths is 0.46 GiB
+      (Gemma 4 31B's);
+    - a bfloat16 [in, out] weight (or a stacked one) of more than CHUNK_BYTES runs a chunk of
+      CHUNK_BYTES of outputs at a time: XLA:CPU reads a wide [in, out] weight slowly (its rows
+      far apart; gpt-oss-20b's [2880, 201088] head at 4.6 GB/s), and a chunk copied into the
+      cache and read from there goes faster (6.9 GB/s, the same bits).
+    """
     out_axis = 0 if w_rows_out else 1
-    if (
-        widened_on_cpu(w)
-        and w.ndim == 2
-        and w.size * w.dtype.itemsize >= WIDE_BYTES
-        and not invariant.on()
-    ):
-        cols = max(TILE_BYTES // (4 * w.shape[1 - out_axis]), 128)
-        if w.shape[out_axis] > 2 * cols:
-            return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
-    return _dot(x, w, w_rows_out)
+    stacked = isinstance(w, StackedKernel)
+    if invariant.on() or not platform.is_cpu():
+        return _dot(x, w.columns(0, w.shape[1]) if stacked else w, w_rows_out)
+    din, dout = w.shape[1 - out_axis], w.shape[out_axis]
+    if widened_on_cpu(w) and din * dout * jnp.dtype(w.dtype).itemsize >= WIDE_BYTES:
+        cols = max(TILE_BYTES // (4 * din), 128)
+    elif stacked or (w.dtype == jnp.bfloat16 and not w_rows_out):
+        cols = max(CHUNK_BYTES // (din * jnp.dtype(w.dtype).itemsize), 128)
+    else:
+        cols = dout
+    if dout > cols:
+        return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
+    return _dot(x, w.columns(0, dout) if stacked else w, w_rows_out)
 
 
 def widened_on_cpu(w) -> bool:
@@ -80,7 +129,7 @@ def widened_on_cpu(w) -> bool:
     more: `_dot` gives a single row a zero companion), and widens every other low precision
     (float16, float8) first (measured with jax 0.10.2 and 0.12: benchmarks/README.md, "Products
     of bfloat16 weights")."""
-    return platform.is_cpu() and w.dtype not in (F32, jnp.bfloat16)
+    return platform.is_cpu() and jnp.dtype(w.dtype) not in (F32, jnp.bfloat16)
 
 
 def _dot(x, w, w_rows_out: bool):
@@ -107,20 +156,25 @@ def _dot(x, w, w_rows_out: bool):
 HEAD_TILE = 8192  # vocabulary columns per tile of a tiled head product
 WIDE_BYTES = 64 * 2**20  # a low-precision weight this large runs in column tiles on CPU
 TILE_BYTES = 32 * 2**20  # a tile's widened float32 bytes
+CHUNK_BYTES = 8 * 2**20  # a chunk of a bfloat16 or stacked weight read on CPU
 
 
 def tiled_dot(x, w, cols: int, *, w_rows_out: bool = False):
-    """`dot` `cols` output columns at a time (w's output axis), bit for bit the same: each
-    tile is widened where it is read, inside the loop (`unhoisted` ties the weight to the
-    tile's index, so XLA cannot widen it whole ahead of the loop)."""
+    """`dot` `cols` output columns at a time (w's output axis; w plain or a `StackedKernel`):
+    each tile is copied (and widened, where XLA:CPU widens) where it is read, inside the loop
+    (`unhoisted` ties the weight to the tile's index, so XLA cannot widen it whole ahead of
+    the loop)."""
     axis = 0 if w_rows_out else 1
     v = w.shape[axis]
     n = -(-v // cols)
 
     def tile(i, out):  # the last tile ends at v (it overlaps the one before)
         start = jnp.minimum(i * cols, v - cols)
-        whole, start = unhoisted(w, start)
-        block = jax.lax.dynamic_slice_in_dim(whole, start, cols, axis=axis)
+        if isinstance(w, StackedKernel):
+            block = w.columns(start, cols)
+        else:
+            whole, start = unhoisted(w, start)
+            block = jax.lax.dynamic_slice_in_dim(whole, start, cols, axis=axis)
         y = _dot(x, block, w_rows_out)
         return jax.lax.dynamic_update_slice_in_dim(out, y, start, axis=x.ndim - 1)
 
@@ -185,6 +239,24 @@ class Linear(nnx.Module):
             w.fill_fp8(self.kernel, self.kernel_scale, f"{prefix}.weight", self.block)
         if self.bias is not None:
             w.fill(self.bias, f"{prefix}.bias")
+
+
+class Head(nnx.Module):
+    """The vocabulary head of an untied model, stored [V, H] as checkpoints publish
+    `lm_head.weight` and read as stored (`head_dot`'s `vocab_first`). On CPU a product reads a
+    [V, H] head about 2.5x faster than the [H, V] of a `Linear` kernel (gpt-oss-20b's 1.16 GB
+    head at batch 1: 73 against 186-250 ms, benchmarks/README.md, "Products of bfloat16
+    weights"); elsewhere the layout is the one the hub ships."""
+
+    def __init__(self, hidden: int, vocab: int, dtype=F32):
+        self.weight = param((vocab, hidden), dtype)
+
+    def __call__(self, x):
+        """Float32 logits of rows `x` [T, H]."""
+        return head_dot(x, self.weight[...], vocab_first=True)
+
+    def load(self, w, name):
+        w.fill(self.weight, name)
 
 
 def fp8_block(quant: Quantization | None, din: int, dout: int) -> tuple[int, int] | None:

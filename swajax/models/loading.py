@@ -295,8 +295,25 @@ def _restore_orbax(decoder: Decoder, path: Path, mesh) -> Decoder:
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
 
     abstract = jax.tree_util.tree_map_with_path(placed, abstract)
-    state = _checkpointer().restore(path.resolve(), abstract)
+    checkpointer = _checkpointer()
+    saved = checkpointer.metadata(path.resolve()).item_metadata
+    heads = [n for n in HEADS if n in abstract and "kernel" in (saved.get(n) or {})]
+    for name in heads:  # read as written, [H, V]
+        weight = abstract[name]["weight"]
+        v = weight.get_value()
+        held = jax.ShapeDtypeStruct(v.shape[::-1], v.dtype, sharding=v.sharding)
+        abstract[name] = nnx.State({"kernel": weight.replace(held)})
+    state = checkpointer.restore(path.resolve(), abstract)
+    for name in heads:
+        kernel = state[name]["kernel"]
+        state[name] = nnx.State({"weight": kernel.replace(kernel.get_value().T)})
     return nnx.merge(graphdef, state)
+
+
+# The untied vocabulary heads (`layers.Head`, [V, H]) by their module names. Folders converted
+# before 2026-12-06 hold them as a `Linear` kernel [H, V] (`NAME.kernel`): restored as written
+# and transposed, so those folders keep loading.
+HEADS = ("lm_head", "head")
 
 
 def spec_of(path: str | Path) -> ModelSpec:

@@ -273,6 +273,29 @@ def test_orbax_round_trip(tmp_path):
     assert out_a == out_b
 
 
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v4"])
+def test_a_folder_converted_with_the_head_as_a_kernel_still_loads(tmp_path, family):
+    """Folders converted before the untied head was stored [V, H] (`layers.Head`) hold it as
+    a Linear kernel [H, V]: restored as written, transposed into place."""
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    src, out = FIXTURES / family, tmp_path / "converted"
+    decoder = load_decoder(src)
+    save_orbax(decoder, src, out)
+    state = nnx.state(decoder)
+    name = "lm_head" if "lm_head" in state else "head"
+    weight = state[name]["weight"]
+    state[name] = nnx.State({"kernel": weight.replace(weight.get_value().T)})
+    shutil.rmtree(out / "params")
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(out / "params", state)
+    checkpointer.wait_until_finished()
+    restored = load_decoder(out)
+    head = getattr(restored, name).weight[...]
+    np.testing.assert_array_equal(head, getattr(decoder, name).weight[...])
+
+
 def _copy(tmp_path, family):
     dst = tmp_path / family
     shutil.copytree(FIXTURES / family, dst)

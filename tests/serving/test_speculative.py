@@ -75,8 +75,8 @@ def rotated(decoder):
     """The decoder with its output head shifted by one token: its argmax is never the
     target's, so a draft built from it is always wrong."""
     decoder = load_decoder(FIXTURES / "gpt_oss")
-    kernel = decoder.lm_head.kernel
-    kernel[...] = jnp.roll(kernel[...], 1, axis=1)
+    head = decoder.lm_head.weight  # [V, H]
+    head[...] = jnp.roll(head[...], 1, axis=0)
     return decoder
 
 
