@@ -7,8 +7,9 @@ Two tables. *Products*: x [rows, in] @ w in float32 / bfloat16 / float16, stored
 runs): its temporaries from XLA's own `memory_analysis()` (a widened copy of w shows there),
 its time and the bytes of w read per second; then the same through `layers.dot` /
 `layers.head_dot` (the engine's products). *MXFP4 values*: one expert's gate-up blocks
-[5760, 90, 16] decoded to bfloat16 by multiplying floats and rounding (`_fp4` x `_e8m0`) and
-by writing the bits (`quantized._scaled_bits`). Best of `--repeats`, interleaved.
+[5760, 90, 16] decoded to bfloat16 by multiplying floats and rounding (`_fp4` x `_e8m0`), by
+writing the bits (`quantized._scaled_bits`, in 16-bit lanes) and by writing them in 32-bit
+lanes (its form before 2026-12-06). Best of `--repeats`, interleaved.
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ def _ours(rows_out: bool):
     return lambda x, w: layers.dot(x, w, w_rows_out=rows_out)
 
 
+def bits_in_32_bit_lanes(codes, scales):
+    """`quantized._scaled_bits` for bfloat16 as it was before 2026-12-06, for comparison: the
+    exponent and mantissa fields computed apart, in 32-bit lanes."""
+    c, s = codes.astype(jnp.int32), scales.astype(jnp.int32)
+    e, m = (c >> 1) & 3, c & 1
+    exponent = jnp.where(e == 0, jnp.where(m == 1, s - 1, 0), e + s - 1)
+    bits = (exponent << 7) | jnp.where(e == 0, 0, m << 6)
+    bits = jnp.where((exponent <= 0) | (s == 0), 0, bits)
+    bits = jnp.where(exponent >= 255, 255 << 7, bits)
+    sign = (c >> 3) << 15
+    return jax.lax.bitcast_convert_type((bits | sign).astype(jnp.uint16), jnp.bfloat16)
+
+
 def mxfp4_values(rows: int, groups: int, repeats: int) -> None:
     rng = np.random.default_rng(0)
     blocks = jnp.asarray(rng.integers(0, 256, (rows, groups, 16), dtype=np.uint8))
@@ -80,10 +94,19 @@ def mxfp4_values(rows: int, groups: int, repeats: int) -> None:
     def bits(b, s):
         return tuple(quantized._scaled_bits(c, s, jnp.bfloat16) for c in (b & 15, b >> 4))
 
-    fns = {"multiply and round": jax.jit(floats), "bits": jax.jit(bits)}
+    def wide_bits(b, s):
+        return tuple(bits_in_32_bit_lanes(c, s) for c in (b & 15, b >> 4))
+
+    fns = {
+        "multiply and round": jax.jit(floats),
+        "bits": jax.jit(bits),
+        "bits, 32-bit lanes": jax.jit(wide_bits),
+    }
+    want = fns["multiply and round"](blocks, scales)
     same = all(
         np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
-        for a, b in zip(fns["bits"](blocks, scales), fns["multiply and round"](blocks, scales))
+        for name in ("bits", "bits, 32-bit lanes")
+        for a, b in zip(fns[name](blocks, scales), want)
     )
     print(f"MXFP4 [{rows}, {groups}, 16] to bfloat16 (the same bits: {same}):")
     best = _best({name: functools.partial(fn, blocks, scales) for name, fn in fns.items()}, repeats)

@@ -1,6 +1,6 @@
 """Trace-time switches: a context variable set for the length of a block (the platform traced
-for, batch invariance, the experts' split), so that code deep in a traced model asks it instead
-of every call passing it down."""
+for, batch invariance, the weights' split over devices), so that code deep in a traced model
+asks it instead of every call passing it down."""
 
 from __future__ import annotations
 

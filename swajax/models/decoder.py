@@ -17,7 +17,7 @@ from swajax import platform
 from swajax.attention import AttentionMode
 from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
-from swajax.models import experts, invariant, layer_stack
+from swajax.models import invariant, layer_stack, tensor_split
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Head, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
@@ -182,10 +182,10 @@ class Decoder(nnx.Module):
 
 @contextlib.contextmanager
 def traced(mode: AttentionMode):
-    """The trace-time switches of a step's `mode`: batch invariance, and whether the experts'
-    intermediate axis is split over devices (tensor parallel, `mode.mesh`)."""
+    """The trace-time switches of a step's `mode`: batch invariance, and whether the weights
+    are split over devices (tensor parallel, `mode.mesh`)."""
     with invariant.batch_invariant(mode.deterministic):
-        with experts.intermediate_split(mode.mesh is not None):
+        with tensor_split.split_over_devices(mode.mesh is not None):
             yield
 
 

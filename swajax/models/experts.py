@@ -15,8 +15,6 @@ on every token and weighs the unselected ones 0: the test oracle.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -25,9 +23,8 @@ import jax.numpy as jnp
 
 from swajax import platform
 from swajax.arith import ceil_div, round_up
-from swajax.models import invariant, quantized
+from swajax.models import invariant, quantized, tensor_split
 from swajax.models.layers import unhoisted
-from swajax.switch import switched
 
 HIGHEST = jax.lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -132,19 +129,9 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
 # w2 is dequantized a chunk of outputs at a time for the same reason. Chunks run along the
 # hidden axis (w1's inputs, w2's outputs), which tensor parallelism never splits: a dynamic
 # slice of a split axis would gather it from every device. An MXFP4 w1, which has no chunks of
-# inputs, runs in chunks of its outputs only where they are not split (`intermediate_split`).
+# inputs, runs in chunks of its outputs only where they are not split (`tensor_split`).
 # Only on CPU.
 CHUNK_BYTES = 8 << 20
-
-# Whether the experts' intermediate axis (w1's outputs, w2's inputs) is split over devices in
-# the computation being traced: a trace-time switch the model's forward sets from its mesh
-# (`decoder.traced`), as `invariant.batch_invariant` is.
-_SPLIT = contextvars.ContextVar("experts_split", default=False)
-
-
-def intermediate_split(split: bool) -> contextlib.AbstractContextManager[None]:
-    """Trace what runs inside with the experts' intermediate axis split over devices or not."""
-    return switched(_SPLIT, split)
 
 
 def k_rows(k: int, n: int, itemsize: int) -> int:
@@ -243,7 +230,7 @@ def routed(
     # so it runs in chunks of its outputs where they are not split over devices: decoded a
     # cache-sized chunk at a time (one token's block at gpt-oss-20b's shapes, bfloat16: 0.031
     # -> 0.018 s; benchmarks/README.md, "Routed experts, float and MXFP4").
-    along = "out" if isinstance(experts.w1, quantized.Mxfp4) and not _SPLIT.get() else "in"
+    along = "out" if isinstance(experts.w1, quantized.Mxfp4) and not tensor_split.on() else "in"
     h = _grouped(rows, experts.w1, layout, block, method, along, copy)
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
     out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)

@@ -8,7 +8,8 @@ are. Two layers are copies when everything the model reads per layer is equal (`
 the layer's kind, window and RoPE, its attention scale, its MLP kind, width and clamps. Only
 where each layer's KV sits in the pools differs, and that comes into the scan as a traced slot
 index (`KVPools.pages` reads a layer's pages without slicing its buffers out), and a MoE's
-expert weights come in whole with the copy's index (`layers.ExpertWeight`).
+expert weights come in whole with the copy's index (`layers.ExpertWeight`), as do the plain
+`Linear` kernels on CPU (`layers.StackedKernel`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flax import nnx
 from swajax import platform
 from swajax.memory import bits
 from swajax.memory.pool import Slot
+from swajax.models import tensor_split
 from swajax.models.layers import ExpertWeight, StackedKernel
 from swajax.models.spec import ModelSpec
 
@@ -126,9 +128,10 @@ class LayerStack(nnx.Module):
         ]
         is_swa = [slots[0][p].is_swa for p in range(period)]
         index = jnp.asarray(np.array([[s.index for s in row] for row in slots], np.int32))
-        # Expert weights go in whole, every copy's (`layers.ExpertWeight`), and on one CPU
-        # device so do the plain kernels (`layers.StackedKernel`); the rest is sliced.
-        kernels = platform.is_cpu() and mode.mesh is None
+        # Expert weights go in whole, every copy's (`layers.ExpertWeight`), and on CPU so do
+        # the plain kernels where they are not split over devices (`layers.StackedKernel`:
+        # read in chunks of their outputs); the rest is sliced.
+        kernels = platform.is_cpu() and not tensor_split.on()
         dtypes = [dict(d) for d in self.dtypes]
         graphdefs, whole, sliced = zip(
             *(

@@ -1,7 +1,8 @@
 """Flax NNX building blocks of the hybrid decoder: norms, attention over the pools, MLP / MoE.
 
-Linear kernels are stored [in, out]; `load(weights, prefix)` reads the Hugging Face file layout
-(nn.Linear weights are [out, in]) and checks every shape.
+Linear kernels are stored [in, out] (the untied vocabulary head [V, H], as published: `Head`);
+`load(weights, prefix)` reads the Hugging Face file layout (nn.Linear weights are [out, in]) and
+checks every shape.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from flax import nnx
 from swajax import platform
 from swajax.attention import AttentionMode, attention
 from swajax.memory import bits, pool as pool_lib
-from swajax.models import invariant, quantized
+from swajax.models import invariant, quantized, tensor_split
 from swajax.models.quantization import Quantization
 from swajax.models.rope import apply_rope
 from swajax.models.spec import Act, ModelSpec, Norm, QkNorm
@@ -105,7 +106,8 @@ def dot(x, w, *, w_rows_out: bool = False):
     - a bfloat16 [in, out] weight (or a stacked one) of more than CHUNK_BYTES runs a chunk of
       CHUNK_BYTES of outputs at a time: XLA:CPU reads a wide [in, out] weight slowly (its rows
       far apart; gpt-oss-20b's [2880, 201088] head at 4.6 GB/s), and a chunk copied into the
-      cache and read from there goes faster (6.9 GB/s, the same bits).
+      cache and read from there goes faster (6.9 GB/s, the same bits). Not where the weights
+      are split over devices (`tensor_split`): a stacked kernel is then never made.
     """
     out_axis = 0 if w_rows_out else 1
     stacked = isinstance(w, StackedKernel)
@@ -114,7 +116,7 @@ def dot(x, w, *, w_rows_out: bool = False):
     din, dout = w.shape[1 - out_axis], w.shape[out_axis]
     if widened_on_cpu(w) and din * dout * jnp.dtype(w.dtype).itemsize >= WIDE_BYTES:
         cols = max(TILE_BYTES // (4 * din), 128)
-    elif stacked or (w.dtype == jnp.bfloat16 and not w_rows_out):
+    elif (stacked or (w.dtype == jnp.bfloat16 and not w_rows_out)) and not tensor_split.on():
         cols = max(CHUNK_BYTES // (din * jnp.dtype(w.dtype).itemsize), 128)
     else:
         cols = dout

@@ -164,3 +164,84 @@ def test_a_consumed_decoder_is_never_held_twice():
     assert all(x.is_deleted() for x in leaves(spent))  # every layer of S S F x 2 is scanned
     prompt = list(range(1, 9))
     np.testing.assert_array_equal(serve(a, prompt, new=2)[0], serve(b, prompt, new=2)[0])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_stacked_kernel_gives_its_slices_products(monkeypatch, dtype, rows):
+    """A copy's kernel read out of the stack a chunk of outputs at a time (chunks of 128 here,
+    the last one overlapping) gives the products of that copy's kernel sliced out, whichever
+    copy a traced index picks."""
+    from swajax.memory import bits
+
+    monkeypatch.setattr(layers, "CHUNK_BYTES", 64 * 100 * 2)  # 128 columns a chunk
+    rng = np.random.default_rng(0)
+    stack = jnp.asarray(rng.standard_normal((3, 64, 300)), dtype)
+    x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
+
+    @jax.jit
+    def stacked(x, held, copy):
+        return layers.dot(x, layers.StackedKernel(held, copy, jnp.dtype(dtype).name))
+
+    for copy in range(3):
+        got = stacked(x, bits.to_bits(stack), jnp.int32(copy))
+        want = jax.jit(layers.dot)(x, stack[copy])
+        if dtype == jnp.bfloat16:  # the plain weight runs in the same chunks
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="read whole"):
+        layers.StackedKernel(stack, jnp.int32(0), "bfloat16")[0]
+
+
+def test_a_layer_stack_on_one_cpu_hands_its_kernels_whole(monkeypatch):
+    """On one CPU device the scan hands each `Linear` its copy's kernel as a view of the stack
+    (no slice of it copied per layer), and computes what the unrolled layers do."""
+    seen = []
+    original = layers.dot
+
+    def dot(x, w, **kw):
+        seen.append(type(w).__name__)
+        return original(x, w, **kw)
+
+    monkeypatch.setattr(layers, "dot", dot)
+    decoder = load_decoder(FIXTURES / "gpt_oss")
+    prompt = list(range(1, 9))
+    scanned = serve(HybridLM(decoder, scan_layers=True), prompt, new=2)
+    assert "StackedKernel" in seen
+    seen.clear()
+    unrolled = serve(HybridLM(decoder, scan_layers=False), prompt, new=2)
+    assert "StackedKernel" not in seen
+    np.testing.assert_allclose(scanned[0], unrolled[0], rtol=1e-5, atol=1e-5)
+    assert scanned[1] == unrolled[1]
+
+
+def test_split_kernels_are_read_whole_never_gathered(monkeypatch):
+    """A bfloat16 [in, out] kernel whose outputs are split over devices (tensor parallel: q, k,
+    v, gate, up) is multiplied whole where the trace says the weights are split: its chunks of
+    outputs would be dynamic slices along the split axis, which XLA gathers (the contrast: the
+    same program traced as if unsplit)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from swajax.memory.mesh_axis import AXIS
+    from swajax.models import tensor_split
+    from swajax.models.sharding import kv_mesh
+
+    monkeypatch.setattr(layers, "CHUNK_BYTES", 64 * 128 * 2)  # 128 columns a chunk
+    mesh = kv_mesh(2)
+    rng = np.random.default_rng(5)
+    w = jax.device_put(
+        jnp.asarray(rng.standard_normal((64, 512)), jnp.bfloat16),
+        NamedSharding(mesh, P(None, AXIS)),
+    )
+    x = jax.device_put(jnp.ones((2, 64), jnp.float32), NamedSharding(mesh, P()))
+
+    def gathers(split):
+        def product(x, w):
+            with tensor_split.split_over_devices(split):
+                return layers.dot(x, w)
+
+        return jax.jit(product).lower(x, w).compile().as_text().count("all-gather")
+
+    assert gathers(True) == 0
+    assert gathers(False) > 0

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from swajax.models import experts as ex, quantization, quantized
+from swajax.models import experts as ex, quantization, quantized, tensor_split
 from swajax.models.weights import interleave_halves
 
 
@@ -110,7 +110,7 @@ def test_routed_experts_over_mxfp4_equal_the_dense_reference(monkeypatch, chunk_
     want = np.asarray(ex.dense(x, routing, plain, act))
 
     def routed(x, w):
-        with ex.intermediate_split(split):
+        with tensor_split.split_over_devices(split):
             return ex.routed(x, routing, w, act)
 
     for weights in (packed, plain):
@@ -147,7 +147,7 @@ def test_split_mxfp4_experts_are_never_gathered():
 
     def gathers(split):
         def routed(x, w):
-            with ex.intermediate_split(split):
+            with tensor_split.split_over_devices(split):
                 return ex.routed(x, routing, w, lambda g: jax.nn.silu(g[:, 0::2]) * g[:, 1::2])
 
         return jax.jit(routed).lower(x, weights).compile().as_text().count("all-gather")
