@@ -116,7 +116,10 @@ class LayerStack(nnx.Module):
         p = segment.period
         # each parameter's dtype by its path, for those the stacks hold as bits
         self.dtypes = tuple(
-            tuple((_key(path), x.dtype.name) for path, x in _leaves(nnx.state(layers[j])))
+            tuple(
+                (_key(path), x.dtype.name)
+                for path, x in jax.tree_util.tree_leaves_with_path(nnx.state(layers[j]))
+            )
             for j in range(p)
         )
         self.stacks = nnx.List([_stacked(layers[j::p], consume) for j in range(p)])
@@ -170,10 +173,6 @@ class LayerStack(nnx.Module):
 
 
 PLAIN = ("float32", "bfloat16", "float16")  # the dtypes of kernels read out of the stack
-
-
-def _leaves(state):
-    return jax.tree_util.tree_leaves_with_path(state)
 
 
 def _key(path) -> str:

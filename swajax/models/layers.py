@@ -111,17 +111,19 @@ def dot(x, w, *, w_rows_out: bool = False):
     """
     out_axis = 0 if w_rows_out else 1
     stacked = isinstance(w, StackedKernel)
+    if stacked and w_rows_out:
+        raise ValueError("a stacked kernel is [in, out]: it has no rows-out form")
     if invariant.on() or not platform.is_cpu():
         return _dot(x, w.columns(0, w.shape[1]) if stacked else w, w_rows_out)
     din, dout = w.shape[1 - out_axis], w.shape[out_axis]
     if widened_on_cpu(w) and din * dout * jnp.dtype(w.dtype).itemsize >= WIDE_BYTES:
         cols = max(TILE_BYTES // (4 * din), 128)
+        if dout > 2 * cols:  # a few tiles at least, or whole
+            return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
     elif (stacked or (w.dtype == jnp.bfloat16 and not w_rows_out)) and not tensor_split.on():
         cols = max(CHUNK_BYTES // (din * jnp.dtype(w.dtype).itemsize), 128)
-    else:
-        cols = dout
-    if dout > cols:
-        return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
+        if dout > cols:
+            return tiled_dot(x, w, cols, w_rows_out=w_rows_out)
     return _dot(x, w.columns(0, dout) if stacked else w, w_rows_out)
 
 

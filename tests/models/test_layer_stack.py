@@ -185,13 +185,20 @@ def test_a_stacked_kernel_gives_its_slices_products(monkeypatch, dtype, rows):
 
     for copy in range(3):
         got = stacked(x, bits.to_bits(stack), jnp.int32(copy))
+        exact = np.asarray(x, np.float64) @ np.asarray(stack[copy], np.float64)
+        x_as_weight = np.asarray(x.astype(dtype), np.float64)  # the product runs in w's dtype
+        np.testing.assert_allclose(
+            got, x_as_weight @ np.asarray(stack[copy], np.float64), rtol=1e-5, atol=1e-5
+        )
+        if dtype == jnp.float32:
+            np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
         want = jax.jit(layers.dot)(x, stack[copy])
-        if dtype == jnp.bfloat16:  # the plain weight runs in the same chunks
+        if dtype == jnp.bfloat16:  # the plain weight runs in the same chunks: the same bits
             np.testing.assert_array_equal(got, want)
-        else:
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     with pytest.raises(TypeError, match="read whole"):
         layers.StackedKernel(stack, jnp.int32(0), "bfloat16")[0]
+    with pytest.raises(ValueError, match="rows-out"):
+        layers.dot(x, layers.StackedKernel(stack, jnp.int32(0), "bfloat16"), w_rows_out=True)
 
 
 def test_a_layer_stack_on_one_cpu_hands_its_kernels_whole(monkeypatch):
