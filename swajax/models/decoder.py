@@ -17,7 +17,7 @@ from swajax import platform
 from swajax.attention import AttentionMode
 from swajax.errors import InputError
 from swajax.memory import pool as pool_lib
-from swajax.models import invariant, layer_stack, tensor_split
+from swajax.models import experts, invariant, layer_stack, tensor_split
 from swajax.models.gemma4 import Gemma4Layer, PerLayerInputs
 from swajax.models.layers import Attention, DenseMLP, Head, head_dot, lookup, norm_of, param
 from swajax.models.moe import GptOssMoE, Llama4MoE, MimoMoE, Step3MoE
@@ -77,7 +77,10 @@ class DecoderLayer(nnx.Module):
         """`slot` and `copy`: where the layer's KV lives and which copy it is, when a
         `LayerStack` scans it (a MoE reads its copy's experts out of the whole stack)."""
         block = self.spec.block
-        mlp = self.mlp if isinstance(self.mlp, DenseMLP) else functools.partial(self.mlp, copy=copy)
+        mlp = self.mlp
+        if not isinstance(mlp, DenseMLP):
+            valid = experts.rows_in_use(meta.token_valid)
+            mlp = functools.partial(mlp, copy=copy, valid=valid)
         mlp = invariant.per_token(mlp)  # a router's reductions too
         if block is Block.POST:
             a, pools = self.self_attn(x, positions, pools, meta, mode, slot)

@@ -15,7 +15,7 @@ from flax import nnx
 
 from swajax.attention import AttentionMode
 from swajax.memory import pool as pool_lib
-from swajax.models import deepseek_v4_attention as v4_attention
+from swajax.models import deepseek_v4_attention as v4_attention, experts
 from swajax.models.deepseek_v4_compressor import Compressor, rope_tail, update
 from swajax.models.hyper_connection import HyperConnection, HyperHead, expand
 from swajax.models.layers import F32, HIGHEST, Head, Linear, RMSNorm, param, unit_rms
@@ -157,7 +157,8 @@ class V4Layer(nnx.Module):
         a, pools = self.attn(self.attn_norm(x), positions, pools, meta, mode)
         streams = expand(streams, post, comb, a)
         post, comb, x = self.hc_ffn(streams)
-        return expand(streams, post, comb, self.ffn(self.ffn_norm(x), tokens)), pools
+        valid = experts.rows_in_use(meta.token_valid)
+        return expand(streams, post, comb, self.ffn(self.ffn_norm(x), tokens, valid)), pools
 
 
 class V4MtpLayer(nnx.Module):

@@ -57,6 +57,17 @@ class Routing(NamedTuple):
     experts: jax.Array  # [T, k] int32
     scale: jax.Array | None  # [T, k]: the expert's input is x * scale (Llama 4), else None
     weight: jax.Array  # [T, k]: the expert's output weight
+    # [T] bool: False for a padding row, which `routed` runs through no expert (its output is
+    # 0). A batch padded to its bucket (a decode step of one request runs eight rows) would
+    # otherwise run its padding rows' experts too: identical rows, so up to k more experts a
+    # layer, each read whole (gpt-oss-20b at batch 1: twice the experts' work).
+    valid: jax.Array | None = None
+
+
+def rows_in_use(token_valid):
+    """What a layer passes its MoE as `Routing.valid`: the batch's padding mask, or None in
+    batch-invariant mode, whose MLPs run a tile of rows at a time (`invariant.per_token`)."""
+    return None if invariant.on() else token_valid
 
 
 def dense(x, routing: Routing, experts: Experts, act: Callable) -> jax.Array:
@@ -103,19 +114,25 @@ def _layout(routing: Routing, num_tokens: int, num_experts: int, block: int) -> 
     k = routing.experts.shape[1]
     pairs = num_tokens * k
     flat = routing.experts.reshape(-1).astype(jnp.int32)
+    if routing.valid is not None:  # a padding row's choices: no expert (`num_experts`)
+        flat = jnp.where(jnp.repeat(routing.valid, k), flat, num_experts)
     order = jnp.argsort(flat, stable=True)
     sorted_e = flat[order]
-    counts = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    counts = jnp.zeros(num_experts, jnp.int32).at[flat].add(1, mode="drop")
     padded = (counts + block - 1) // block * block
     start = jnp.cumsum(counts) - counts
     pstart = jnp.cumsum(padded) - padded
-    slot_sorted = pstart[sorted_e] + jnp.arange(pairs, dtype=jnp.int32) - start[sorted_e]
-    slot = jnp.zeros(pairs, jnp.int32).at[order].set(slot_sorted)
     blocks = ceil_div(pairs + num_experts * (block - 1), block)
     size = blocks * block
-    token = jnp.full(size, num_tokens, jnp.int32).at[slot].set(jnp.arange(pairs) // k)
+    # A pair of no expert gets the row past the end: its writes dropped, its read 0 (`routed`).
+    e = jnp.minimum(sorted_e, num_experts - 1)
+    slot_sorted = pstart[e] + jnp.arange(pairs, dtype=jnp.int32) - start[e]
+    slot_sorted = jnp.where(sorted_e < num_experts, slot_sorted, size)
+    slot = jnp.zeros(pairs, jnp.int32).at[order].set(slot_sorted)
+    token = jnp.full(size, num_tokens, jnp.int32)
+    token = token.at[slot].set(jnp.arange(pairs, dtype=jnp.int32) // k, mode="drop")
     scale = jnp.ones((pairs,), F32) if routing.scale is None else routing.scale.reshape(-1)
-    scale = jnp.zeros(size, F32).at[slot].set(scale.astype(F32))
+    scale = jnp.zeros(size, F32).at[slot].set(scale.astype(F32), mode="drop")
     ends = jnp.cumsum(padded)
     starts = jnp.arange(blocks, dtype=jnp.int32) * block
     expert = jnp.minimum(jnp.searchsorted(ends, starts, side="right"), num_experts - 1)
@@ -235,7 +252,7 @@ def routed(
     h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
     out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)
     out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
-    picked = out[layout.slot].reshape(t, k, -1)
+    picked = out.at[layout.slot].get(mode="fill", fill_value=0).reshape(t, k, -1)
     weight = routing.weight.astype(F32)
     if invariant.on():  # the choices added in order, elementwise: no product over k
         y = sum(weight[:, j, None] * picked[:, j] for j in range(k))

@@ -132,14 +132,14 @@ class Gemma4MoE(nnx.Module):
         )
         w.fill(self.down, f"{prefix}.experts.down_proj", transform=SWAPPED)
 
-    def __call__(self, router_in, x, copy=None):
+    def __call__(self, router_in, x, copy=None, valid=None):
         spec = self.spec
         h = unit_rms(router_in, spec.eps).astype(F32)
         h = h * self.scale[...] * spec.hidden**-0.5
         probs = jax.nn.softmax(self.proj(h).astype(F32), axis=-1)
         top, idx = jax.lax.top_k(probs, spec.top_k)
         top = top / jnp.sum(top, axis=-1, keepdims=True) * self.per_expert_scale[...][idx]
-        routing = ex.Routing(idx, None, top)
+        routing = ex.Routing(idx, None, top, valid)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         fn = ex.routed if spec.routed_experts else ex.dense
         return fn(x, routing, weights, lambda g: act(spec.act, g[..., 0::2]) * g[..., 1::2])
@@ -199,7 +199,8 @@ class Gemma4Layer(nnx.Module):
         x = x + self.post_attention_layernorm(a)
         h = invariant.per_token(self.mlp)(self.pre_feedforward_layernorm(x))
         if self.moe is not None:
-            moe = invariant.per_token(functools.partial(self.moe, copy=copy))
+            valid = ex.rows_in_use(meta.token_valid)
+            moe = invariant.per_token(functools.partial(self.moe, copy=copy, valid=valid))
             routed = moe(x, self.pre_feedforward_layernorm_2(x))
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
         x = x + self.post_feedforward_layernorm(h)

@@ -124,9 +124,9 @@ class GptOssMoE(nnx.Module):
         up = jnp.clip(h[..., 1::2], -limit, limit)
         return (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
 
-    def __call__(self, x, copy=None):
+    def __call__(self, x, copy=None, valid=None):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
-        routing = ex.Routing(idx, None, jax.nn.softmax(top, axis=-1))
+        routing = ex.Routing(idx, None, jax.nn.softmax(top, axis=-1), valid)
         weights = ex.Experts(
             _weight(self, "gate_up", self.spec, self.form),
             self.gate_up_bias[...],
@@ -154,9 +154,9 @@ class Llama4MoE(nnx.Module):
         w.fill(self.down, f"{prefix}.experts.down_proj")
         self.shared_expert.load(w, f"{prefix}.shared_expert")
 
-    def __call__(self, x, copy=None):
+    def __call__(self, x, copy=None, valid=None):
         top, idx = jax.lax.top_k(self.router(x.astype(F32)), self.spec.top_k)
-        routing = ex.Routing(idx, jax.nn.sigmoid(top), jnp.ones_like(top))
+        routing = ex.Routing(idx, jax.nn.sigmoid(top), jnp.ones_like(top), valid)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         return _run(self.spec, x, routing, weights, _swiglu_pairs) + self.shared_expert(x)
 
@@ -180,14 +180,14 @@ class MimoMoE(nnx.Module):
         w.fill(self.correction, f"{prefix}.gate.e_score_correction_bias")
         _load_per_expert(self, w, prefix, ("gate_proj", "up_proj", "down_proj"))
 
-    def __call__(self, x, copy=None):
+    def __call__(self, x, copy=None, valid=None):
         spec = self.spec
         scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
         _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         if spec.norm_topk:
             chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
-        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale, valid)
         weights = _paired_experts(self, copy)
         return _run(spec, x, routing, weights, _swiglu_pairs)
 
@@ -224,13 +224,13 @@ class Step3MoE(nnx.Module):
             gate, up = jnp.minimum(gate, self.limit), jnp.clip(up, -self.limit, self.limit)
         return gate * up
 
-    def __call__(self, x, copy=None):
+    def __call__(self, x, copy=None, valid=None):
         spec = self.spec
         scores = jax.nn.sigmoid(self.gate(x.astype(F32)))
         _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         chosen = chosen / jnp.sum(chosen, axis=-1, keepdims=True)
-        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale, valid)
         weights = ex.Experts(self.gate_up[...], None, self.down[...], None, copy)
         return _run(spec, x, routing, weights, self._act) + self.share_expert(x)
 
@@ -279,7 +279,7 @@ class DeepseekV4MoE(nnx.Module):
         gate, up = jnp.minimum(h[..., 0::2], limit), jnp.clip(h[..., 1::2], -limit, limit)
         return jax.nn.silu(gate) * up
 
-    def __call__(self, x, tokens):
+    def __call__(self, x, tokens, valid=None):
         spec = self.spec
         scores = SCORES[spec.v4.scoring](self.gate(x.astype(F32)))
         if self.hashed:
@@ -288,7 +288,7 @@ class DeepseekV4MoE(nnx.Module):
             _, idx = jax.lax.top_k(scores + self.correction[...], spec.top_k)
         chosen = jnp.take_along_axis(scores, idx, axis=-1)
         chosen = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
-        routing = ex.Routing(idx, None, chosen * spec.routed_scale)
+        routing = ex.Routing(idx, None, chosen * spec.routed_scale, valid)
         weights = _paired_experts(self, None)  # never scanned (`DeepseekV4Decoder`)
         shared = self._act(jnp.stack([self.w1(x), self.w3(x)], axis=-1).reshape(x.shape[0], -1))
         return _run(spec, x, routing, weights, self._act) + self.w2(shared)

@@ -88,3 +88,53 @@ def test_auto_routes_only_when_most_experts_are_skipped():
     assert dataclasses.replace(spec, num_experts=32, top_k=4).routed_experts  # gpt-oss-20b
     assert dataclasses.replace(spec, moe="routed").routed_experts
     assert load_decoder(FIXTURES / "llama4").spec.routed_experts  # 4 experts, top-1
+
+
+@pytest.mark.parametrize("method", ["loop", "ragged"])
+def test_padding_rows_run_no_expert(method):
+    """A batch padded to its bucket (one decode token in eight rows, the padding alike): with
+    the padding mask the padding rows run through no expert and give 0, the real rows what
+    they give alone, and the loop runs only the real rows' blocks."""
+    x, routing, weights = _case(8, 8, 2, seed=3)
+    x = x.at[1:].set(0.0)  # the padding rows: all alike, so they choose the same experts
+    top, idx = jax.lax.top_k(jnp.asarray(np.random.default_rng(4).normal(size=(8, 8))), 2)
+    idx = idx.at[1:].set(jnp.array([6, 7]))  # theirs differ from the real row's
+    idx = idx.at[0].set(jnp.array([0, 3]))
+    valid = jnp.arange(8) < 1
+    masked = routing._replace(experts=idx, valid=valid)
+    got = jax.jit(lambda x: ex.routed(x, masked, weights, act, method=method))(x)
+    alone = ex.Routing(idx[:1], None, routing.weight[:1])
+    want = ex.dense(x[:1], alone, weights, act)
+    assert rel_err(np.asarray(got[:1]), np.asarray(want)) < 1e-5
+    np.testing.assert_array_equal(np.asarray(got[1:]), 0.0)
+    block = ex.block_rows(16, 8)
+    used = ex._layout(masked, 8, 8, block).used
+    assert int(used) == 2  # the real row's two experts, one block each
+    assert int(ex._layout(masked._replace(valid=None), 8, 8, block).used) == 4
+
+
+def test_engine_layers_give_their_moe_the_padding_mask(monkeypatch):
+    """Every MoE layer the engine runs routes with the batch's padding mask (a decode step of
+    one request runs rows of padding too: two rows here, eight by default)."""
+    from swajax import sizing
+    from swajax.api import engine_for
+    from swajax.models.decoder import HybridLM
+    from swajax.serving.options import EngineOptions
+    from swajax.serving.sampling_params import SamplingParams
+
+    seen = []
+    original = ex.routed
+
+    def routed(x, routing, *args, **kwargs):
+        seen.append((x.shape[0], routing.valid is not None))
+        return original(x, routing, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "routed", routed)
+    model = HybridLM(load_decoder(FIXTURES / "gpt_oss", moe="routed"))
+    sizes = sizing.solve_pool_sizes(model.spec.hybrid, 256, ratio=0.5, page_size=4)
+    options = EngineOptions(max_running=2, max_context=64, chunk_size=8)
+    engine = engine_for(model.spec.hybrid, model, sizes, options)
+    engine.add_request(list(range(1, 9)), SamplingParams(temperature=0.0, max_tokens=3))
+    engine.run()
+    assert seen and all(masked for _, masked in seen)
+    assert 2 in {rows for rows, _ in seen}  # a decode step: one request, one padding row
