@@ -205,27 +205,56 @@ def expert_product(rows, w, e, along: str | None = "in", copy=None):
     return _in_chunks(length, size, over_inputs if along == "in" else over_outputs, acc)
 
 
-def _block_loop(lhs, w, layout: _Layout, block: int, along: str | None, copy):
-    """[S, K] x w[block's expert] per block in use; blocks not in use stay 0."""
-    out = jnp.zeros((lhs.shape[0], w.shape[-1]), F32)
+def _method(w, method: str) -> str:
+    """ "loop" or "ragged" for `method` "auto": quantized experts loop too (ragged_dot would
+    dequantize them all), and on CPU everything does (its ragged_dot is a dense masked
+    product slower than running every expert)."""
+    if method == "auto":
+        return "loop" if platform.is_cpu() or quantized.is_quantized(w) else "ragged"
+    return method
+
+
+def _block_loop(xz, layout: _Layout, experts: Experts, act: Callable, block: int, along: str):
+    """Each block in use through its expert: its rows gathered, both products, the biases and
+    the activation, one block at a time. Only the blocks in use cost anything: the padded
+    layout has room for every expert's last partial block (256 rows for gpt-oss-20b's eight
+    rows of a decode step, 4 in use at batch 1), and gathering, adding biases and activating
+    all of it cost a tenth of a decode step there. `along`: how w1 is read on CPU
+    (`expert_product`); elsewhere each expert whole."""
+    w1, w2, copy = experts.w1, experts.w2, experts.copy
+    cpu = platform.is_cpu()
+    out = jnp.zeros((layout.token.shape[0], w2.shape[-1]), F32)
 
     def body(b, out):
-        rows = jax.lax.dynamic_slice_in_dim(lhs, b * block, block)
-        y = expert_product(rows, w, layout.expert[b], along, copy)
+        token = jax.lax.dynamic_slice_in_dim(layout.token, b * block, block)
+        scale = jax.lax.dynamic_slice_in_dim(layout.scale, b * block, block)
+        e = layout.expert[b]
+        rows = (xz[token] * scale[:, None]).astype(w1.dtype)
+        h = expert_product(rows, w1, e, along if cpu else None, copy)
+        h = h + experts.b1[e].astype(F32) if experts.b1 is not None else h
+        y = expert_product(act(h).astype(w2.dtype), w2, e, "out" if cpu else None, copy)
+        y = y + experts.b2[e].astype(F32) if experts.b2 is not None else y
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 
     return jax.lax.fori_loop(0, layout.used, body, out)
 
 
-def _grouped(lhs, w, layout: _Layout, block: int, method: str, along: str, copy=None):
-    lhs = lhs.astype(w.dtype)
-    cpu = platform.is_cpu()
-    if method == "auto":  # quantized experts loop too: ragged_dot would dequantize them all
-        method = "loop" if cpu or quantized.is_quantized(w) else "ragged"
-    if method == "loop":  # chunks for XLA:CPU's copies (above); elsewhere each expert whole
-        return _block_loop(lhs, w, layout, block, along if cpu else None, copy)
-    w = quantized.dense(w if copy is None else w[copy])
-    return jax.lax.ragged_dot(lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32)
+def _ragged(xz, layout: _Layout, experts: Experts, act: Callable, block: int):
+    """Both products as `lax.ragged_dot` over the padded groups (GPU / TPU)."""
+    rows = xz[layout.token] * layout.scale[:, None]
+    expert_of_row = jnp.repeat(layout.expert, block, total_repeat_length=rows.shape[0])
+
+    def grouped(lhs, w):
+        w = quantized.dense(w if experts.copy is None else w[experts.copy])
+        lhs = lhs.astype(w.dtype)
+        return jax.lax.ragged_dot(
+            lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32
+        )
+
+    h = grouped(rows, experts.w1)
+    h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
+    out = grouped(act(h), experts.w2)
+    return out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
 
 
 def routed(
@@ -240,18 +269,17 @@ def routed(
     block = block or block_rows(t * k, e)
     layout = _layout(routing, t, e, block)
     xz = jnp.concatenate([x.astype(F32), jnp.zeros((1, x.shape[-1]), F32)])
-    rows = xz[layout.token] * layout.scale[:, None]
-    expert_of_row = jnp.repeat(layout.expert, block, total_repeat_length=rows.shape[0])
-    copy = experts.copy
-    # w1's chunks run along the hidden axis; an MXFP4 w1 has none there (see `expert_product`),
-    # so it runs in chunks of its outputs where they are not split over devices: decoded a
-    # cache-sized chunk at a time (one token's block at gpt-oss-20b's shapes, bfloat16: 0.031
-    # -> 0.018 s; benchmarks/README.md, "Routed experts, float and MXFP4").
-    along = "out" if isinstance(experts.w1, quantized.Mxfp4) and not tensor_split.on() else "in"
-    h = _grouped(rows, experts.w1, layout, block, method, along, copy)
-    h = h + experts.b1.astype(F32)[expert_of_row] if experts.b1 is not None else h
-    out = _grouped(act(h), experts.w2, layout, block, method, "out", copy)
-    out = out + experts.b2.astype(F32)[expert_of_row] if experts.b2 is not None else out
+    if _method(experts.w1, method) == "ragged":
+        out = _ragged(xz, layout, experts, act, block)
+    else:
+        # w1's chunks run along the hidden axis; an MXFP4 w1 has none there (see
+        # `expert_product`), so it runs in chunks of its outputs where they are not split over
+        # devices: decoded a cache-sized chunk at a time (one token's block at gpt-oss-20b's
+        # shapes, bfloat16: 0.031 -> 0.018 s; benchmarks/README.md, "Routed experts, float and
+        # MXFP4").
+        mxfp4 = isinstance(experts.w1, quantized.Mxfp4)
+        along = "out" if mxfp4 and not tensor_split.on() else "in"
+        out = _block_loop(xz, layout, experts, act, block, along)
     picked = out.at[layout.slot].get(mode="fill", fill_value=0).reshape(t, k, -1)
     weight = routing.weight.astype(F32)
     if invariant.on():  # the choices added in order, elementwise: no product over k

@@ -138,3 +138,17 @@ def test_engine_layers_give_their_moe_the_padding_mask(monkeypatch):
     engine.run()
     assert seen and all(masked for _, masked in seen)
     assert 2 in {rows for rows, _ in seen}  # a decode step: one request, one padding row
+
+
+def test_the_loop_works_only_on_the_blocks_in_use():
+    """The padded layout holds every expert's last partial block (256 rows for a decode step
+    of eight rows over 32 experts); the loop gathers, multiplies, adds biases and activates
+    one block in use at a time, so nothing outside it has a row per layout row and a column
+    per expert output."""
+    x, routing, weights = _case(8, 32, 4, h=16, f=12)
+    block = ex.block_rows(32, 32)
+    size = ex._layout(routing, 8, 32, block).token.shape[0]
+    assert size == 256
+    jaxpr = jax.make_jaxpr(lambda x: ex.routed(x, routing, weights, act, method="loop"))(x)
+    outside = [v.aval.shape for eqn in jaxpr.eqns for v in eqn.outvars]
+    assert (size, 24) not in outside and (size, 12) not in outside  # w1's outputs, act's
