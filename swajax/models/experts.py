@@ -4,13 +4,15 @@ An expert is h = x W1[e] (+ b1[e]), a = act(h), out = a W2[e] (+ b2[e]). A route
 token k (expert, input scale, output weight) choices; the block's output is
 sum_j weight_j * expert_{e_j}(x * scale_j).
 
-`routed` runs each token through its k experts only. The (token, choice) pairs are sorted by
-expert and each expert's group is padded to a multiple of a block of rows, so every block of the
-padded layout belongs to one expert. On GPU / TPU the two grouped matmuls are `lax.ragged_dot`
-over the padded groups; on CPU, where `ragged_dot` falls back to a dense masked product slower
-than running every expert, a loop over the blocks in use does one [block, K] x [K, N] product
-each (reading the expert's weights a cache-sized chunk at a time). `dense` runs every expert
-on every token and weighs the unselected ones 0: the test oracle.
+`routed` runs each token through its k experts only (a padding row of the batch through none:
+`Routing.valid`). The (token, choice) pairs are sorted by expert and each expert's group is
+padded to a multiple of a block of rows, so every block of the padded layout belongs to one
+expert. On GPU / TPU the two grouped matmuls are `lax.ragged_dot` over the padded groups; on CPU,
+where `ragged_dot` falls back to a dense masked product slower than running every expert, and
+for quantized experts, a loop over the blocks in use does all of a block's work (gather, two
+[block, K] x [K, N] products reading the expert's weights a cache-sized chunk at a time, biases,
+activation). `dense` runs every expert on every token and weighs the unselected ones 0: the test
+oracle.
 """
 
 from __future__ import annotations
