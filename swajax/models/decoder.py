@@ -111,22 +111,18 @@ class Decoder(nnx.Module):
         self.lm_head = None if tied else Head(spec.hidden, spec.vocab_size, spec.dtype)
         self.scanned = False
 
-    def scan_layers(self, consume: bool = False, per_copy: bool = False) -> None:
+    def scan_layers(self, consume: bool = False) -> None:
         """Regroup the layers in place into `layer_stack` segments: repeating runs become one
         `LayerStack` (a scan), the rest stay single layers. Done once the weights are in
         (loading and export address layer i of the checkpoint); Gemma 4 is not scanned.
-        `consume`: the layers' own arrays are freed as they are stacked. `per_copy`: the
-        stacks hold their plain kernels as each copy's own [out, in] array (`LayerStack`)."""
+        `consume`: the layers' own arrays are freed as they are stacked."""
         if self.scanned or self.per_layer_inputs is not None:
             return
         layers = list(self.layers)
         out = []
         for seg in layer_stack.segments(self.spec):
             run = layers[seg.start : seg.stop]
-            if seg.repeats == 1:
-                out.extend(run)
-            else:
-                out.append(layer_stack.LayerStack(run, seg, consume, per_copy))
+            out.extend(run if seg.repeats == 1 else [layer_stack.LayerStack(run, seg, consume)])
         self.layers = nnx.List(out)
         self.scanned = True
 
@@ -309,13 +305,10 @@ class HybridLM:
             isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(nnx.state(decoder))
         )
         if scan_layers:
-            # On one CPU device the stacks hold each copy's plain kernels apart, [out, in]
-            # (`LayerStack`); elsewhere stacked, as the layers hold them.
-            per_copy = platform.is_cpu() and mesh is None
 
             def scanned(decoder):
                 decoder = nnx.merge(*nnx.split(decoder))  # a new module tree, the same arrays
-                decoder.scan_layers(consume, per_copy)
+                decoder.scan_layers(consume)
                 return decoder
 
             decoder = nnx.eval_shape(scanned, decoder) if self.abstract else scanned(decoder)

@@ -214,7 +214,7 @@ class DeepseekV4Decoder(nnx.Module):
         self.norm = RMSNorm(spec.hidden, spec.eps)
         self.head = Head(spec.hidden, spec.vocab_size, spec.dtype)
 
-    def scan_layers(self, consume: bool = False, per_copy: bool = False) -> None:
+    def scan_layers(self, consume: bool = False) -> None:
         """Not scanned: CSA, HCA and window-only layers differ in parameters and stores."""
 
     def load(self, w):

@@ -9,10 +9,7 @@ the layer's kind, window and RoPE, its attention scale, its MLP kind, width and 
 where each layer's KV sits in the pools differs, and that comes into the scan as a traced slot
 index (`KVPools.pages` reads a layer's pages without slicing its buffers out), and a MoE's
 expert weights come in whole with the copy's index (`layers.ExpertWeight`), as do the plain
-`Linear` kernels on CPU (`layers.StackedKernel`). A stack built for one CPU device holds
-those kernels not stacked but each copy's as an array of its own, [out, in], picked by a
-`lax.switch` (`layers.SwitchedKernel`): XLA:CPU copies any slice of a stack before a product
-reads it, and reads [out, in] fastest.
+`Linear` kernels on CPU (`layers.StackedKernel`).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from swajax import platform
 from swajax.memory import bits
 from swajax.memory.pool import Slot
 from swajax.models import tensor_split
-from swajax.models.layers import ExpertWeight, StackedKernel, SwitchedKernel
+from swajax.models.layers import ExpertWeight, StackedKernel
 from swajax.models.spec import ModelSpec
 
 MAX_PERIOD = 16  # longer repeating patterns are not worth searching for
@@ -86,28 +83,16 @@ def runs(sigs: list, min_repeats: int = 2) -> tuple[Segment, ...]:
     return tuple(out)
 
 
-def _stacked(layers: list[nnx.Module], consume: bool, per_copy: bool) -> nnx.Module:
+def _stacked(layers: list[nnx.Module], consume: bool = False) -> nnx.Module:
     """The first layer's module holding every layer's parameters stacked on a leading axis,
     those a scan slices as their bits (`memory.bits`; all but the experts, which are read out
-    of the whole stack). `per_copy`: the plain `Linear` kernels not stacked but a tuple of each
-    layer's, transposed to [out, in]. `consume`: free each layer's arrays as soon as their
-    stack is made, so the weights are never held twice (a published model's layers are most
-    of the memory)."""
+    of the whole stack). `consume`: free each layer's arrays as soon as their stack is made,
+    so the weights are never held twice (a published model's layers are most of the memory)."""
     graphdef, *_ = nnx.split(layers[0], ExpertWeight, ...)
     experts, rest = zip(*(nnx.split(layer, ExpertWeight, ...)[1:] for layer in layers), strict=True)
 
     def stack(held):
-        def fn(path, *xs):
-            if per_copy and _plain_kernel(path, xs[0].dtype.name):
-                # one layer's kernel transposed at a time, its original freed before the next:
-                # the loading peak grows by one kernel, not by a copy of them all
-                parts = []
-                for x in xs:
-                    parts.append(x.T)
-                    if consume:
-                        parts[-1].block_until_ready()
-                        x.delete()
-                return tuple(parts)
+        def fn(*xs):
             out = held(jnp.stack(xs))
             if consume:
                 for x in xs:
@@ -118,24 +103,16 @@ def _stacked(layers: list[nnx.Module], consume: bool, per_copy: bool) -> nnx.Mod
 
     return nnx.merge(
         graphdef,
-        jax.tree_util.tree_map_with_path(stack(lambda x: x), *experts),
-        jax.tree_util.tree_map_with_path(stack(bits.to_bits), *rest),
+        jax.tree.map(stack(lambda x: x), *experts),
+        jax.tree.map(stack(bits.to_bits), *rest),
     )
 
 
 class LayerStack(nnx.Module):
     """`repeats` copies of `period` layers run as one `lax.scan` (see the module docstring)."""
 
-    def __init__(
-        self,
-        layers: list[nnx.Module],
-        segment: Segment,
-        consume: bool = False,
-        per_copy: bool = False,
-    ):
-        """`per_copy`: hold the plain kernels as each copy's own [out, in] array (for one CPU
-        device; `layers.SwitchedKernel`), else stacked as the rest is."""
-        self.segment, self.per_copy = segment, per_copy
+    def __init__(self, layers: list[nnx.Module], segment: Segment, consume: bool = False):
+        self.segment = segment
         p = segment.period
         # each parameter's dtype by its path, for those the stacks hold as bits
         self.dtypes = tuple(
@@ -145,7 +122,7 @@ class LayerStack(nnx.Module):
             )
             for j in range(p)
         )
-        self.stacks = nnx.List([_stacked(layers[j::p], consume, per_copy) for j in range(p)])
+        self.stacks = nnx.List([_stacked(layers[j::p], consume) for j in range(p)])
 
     def __call__(self, x, positions, pools, meta, mode):
         start, period, repeats = self.segment
@@ -157,7 +134,7 @@ class LayerStack(nnx.Module):
         # Expert weights go in whole, every copy's (`layers.ExpertWeight`), and on CPU so do
         # the plain kernels where they are not split over devices (`layers.StackedKernel`:
         # read in chunks of their outputs); the rest is sliced.
-        kernels = self.per_copy or (platform.is_cpu() and not tensor_split.on())
+        kernels = platform.is_cpu() and not tensor_split.on()
         dtypes = [dict(d) for d in self.dtypes]
         graphdefs, whole, sliced = zip(
             *(
@@ -180,9 +157,7 @@ class LayerStack(nnx.Module):
                 held = whole[p]
                 if kernels:
                     held = jax.tree_util.tree_map_with_path(
-                        lambda path, a, d=dtypes[p]: _stacked_kernel(path, a, copy, d),
-                        held,
-                        is_leaf=lambda a: isinstance(a, tuple),
+                        lambda path, a, d=dtypes[p]: _stacked_kernel(path, a, copy, d), held
                     )
                 layer = nnx.merge(graphdefs[p], held, layer_states[p])
                 slot = Slot(layer_index[p], is_swa[p])
@@ -206,29 +181,20 @@ def _key(path) -> str:
     return ".".join(keys[:-1] if keys and keys[-1] == "value" else keys)
 
 
-def _plain_kernel(path, dtype: str) -> bool:
-    """Whether a parameter is a `Linear` kernel of a plain dtype (block-FP8 ones are
-    dequantized per layer as sliced)."""
-    return _key(path).split(".")[-1] == "kernel" and dtype in PLAIN
-
-
 def _whole(kernels: bool, dtypes: dict):
     """The parameters a stack hands its layers whole: the experts, and with `kernels` the
-    plain `Linear` kernels."""
+    `Linear` kernels of a plain dtype (block-FP8 ones are dequantized per layer as sliced)."""
 
     def chosen(path, node) -> bool:
         if isinstance(node, ExpertWeight):
             return True
-        return kernels and _plain_kernel(path, dtypes[_key(path)])
+        return kernels and path[-1] == "kernel" and dtypes[_key(path)] in PLAIN
 
     return chosen
 
 
 def _stacked_kernel(path, a, copy, dtypes: dict):
-    """A parameter a stack hands its layers whole: a kernel as copy `copy`'s among each copy's
-    own (`layers.SwitchedKernel`) or as its view of the stack (`layers.StackedKernel`), an
-    expert weight as it is."""
-    if isinstance(a, tuple):
-        return SwitchedKernel(a, copy)
+    """A parameter a stack hands its layers whole: a kernel as copy `copy`'s view of the stack
+    (`layers.StackedKernel`), an expert weight as it is."""
     key = _key(path)
     return StackedKernel(a, copy, dtypes[key]) if key.endswith(".kernel") else a

@@ -95,45 +95,10 @@ class StackedKernel:
         return bits.from_bits(block.reshape(din, cols), self.dtype)
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["parts", "copy"], meta_fields=[])
-@dataclasses.dataclass(frozen=True)
-class SwitchedKernel:
-    """Copy `copy`'s [in, out] kernel among every copy's, each held [out, in] as an array of
-    its own: what a `LayerStack` built for one CPU device hands a `Linear`. `dot` picks the
-    copy's array by `lax.switch` and reads it as stored. Read out of a stack, a kernel is a
-    copy of a slice on XLA:CPU (a dynamic slice or a static one alike), and [out, in] is the
-    layout XLA:CPU reads fastest; a branch per copy reads the array itself (gpt-oss-20b's
-    q_proj in a scan over 12 copies: 1.2 ms a layer, against 2.8-3.5 read out of the stack;
-    benchmarks/README.md, "Published shapes")."""
-
-    parts: tuple[jax.Array, ...]  # each copy's kernel, [out, in]
-    copy: jax.Array  # int32 []
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """The kernel's shape as a `Linear` holds it, [in, out]."""
-        out, din = self.parts[0].shape
-        return (din, out)
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    @property
-    def dtype(self):
-        return self.parts[0].dtype
-
-    def __getitem__(self, index) -> SwitchedKernel:
-        if index is not Ellipsis:
-            raise TypeError(f"a switched kernel is read whole ([...]), not at {index!r}")
-        return self
-
-
 def dot(x, w, *, w_rows_out: bool = False):
     """x @ w in w's dtype with float32 accumulation; the float32 result (tile by tile in
     batch-invariant mode, `invariant.rows`). `w_rows_out`: w is stored [out, in] (x @ w.T,
-    contracted as stored: no transposed copy); `w` may be a `StackedKernel` or a
-    `SwitchedKernel`. On CPU:
+    contracted as stored: no transposed copy); `w` may be a `StackedKernel`. On CPU:
 
     - a weight that XLA:CPU would widen (`widened_on_cpu`) of WIDE_BYTES or more runs in column
       tiles (`tiled_dot`): widened whole, a dense MLP matrix at published widths is 0.46 GiB
@@ -144,11 +109,6 @@ def dot(x, w, *, w_rows_out: bool = False):
       cache and read from there goes faster (6.9 GB/s, the same bits). Not where the weights
       are split over devices (`tensor_split`): a stacked kernel is then never made.
     """
-    if isinstance(w, SwitchedKernel):
-        if w_rows_out:
-            raise ValueError("a switched kernel is [in, out]: it has no rows-out form")
-        branches = [lambda x, part=part: dot(x, part, w_rows_out=True) for part in w.parts]
-        return jax.lax.switch(w.copy, branches, x)
     out_axis = 0 if w_rows_out else 1
     stacked = isinstance(w, StackedKernel)
     if stacked and w_rows_out:

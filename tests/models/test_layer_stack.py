@@ -2,7 +2,6 @@
 that scanning computes what unrolling does, and that tracing does not grow with depth."""
 
 import dataclasses
-import functools
 import json
 
 import jax
@@ -203,11 +202,8 @@ def test_a_stacked_kernel_gives_its_slices_products(monkeypatch, dtype, rows):
 
 
 def test_a_layer_stack_on_one_cpu_hands_its_kernels_whole(monkeypatch):
-    """On one CPU device the engine's stacks hold each copy's plain kernels as arrays of their
-    own, [out, in], and the scan hands each `Linear` its copy's by `lax.switch`
-    (`SwitchedKernel`); a stack built otherwise but run on one CPU hands a view of the stack
-    (`StackedKernel`). Neither copies a slice of the stack per layer, and both compute what
-    the unrolled layers do."""
+    """On one CPU device the scan hands each `Linear` its copy's kernel as a view of the stack
+    (no slice of it copied per layer), and computes what the unrolled layers do."""
     seen = []
     original = layers.dot
 
@@ -218,49 +214,13 @@ def test_a_layer_stack_on_one_cpu_hands_its_kernels_whole(monkeypatch):
     monkeypatch.setattr(layers, "dot", dot)
     decoder = load_decoder(FIXTURES / "gpt_oss")
     prompt = list(range(1, 9))
-    model = HybridLM(decoder, scan_layers=True)
-    stack = next(x for x in model.decoder.layers if isinstance(x, LayerStack))
-    held = jax.tree.leaves(nnx.state(stack.stacks[0])["self_attn"]["q_proj"]["kernel"])
-    q = decoder.layers[0].self_attn.q_proj.kernel[...]  # [in, out]
-    assert len(held) == stack.segment.repeats
-    np.testing.assert_array_equal(held[0], q.T)
-    switched = serve(model, prompt, new=2)
-    assert "SwitchedKernel" in seen and "StackedKernel" not in seen
-    seen.clear()
-    stacked_decoder = nnx.merge(*nnx.split(decoder))
-    stacked_decoder.scan_layers()
-    stacked = serve(HybridLM(stacked_decoder, scan_layers=False), prompt, new=2)
-    assert "StackedKernel" in seen and "SwitchedKernel" not in seen
+    scanned = serve(HybridLM(decoder, scan_layers=True), prompt, new=2)
+    assert "StackedKernel" in seen
     seen.clear()
     unrolled = serve(HybridLM(decoder, scan_layers=False), prompt, new=2)
-    assert "StackedKernel" not in seen and "SwitchedKernel" not in seen
-    for got in (switched, stacked):
-        np.testing.assert_allclose(got[0], unrolled[0], rtol=1e-5, atol=1e-5)
-        assert got[1] == unrolled[1]
-
-
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("rows", [1, 5])
-def test_a_switched_kernel_gives_its_copys_products(dtype, rows):
-    """Each copy's [out, in] kernel picked by a traced index gives that copy's product, the
-    bits of the plain [out, in] product."""
-    rng = np.random.default_rng(2)
-    parts = tuple(jnp.asarray(rng.standard_normal((300, 64)), dtype) for _ in range(3))
-    x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
-    switched = jax.jit(lambda x, copy: layers.dot(x, layers.SwitchedKernel(parts, copy)))
-    for copy in range(3):
-        got = switched(x, jnp.int32(copy))
-        want = jax.jit(functools.partial(layers.dot, w_rows_out=True))(x, parts[copy])
-        np.testing.assert_array_equal(got, want)
-        x_as_weight = np.asarray(x.astype(dtype), np.float64)
-        exact = x_as_weight @ np.asarray(parts[copy], np.float64).T
-        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
-    kernel = layers.SwitchedKernel(parts, jnp.int32(0))
-    assert kernel.shape == (64, 300)
-    with pytest.raises(TypeError, match="read whole"):
-        kernel[0]
-    with pytest.raises(ValueError, match="rows-out"):
-        layers.dot(x, kernel, w_rows_out=True)
+    assert "StackedKernel" not in seen
+    np.testing.assert_allclose(scanned[0], unrolled[0], rtol=1e-5, atol=1e-5)
+    assert scanned[1] == unrolled[1]
 
 
 def test_split_kernels_are_read_whole_never_gathered(monkeypatch):
