@@ -60,9 +60,10 @@ class Routing(NamedTuple):
     scale: jax.Array | None  # [T, k]: the expert's input is x * scale (Llama 4), else None
     weight: jax.Array  # [T, k]: the expert's output weight
     # [T] bool: False for a padding row, which `routed` runs through no expert (its output is
-    # 0). A batch padded to its bucket (a decode step of one request runs eight rows) would
-    # otherwise run its padding rows' experts too: identical rows, so up to k more experts a
-    # layer, each read whole (gpt-oss-20b at batch 1: twice the experts' work).
+    # 0, as `dense` weighs it). A batch padded to its bucket (a decode step of one request
+    # runs eight rows) would otherwise run its padding rows' experts too: identical rows, so
+    # up to k more experts a layer, each read whole (gpt-oss-20b at batch 1: twice the
+    # experts' work).
     valid: jax.Array | None = None
 
 
@@ -81,6 +82,8 @@ def dense(x, routing: Routing, experts: Experts, act: Callable) -> jax.Array:
     t, e = x.shape[0], experts.count
     rows = jnp.arange(t)[:, None]
     weight = jnp.zeros((t, e), F32).at[rows, routing.experts].set(routing.weight)
+    if routing.valid is not None:  # a padding row weighs every expert 0, as `routed` runs none
+        weight = jnp.where(routing.valid[:, None], weight, 0.0)
     xin = jnp.broadcast_to(x[:, None, :].astype(F32), (t, e, x.shape[-1]))
     if routing.scale is not None:
         scale = jnp.zeros((t, e), F32).at[rows, routing.experts].set(routing.scale)
