@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from swajax import platform
 from swajax.arith import ceil_div, round_up
+from swajax.kernels import mxfp4_cpu
 from swajax.models import invariant, quantized, tensor_split
 from swajax.models.layers import unhoisted
 
@@ -168,12 +169,33 @@ def _in_chunks(count: int, size: int, fn, carry):
     return fn(full * size, count - full * size, carry) if count % size else carry
 
 
-def expert_product(rows, w, e, along: str | None = "in", copy=None):
+# Blocks of at most this many rows multiply an MXFP4 expert through the CPU kernel (decode
+# steps); larger ones (prefill) decode it for XLA's product, which reads the decoded chunk once
+# for all the rows (the kernel's cost grows with the rows: at gpt-oss-20b's widths it passes
+# XLA's path at about 10 live rows; benchmarks/cpu_products.py).
+KERNEL_ROWS = 16
+
+
+def _kernel(rows, w) -> bool:
+    """`rows` x `w` runs in the MXFP4 CPU kernel (`swajax.kernels.mxfp4_cpu`)."""
+    return (
+        isinstance(w, quantized.Mxfp4)
+        and platform.is_cpu()
+        and not tensor_split.on()  # the kernel reads a whole stack held on one device
+        and rows.shape[0] <= KERNEL_ROWS
+        and mxfp4_cpu.available()
+    )
+
+
+def expert_product(rows, w, e, along: str | None = "in", copy=None, live=None):
     """rows [block, K] x w[e] [K, N] in float32, w read (or dequantized) a chunk of its inputs
     (`along` "in") or of its outputs ("out") at a time; whole when one chunk holds it or
-    `along` is None. With `copy`, w is a stack of copies [C, E, K, N] and w[copy, e] is read."""
+    `along` is None. With `copy`, w is a stack of copies [C, E, K, N] and w[copy, e] is read.
+    With `live` (the block's rows in use come first), the rows past it may come out as 0."""
     lead = (e,) if copy is None else (copy, e)
     k, n = w.shape[len(lead) :]
+    if live is not None and _kernel(rows, w):  # read from the stack where it is multiplied
+        return mxfp4_cpu.mxfp4_rows(rows, w.blocks, w.scales, jnp.stack(lead), live)
     mxfp4 = isinstance(w, quantized.Mxfp4)
     # Quantized weights are chunked only over MXFP4 outputs: its inputs come in blocks of 32
     # whose slices are strided gathers (slower than dequantizing the expert whole, measured).
@@ -229,15 +251,17 @@ def _block_loop(xz, layout: _Layout, experts: Experts, act: Callable, block: int
     w1, w2, copy = experts.w1, experts.w2, experts.copy
     cpu = platform.is_cpu()
     out = jnp.zeros((layout.token.shape[0], w2.shape[-1]), F32)
+    absent = xz.shape[0] - 1  # the zero row, which the padding rows of the layout read
 
     def body(b, out):
         token = jax.lax.dynamic_slice_in_dim(layout.token, b * block, block)
         scale = jax.lax.dynamic_slice_in_dim(layout.scale, b * block, block)
         e = layout.expert[b]
+        live = jnp.sum(token < absent, dtype=jnp.int32)  # a group's rows come first in a block
         rows = (xz[token] * scale[:, None]).astype(w1.dtype)
-        h = expert_product(rows, w1, e, along if cpu else None, copy)
+        h = expert_product(rows, w1, e, along if cpu else None, copy, live)
         h = h + experts.b1[e].astype(F32) if experts.b1 is not None else h
-        y = expert_product(act(h).astype(w2.dtype), w2, e, "out" if cpu else None, copy)
+        y = expert_product(act(h).astype(w2.dtype), w2, e, "out" if cpu else None, copy, live)
         y = y + experts.b2[e].astype(F32) if experts.b2 is not None else y
         return jax.lax.dynamic_update_slice_in_dim(out, y, b * block, 0)
 

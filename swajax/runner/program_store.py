@@ -38,6 +38,7 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 from swajax.compile_cache import OFF
+from swajax.kernels import mxfp4_cpu
 
 SUBFOLDER = "swajax-programs"
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # the default repr of an object
@@ -50,12 +51,17 @@ _IN_USE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def source_files() -> list[tuple[Path, Path]]:
-    """(root, file) of every Python file of the installed package and of its kernels
+    """(root, file) of every Python (and C++) file of the installed package and of its kernels
     (installed as `swajax.kernels`, from wherever they live)."""
     roots = [Path(__file__).resolve().parents[1]]  # the swajax package
     kernels = importlib.util.find_spec("swajax.kernels")  # found, not imported
     roots += [Path(p).resolve() for p in kernels.submodule_search_locations or ()]
-    return [(root, path) for root in dict.fromkeys(roots) for path in sorted(root.rglob("*.py"))]
+    return [
+        (root, path)
+        for root in dict.fromkeys(roots)
+        for suffix in ("*.py", "*.cc")  # the CPU kernels' C++ source too
+        for path in sorted(root.rglob(suffix))
+    ]
 
 
 @functools.cache
@@ -158,6 +164,9 @@ class ProgramStore:
             _jaxlib_version(),
             self.device.platform,
             self.device.device_kind,
+            # A CPU program may call the MXFP4 kernel (by a name that hashes its build) or not
+            # (no compiler, or turned off); asking also registers it for a program loaded here.
+            str(mxfp4_cpu.target_name()) if self.device.platform == "cpu" else "",
             fn.__name__,
             str(treedef),
             repr(shapes),

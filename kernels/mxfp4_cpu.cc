@@ -1,0 +1,187 @@
+// A few rows times one MXFP4 matrix of a stack, on CPU, read where it is multiplied.
+//
+// XLA:CPU can only multiply an MXFP4 weight by decoding it to bfloat16 first (four times its
+// packed bytes written, then read back by the product): at gpt-oss-20b's shapes that decoding
+// and reading was most of a decode step. Here each block of 32 inputs is decoded into vector
+// registers (a 16-entry table of e2m1 values, scaled by the block's power of two) and
+// multiplied there, so the weight's packed bytes are the only ones read. The values are exactly
+// those `swajax.models.quantized` decodes (an e2m1 value times a power of two is exact in
+// float32 and in bfloat16; a zero scale gives zeros, a product below float32's normal range is
+// flushed as XLA:CPU flushes it); only the order of the sum differs from XLA's product.
+//
+// y[m, j] = sum_i x[m, i] * w[i, j] for the live rows m < live (the others are 0), where w is
+// matrix `index` of a stack held as the checkpoint publishes it: blocks [..., N, K/32, 16]
+// (two codes per byte, the low nibble the even input) and e8m0 scales [..., N, K/32].
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define SWAJAX_AVX512 1
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define SWAJAX_X86 1
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+constexpr int kRowTile = 4;  // rows sharing one decoded block (2 accumulators each)
+
+// 2^(s - 127); s = 0 (2^-127, below float32's normal range) gives 0, as XLA:CPU's flushed
+// product does. 255 (NaN) is refused when a checkpoint is loaded.
+inline float Scale(uint8_t s) {
+  uint32_t bits = uint32_t(s) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Outputs [j0, j1) for rows [m0, m0 + rows), rows <= kRowTile.
+void Tile(const float* x, int64_t k, const uint8_t* blocks, const uint8_t* scales, int64_t groups,
+          int64_t n, int64_t j0, int64_t j1, int64_t m0, int rows, float* y) {
+#if SWAJAX_AVX512
+  const __m512 table = _mm512_loadu_ps(kE2m1);
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* b = blocks + j * groups * 16;
+    const uint8_t* s = scales + j * groups;
+    __m512 acc[2 * kRowTile];
+    for (int r = 0; r < 2 * kRowTile; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g * 16));
+      const __m128i lo = _mm_and_si128(q, nibble);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), nibble);
+      // Inputs 0..15 and 16..31 of the block: low and high nibbles interleaved.
+      const __m512i first = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+      const __m512i second = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi));
+      const __m512 scale = _mm512_set1_ps(Scale(s[g]));
+      const __m512 va = _mm512_mul_ps(_mm512_permutexvar_ps(first, table), scale);
+      const __m512 vb = _mm512_mul_ps(_mm512_permutexvar_ps(second, table), scale);
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x + (m0 + r) * k + g * 32;
+        acc[2 * r] = _mm512_fmadd_ps(va, _mm512_loadu_ps(xr), acc[2 * r]);
+        acc[2 * r + 1] = _mm512_fmadd_ps(vb, _mm512_loadu_ps(xr + 16), acc[2 * r + 1]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      y[(m0 + r) * n + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[2 * r], acc[2 * r + 1]));
+    }
+  }
+#else
+  // Portable: one block's 32 values decoded into an array, then 32 lanes of partial sums per
+  // row (elementwise, so the compiler vectorizes them without reassociating anything).
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* b = blocks + j * groups * 16;
+    const uint8_t* s = scales + j * groups;
+    float part[kRowTile][32] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      const float scale = Scale(s[g]);
+      float v[32];
+      for (int p = 0; p < 16; ++p) {
+        v[2 * p] = kE2m1[b[g * 16 + p] & 0x0F] * scale;
+        v[2 * p + 1] = kE2m1[b[g * 16 + p] >> 4] * scale;
+      }
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x + (m0 + r) * k + g * 32;
+        for (int i = 0; i < 32; ++i) part[r][i] += v[i] * xr[i];
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int i = 0; i < 32; ++i) sum += part[r][i];
+      y[(m0 + r) * n + j] = sum;
+    }
+  }
+#endif
+}
+
+void Outputs(const float* x, int64_t k, const uint8_t* blocks, const uint8_t* scales,
+             int64_t groups, int64_t n, int64_t j0, int64_t j1, int64_t live, float* y) {
+  for (int64_t m0 = 0; m0 < live; m0 += kRowTile) {
+    Tile(x, k, blocks, scales, groups, n, j0, j1, m0, int(std::min<int64_t>(kRowTile, live - m0)),
+         y);
+  }
+}
+
+int Threads(int64_t n) {
+  // The outputs split over the cores, each part at least 256 outputs (a thread's start costs
+  // tens of microseconds; a part of 256 outputs of a 2880-wide input takes longer than that).
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return int(std::max<int64_t>(1, std::min<int64_t>(cores, n / 256)));
+}
+
+ffi::Error Mxfp4Rows(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> blocks,
+                     ffi::Buffer<ffi::U8> scales, ffi::Buffer<ffi::S32> index,
+                     ffi::Buffer<ffi::S32> live, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto bd = blocks.dimensions();
+  const auto sd = scales.dimensions();
+  const size_t lead = bd.size() - 3;
+  if (xd.size() != 2 || bd.size() < 3 || bd[bd.size() - 1] != 16 || sd.size() != bd.size() - 1 ||
+      index.element_count() != lead) {
+    return ffi::Error::InvalidArgument("mxfp4 rows: x [M, K], blocks [..., N, K/32, 16], "
+                                       "scales [..., N, K/32] and one index per leading axis");
+  }
+  const int64_t m = xd[0], k = xd[1], n = bd[lead], groups = bd[lead + 1];
+  if (k != groups * 32) {
+    return ffi::Error::InvalidArgument("mxfp4 rows: x has " + std::to_string(k) +
+                                       " inputs, the weight " + std::to_string(groups * 32));
+  }
+  // The matrix the index names, clamped into the stack as a dynamic slice would be.
+  int64_t at = 0;
+  for (size_t a = 0; a < lead; ++a) {
+    const int64_t i = std::clamp<int64_t>(index.typed_data()[a], 0, bd[a] - 1);
+    at = at * bd[a] + i;
+  }
+  const uint8_t* b = blocks.typed_data() + at * n * groups * 16;
+  const uint8_t* s = scales.typed_data() + at * n * groups;
+  const int64_t rows = std::clamp<int64_t>(live.typed_data()[0], 0, m);
+  float* out = y->typed_data();
+  std::fill(out, out + m * n, 0.0f);
+  const float* xs = x.typed_data();
+  const int threads = Threads(n);
+  if (threads == 1 || rows == 0) {
+    Outputs(xs, k, b, s, groups, n, 0, n, rows, out);
+    return ffi::Error::Success();
+  }
+#if SWAJAX_X86
+  const unsigned int csr = _mm_getcsr();  // the caller's flush-to-zero, for every part
+#endif
+  std::vector<std::thread> pool;
+  const int64_t per = (n + threads - 1) / threads;
+  for (int t = 1; t < threads; ++t) {
+    const int64_t j0 = t * per, j1 = std::min(n, j0 + per);
+    pool.emplace_back([=] {
+#if SWAJAX_X86
+      _mm_setcsr(csr);
+#endif
+      Outputs(xs, k, b, s, groups, n, j0, j1, rows, out);
+    });
+  }
+  Outputs(xs, k, b, s, groups, n, 0, std::min(n, per), rows, out);
+  for (auto& thread : pool) thread.join();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SwajaxMxfp4Rows, Mxfp4Rows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
