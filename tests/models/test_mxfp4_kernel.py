@@ -10,8 +10,7 @@ import pytest
 
 from swajax import platform
 from swajax.kernels import mxfp4_cpu
-from swajax.models import experts as ex
-from swajax.models import quantization, quantized
+from swajax.models import experts as ex, quantization, quantized
 
 if mxfp4_cpu._compiler() is None:  # a machine without one runs XLA's path (tested below)
     pytest.skip("no C++ compiler to build the CPU kernel with", allow_module_level=True)
@@ -57,7 +56,8 @@ def test_rows_times_a_matrix_of_the_stack_equal_numpy(lead, index, n, groups, m,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_code_at_every_scale_equals_xlas_decode(dtype):
     """One-hot rows read single weights: each is the value XLA's decode writes, bit for bit,
-    at every code and at scales from 0 (zeros) through the subnormal edge to the largest finite values."""
+    at every code and at scales from 0 (zeros) through the subnormal edge to the largest
+    finite values."""
     scales = np.array([0, 1, 2, 3, 100, 127, 200, 252], np.uint8)  # 252: 6 x 2^125, finite
     codes = np.arange(256, dtype=np.uint8)  # every (low, high) nibble pair
     blocks = np.broadcast_to(codes.reshape(16, 1, 16), (16, 1, 16)).copy()  # [N, 1, 16]
