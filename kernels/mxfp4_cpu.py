@@ -128,13 +128,16 @@ def unavailable_reason() -> str:
 
 
 def mxfp4_rows(x, blocks, scales, index, live) -> jax.Array:
-    """x [M, K] times matrix `index` of the stack (blocks [..., N, K/32, 16] uint8, scales
-    [..., N, K/32] uint8; `index` one int per leading axis, clamped into the stack) in float32,
-    for the first `live` rows; the other rows are 0. `available()` must be True."""
+    """x [M, K] (bfloat16 or float32; other floats are widened) times matrix `index` of the
+    stack (blocks [..., N, K/32, 16] uint8, scales [..., N, K/32] uint8; `index` one int per
+    leading axis, clamped into the stack) in float32, for the first `live` rows; the other
+    rows are 0. `available()` must be True."""
     name = _target()[0]
     if name is None:
         raise RuntimeError(f"the MXFP4 CPU kernel is not available: {unavailable_reason()}")
     n = blocks.shape[-3]
     call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
     index = jnp.asarray(index, jnp.int32).reshape(-1)
-    return call(x.astype(jnp.float32), blocks, scales, index, jnp.asarray(live, jnp.int32))
+    if x.dtype not in (jnp.float32, jnp.bfloat16):
+        x = x.astype(jnp.float32)
+    return call(x, blocks, scales, index, jnp.asarray(live, jnp.int32))

@@ -38,17 +38,20 @@ def _stack(rng, lead, n, groups, scales=(110, 140)):
         ((2, 2), (0, 1), 1030, 5, 4, 3),
         ((4,), (1,), 513, 1, 17, 0),
         ((4,), (9,), 20, 2, 2, 2),  # clamped into the stack, as a dynamic slice is
+        ((3,), (1,), 40, 90, 6, 6),  # gpt-oss-20b's inputs (2880), rows past one tile
     ],
 )
-def test_rows_times_a_matrix_of_the_stack_equal_numpy(lead, index, n, groups, m, live):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: its own path
+def test_rows_times_a_matrix_of_the_stack_equal_numpy(lead, index, n, groups, m, live, dtype):
     rng = np.random.default_rng(sum(lead) + n + m)
     blocks, scales = _stack(rng, lead, n, groups)
-    x = rng.standard_normal((m, groups * 32)).astype(np.float32)
+    x = jnp.asarray(rng.standard_normal((m, groups * 32)), dtype)
     at = tuple(min(i, d - 1) for i, d in zip(index, lead, strict=True))
     w = quantization.mxfp4(blocks[at], scales[at], np.float32).astype(np.float64)  # [K, N]
     got = np.asarray(jax.jit(mxfp4_cpu.mxfp4_rows)(x, blocks, scales, jnp.asarray(index), live))
-    want = x.astype(np.float64) @ w
-    bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w)) + 1e-30
+    x = np.asarray(x, np.float64)
+    want = x @ w
+    bound = 1e-6 * (np.abs(x) @ np.abs(w)) + 1e-30
     assert np.all(np.abs(got[:live] - want[:live]) <= bound[:live])
     assert not np.any(got[live:])
 
@@ -59,16 +62,21 @@ def test_every_code_at_every_scale_equals_xlas_decode(dtype):
     at every code and at scales from 0 (zeros) through the subnormal edge to the largest
     finite values."""
     scales = np.array([0, 1, 2, 3, 100, 127, 200, 252], np.uint8)  # 252: 6 x 2^125, finite
-    codes = np.arange(256, dtype=np.uint8)  # every (low, high) nibble pair
-    blocks = np.broadcast_to(codes.reshape(16, 1, 16), (16, 1, 16)).copy()  # [N, 1, 16]
-    blocks = np.stack([blocks] * len(scales))  # [S, N, 1, 16]
-    scale = np.broadcast_to(scales[:, None, None], (len(scales), 16, 1)).copy()
-    x = np.eye(32, dtype=np.float32)
-    w = quantized.Mxfp4(jnp.asarray(blocks), jnp.asarray(scale), dtype)
-    for s in range(len(scales)):
-        got = jax.jit(mxfp4_cpu.mxfp4_rows)(x, blocks, scale, jnp.asarray([s]), 32)
-        want = jax.jit(lambda w: w.dense().astype(jnp.float32))(w[s])
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"scale {s}")
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16)  # every (low, high) nibble pair
+    # Two blocks of inputs per output (the bfloat16 path's pair; rows of one block take its
+    # float32 tail): the second block holds the codes reversed, under the next scale.
+    blocks = np.stack([codes, codes[::-1, ::-1]], axis=1)  # [N, 2, 16]
+    blocks = np.stack([blocks] * len(scales))  # [S, N, 2, 16]
+    pair = np.stack([scales, np.roll(scales, -1)], axis=-1)  # [S, 2]
+    scale = np.broadcast_to(pair[:, None, :], (len(scales), 16, 2)).copy()
+    for groups in (1, 2):
+        x = jnp.eye(32 * groups, dtype=dtype)  # one-hot rows in the weight's dtype
+        b, sc = blocks[:, :, :groups].copy(), scale[:, :, :groups].copy()
+        w = quantized.Mxfp4(jnp.asarray(b), jnp.asarray(sc), dtype)
+        for s in range(len(scales)):
+            got = jax.jit(mxfp4_cpu.mxfp4_rows)(x, b, sc, jnp.asarray([s]), 32 * groups)
+            want = jax.jit(lambda w: w.dense().astype(jnp.float32))(w[s])
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"{groups} {s}")
 
 
 def _moe(rng, e=4, h=64, f=96):
