@@ -9,7 +9,9 @@ its time and the bytes of w read per second; then the same through `layers.dot` 
 `layers.head_dot` (the engine's products). *MXFP4 values*: one expert's gate-up blocks
 [5760, 90, 16] decoded to bfloat16 by multiplying floats and rounding (`_fp4` x `_e8m0`), by
 writing the bits (`quantized._scaled_bits`, in 16-bit lanes) and by writing them in 32-bit
-lanes (its form before 2026-12-06). Best of `--repeats`, interleaved.
+lanes (its form before 2026-12-06). *MXFP4 experts*: a block of rows times an expert through the
+CPU kernel and through XLA's decode-then-multiply, by live rows. Best of `--repeats`,
+interleaved.
 """
 
 from __future__ import annotations
@@ -114,6 +116,51 @@ def mxfp4_values(rows: int, groups: int, repeats: int) -> None:
         print(f"  {name:20s} {s * 1e3:7.2f} ms")
 
 
+def mxfp4_experts(experts: int, out: int, groups: int, repeats: int) -> None:
+    """One [rows, in] block times an MXFP4 expert, as the routed loop runs it: through the
+    CPU kernel (`swajax.kernels.mxfp4_cpu`) and through XLA's decode-then-multiply (the loop's
+    path without it), by live rows. Each call reads the next of `experts` experts, so the
+    weights come from memory, not the cache, as in a decode step."""
+    from swajax.kernels import mxfp4_cpu
+    from swajax.models import experts as ex
+
+    rng = np.random.default_rng(0)
+    blocks = jnp.asarray(rng.integers(0, 256, (experts, out, groups, 16), dtype=np.uint8))
+    scales = jnp.asarray(rng.integers(118, 126, (experts, out, groups), dtype=np.uint8))
+    w = quantized.Mxfp4(blocks, scales, jnp.bfloat16)
+    mb = (blocks.size + scales.size) / experts / 1e6
+    print(f"MXFP4 experts [{out}, {groups * 32}] ({mb:.1f} MB each), bfloat16 rows, cold:")
+    if not mxfp4_cpu.available():
+        print(f"  (the kernel is not available: {mxfp4_cpu.unavailable_reason()})")
+        return
+    kernel_rows = ex.KERNEL_ROWS
+
+    def sweep(x, live):  # traced once per path (each `jax.jit(sweep)` below is its own)
+        def one(i, acc):
+            return acc + ex.expert_product(x, w, i, "out", live=live)
+
+        return jax.lax.fori_loop(0, experts, one, jnp.zeros((x.shape[0], out), F32))
+
+    print("  live rows   kernel ms   GB/s   XLA ms   GB/s")
+    for live in (1, 4, 8, 16):
+        x = jnp.asarray(rng.normal(size=(16, groups * 32)), jnp.bfloat16)
+        live = jnp.int32(live)
+        times = {}
+        for name, rows in (("kernel", kernel_rows), ("xla", 0)):
+            ex.KERNEL_ROWS = rows
+            try:
+                times[name] = jax.jit(lambda x, live: sweep(x, live)).lower(x, live).compile()
+            finally:
+                ex.KERNEL_ROWS = kernel_rows
+        best = _best(
+            {n: functools.partial(f, x, jnp.int32(live)) for n, f in times.items()}, repeats
+        )
+        k, x_ = best["kernel"] / experts, best["xla"] / experts
+        print(
+            f"  {live:9d} {k * 1e3:10.2f} {mb / k / 1e3:6.1f} {x_ * 1e3:8.2f} {mb / x_ / 1e3:6.1f}"
+        )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
@@ -122,9 +169,11 @@ def main(argv=None) -> None:
     if a.smoke:
         products(64, 96, 1)
         mxfp4_values(8, 2, 1)
+        mxfp4_experts(2, 64, 2, 1)
         return
     products(2880, 5760, a.repeats)
     mxfp4_values(5760, 90, a.repeats)
+    mxfp4_experts(48, 5760, 90, a.repeats)  # 48 x 8.8 MB: past the 300 MB last-level cache
 
 
 if __name__ == "__main__":

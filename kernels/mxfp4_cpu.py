@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 ENV = "SWAJAX_CPU_KERNELS"
+ARCH_ENV = "SWAJAX_CPU_KERNEL_ARCH"
 SOURCE = Path(__file__).with_name("mxfp4_cpu.cc")
 SYMBOL = "SwajaxMxfp4Rows"
 log = logging.getLogger(__name__)
@@ -53,6 +54,12 @@ def _cpu() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
+def _arch() -> str:
+    """The instruction set built for: this CPU's, or `$SWAJAX_CPU_KERNEL_ARCH` (a `-march`
+    value: "x86-64" builds the portable path, which the tests run that way)."""
+    return os.environ.get(ARCH_ENV) or "native"
+
+
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
@@ -62,7 +69,7 @@ def _build(compiler: str) -> tuple[Path, str]:
     include = jax.ffi.include_dir()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.stdout.encode(), _cpu().encode()):
+    for part in (SOURCE.read_bytes(), version.stdout.encode(), _cpu().encode(), _arch().encode()):
         digest.update(part)
     for header in sorted(Path(include, "xla", "ffi", "api").glob("*.h")):
         digest.update(header.read_bytes())
@@ -78,7 +85,7 @@ def _build(compiler: str) -> tuple[Path, str]:
     os.close(fd)
     command = [
         compiler,
-        *("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"),
+        *("-O3", f"-march={_arch()}", "-std=c++17", "-shared", "-fPIC", "-pthread"),
         f"-I{include}",
         str(SOURCE),
         "-o",

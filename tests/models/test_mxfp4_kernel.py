@@ -3,6 +3,11 @@ value for value against the decode XLA runs, and where the routed experts use it
 
 from __future__ import annotations
 
+import os
+import platform as platform_module
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +150,16 @@ def test_without_a_compiler_xlas_path_runs(monkeypatch, tmp_path):
         mxfp4_cpu._target.cache_clear()
         monkeypatch.undo()
     assert mxfp4_cpu.available()
+
+
+@pytest.mark.skipif(platform_module.machine() != "x86_64", reason="an x86-64 build option")
+def test_the_portable_path_passes_the_same_tests():
+    """Built for plain x86-64 (no AVX-512: what such a CPU compiles), the kernel passes the
+    comparisons with numpy and with XLA's decode, in a process of its own."""
+    env = {**os.environ, mxfp4_cpu.ARCH_ENV: "x86-64"}
+    select = "numpy or every_code"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    done = subprocess.run(
+        [*command, "-k", select], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]  # 5: none ran
