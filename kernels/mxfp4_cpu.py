@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +34,9 @@ import jax.numpy as jnp
 
 ENV = "SWAJAX_CPU_KERNELS"
 ARCH_ENV = "SWAJAX_CPU_KERNEL_ARCH"
+OFF = ("off", "0", "false", "no")
+PREFIX = "swajax_mxfp4_rows_"  # + the build's hash: the custom call's target
+TARGET = re.compile(PREFIX + "[0-9a-f]{16}")  # a target in a program's text
 SOURCE = Path(__file__).with_name("mxfp4_cpu.cc")
 SYMBOL = "SwajaxMxfp4Rows"
 log = logging.getLogger(__name__)
@@ -102,7 +106,7 @@ def _build(compiler: str) -> tuple[Path, str]:
 @functools.cache
 def _target() -> tuple[str | None, str]:
     """(the registered custom call target, or None; why not)."""
-    if os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
+    if not requested():
         return None, f"{ENV}={os.environ[ENV]}"
     compiler = _compiler()
     if compiler is None:
@@ -113,11 +117,16 @@ def _target() -> tuple[str | None, str]:
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         log.warning("the MXFP4 CPU kernel is not available, XLA's path runs instead: %s", e)
         return None, str(e)
-    name = f"swajax_mxfp4_rows_{key}"
+    name = f"{PREFIX}{key}"
     if name not in _REGISTERED:  # XLA keeps a target for the process's life
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler), platform="cpu")
         _REGISTERED.add(name)
     return name, ""
+
+
+def requested() -> bool:
+    """Not turned off by `$SWAJAX_CPU_KERNELS` (whether it is built is `available()`)."""
+    return os.environ.get(ENV, "").strip().lower() not in OFF
 
 
 def target_name() -> str | None:

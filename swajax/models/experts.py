@@ -11,8 +11,9 @@ expert. On GPU / TPU the two grouped matmuls are `lax.ragged_dot` over the padde
 where `ragged_dot` falls back to a dense masked product slower than running every expert, and
 for quantized experts, a loop over the blocks in use does all of a block's work (gather, two
 [block, K] x [K, N] products reading the expert's weights a cache-sized chunk at a time, biases,
-activation). `dense` runs every expert on every token and weighs the unselected ones 0: the test
-oracle.
+activation). On CPU a block of a few rows multiplies an MXFP4 expert in a kernel that reads the
+packed blocks where it multiplies them (`swajax.kernels.mxfp4_cpu`; `KERNEL_ROWS`). `dense`
+runs every expert on every token and weighs the unselected ones 0: the test oracle.
 """
 
 from __future__ import annotations

@@ -164,9 +164,8 @@ class ProgramStore:
             _jaxlib_version(),
             self.device.platform,
             self.device.device_kind,
-            # A CPU program may call the MXFP4 kernel (by a name that hashes its build) or not
-            # (no compiler, or turned off); asking also registers it for a program loaded here.
-            str(mxfp4_cpu.target_name()) if self.device.platform == "cpu" else "",
+            # Whether a CPU program may call the MXFP4 kernel (`_load` checks the build).
+            f"cpu kernels {mxfp4_cpu.requested()}" if self.device.platform == "cpu" else "",
             fn.__name__,
             str(treedef),
             repr(shapes),
@@ -179,7 +178,11 @@ class ProgramStore:
 
     def _load(self, path: Path):
         try:
-            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            payload, in_tree, out_tree, kernels = pickle.loads(path.read_bytes())
+            if any(name != mxfp4_cpu.target_name() for name in kernels):
+                # Built by another compiler or CPU, or not available here: compiled afresh.
+                # Asking also registers this process's build before the program is loaded.
+                return None
             return serialize_executable.deserialize_and_load(
                 payload, in_tree, out_tree, execution_devices=[self.device]
             )
@@ -191,7 +194,10 @@ class ProgramStore:
 
     def _save(self, path: Path, compiled) -> None:
         try:
-            blob = pickle.dumps(serialize_executable.serialize(compiled))
+            # The CPU kernels it calls, by target name (their build's hash): a process loading
+            # it must have registered the same build.
+            kernels = sorted(set(mxfp4_cpu.TARGET.findall(compiled.as_text())))
+            blob = pickle.dumps((*serialize_executable.serialize(compiled), kernels))
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
                 f.write(blob)

@@ -5,6 +5,7 @@ is compiled afresh and replaced; what a loaded program computes is what a traced
 import functools
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from swajax.kernels import mxfp4_cpu
 from swajax.runner import program_store
 from swajax.runner.program_store import ProgramStore
 
@@ -160,3 +162,39 @@ def test_a_static_argument_without_a_stable_text_is_not_stored(tmp_path):
     out = store.call(_tagged, (jnp.ones(2),), dict(tag=_Opaque()))
     np.testing.assert_array_equal(np.asarray(out), [2, 2])
     assert store.saved == 0 and not list(tmp_path.iterdir())
+
+
+_KERNEL_PROGRAM = """
+import pathlib, sys, jax, jax.numpy as jnp, numpy as np
+from swajax.kernels import mxfp4_cpu
+from swajax.runner.program_store import ProgramStore
+
+@jax.jit
+def rows(x, blocks, scales):
+    return mxfp4_cpu.mxfp4_rows(x, blocks, scales, jnp.zeros(1, jnp.int32), 2)
+
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.normal(size=(2, 64)), jnp.float32)
+blocks = jnp.asarray(rng.integers(0, 256, (1, 8, 2, 16), dtype=np.uint8))
+store = ProgramStore(pathlib.Path(sys.argv[1]), jax.devices()[0])
+out = store.call(rows, (x, blocks, jnp.full((1, 8, 2), 127, jnp.uint8)), {})
+print(store.loaded, store.saved, np.asarray(out).tobytes().hex())
+"""
+
+
+@pytest.mark.skipif(mxfp4_cpu._compiler() is None, reason="no C++ compiler for the CPU kernel")
+def test_a_stored_program_that_calls_the_cpu_kernel(tmp_path):
+    """A fresh process loads it (the key's lookup registers the kernel first) and gets the same
+    result; an entry recorded with another build of the kernel is compiled afresh."""
+
+    def run():
+        argv = [sys.executable, "-c", _KERNEL_PROGRAM, str(tmp_path)]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+
+    cold, warm = run(), run()
+    assert cold[:2] == ["0", "1"] and warm == ["1", "0", cold[2]]
+    (entry,) = tmp_path.iterdir()
+    *program, kernels = pickle.loads(entry.read_bytes())
+    assert kernels == [mxfp4_cpu.target_name()]
+    entry.write_bytes(pickle.dumps((*program, [mxfp4_cpu.PREFIX + "0" * 16])))
+    assert run() == ["0", "1", cold[2]]
