@@ -173,9 +173,8 @@ def _in_chunks(count: int, size: int, fn, carry):
 # Blocks of at most this many rows multiply an MXFP4 expert through the CPU kernel: every decode
 # step up to about 50 sequences (`block_rows` gives 8 until then). Larger blocks (prefill, big
 # batches) decode the expert for XLA's product, which reads the decoded chunk once for all the
-# rows; the kernel's cost grows with its rows and passes XLA's at about 10 (one expert at
-# gpt-oss-20b's widths, read from memory: 1.0 / 2.4 / 3.7 / 8.3 ms at 1 / 4 / 8 / 16 live rows
-# against XLA's 4.4-4.7; `benchmarks/cpu_products.py`, "MXFP4 experts").
+# rows; the kernel's cost grows with its rows and passes XLA's between 8 and 16 (at gpt-oss-20b's
+# widths: 4x faster at one row; benchmarks/README.md, "MXFP4 experts").
 KERNEL_ROWS = 8
 
 
