@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,10 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define SWAJAX_X86 1
+#endif
+
+#if defined(__linux__)
+#include <sched.h>
 #endif
 
 #include "xla/ffi/api/ffi.h"
@@ -241,10 +246,19 @@ void Outputs(const Rows& x, int64_t k, const uint8_t* blocks, const uint8_t* sca
   }
 }
 
+int Cores() {
+#if defined(__linux__)
+  // The CPUs this process may run on (a container's or `taskset`'s), not the machine's.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int Threads(int64_t n) {
   // The outputs split over the cores, each part at least 256 outputs (a thread's start costs
   // tens of microseconds; a part of 256 outputs of a 2880-wide input takes longer than that).
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  static const int cores = Cores();
   return int(std::max<int64_t>(1, std::min<int64_t>(cores, n / 256)));
 }
 
@@ -303,16 +317,23 @@ ffi::Error Mxfp4Rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> blocks,
 #endif
   std::vector<std::thread> pool;
   const int64_t per = (n + threads - 1) / threads;
+  int64_t untaken = n;  // outputs from here on are the caller's too (no thread could start)
   for (int t = 1; t < threads; ++t) {
     const int64_t j0 = t * per, j1 = std::min(n, j0 + per);
-    pool.emplace_back([=, &xs] {
+    try {
+      pool.emplace_back([=, &xs] {
 #if SWAJAX_X86
-      _mm_setcsr(csr);
+        _mm_setcsr(csr);
 #endif
-      Outputs(xs, k, b, s, groups, n, j0, j1, rows, out);
-    });
+        Outputs(xs, k, b, s, groups, n, j0, j1, rows, out);
+      });
+    } catch (const std::system_error&) {
+      untaken = j0;
+      break;
+    }
   }
   Outputs(xs, k, b, s, groups, n, 0, std::min(n, per), rows, out);
+  if (untaken < n) Outputs(xs, k, b, s, groups, n, untaken, n, rows, out);
   for (auto& thread : pool) thread.join();
   return ffi::Error::Success();
 }
