@@ -200,7 +200,7 @@ def saved_template(engine, header: dict) -> dict:
     )
     if header["penalties"]:
         template["penalties"] = runner.device_state(penalties=True)["penalties"]
-    device = jax.sharding.SingleDeviceSharding(_host_device())
+    device = jax.sharding.make_single_device_sharding(_host_device())
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), template)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, make_single_device_sharding
 
 from swajax.config import ConfigError, text_config
 from swajax.folder_swap import CONVERT_MARKER, FolderError, swap_in
@@ -286,7 +286,7 @@ def _restore_orbax(decoder: Decoder, path: Path, mesh) -> Decoder:
     processes, each reads its own), else this process's first device. Without the shardings
     orbax would place by the topology the checkpoint was saved from."""
     graphdef, abstract = nnx.split(decoder)
-    one = SingleDeviceSharding(jax.local_devices()[0])
+    one = make_single_device_sharding(jax.local_devices()[0])
 
     def placed(where, x):
         if mesh is None:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, make_single_device_sharding
 
 from swajax.models import quantization
 from swajax.models.checkpoint import Checkpoint, LoadError
@@ -80,7 +80,7 @@ class WeightLoader:
             for path, node in nnx.iter_graph(module)
             if isinstance(node, nnx.Variable)
         }
-        self._device = SingleDeviceSharding(jax.local_devices()[0])
+        self._device = make_single_device_sharding(jax.local_devices()[0])
         # Distinct (parameter, shard) slices copied out of the checkpoint, in bytes: with a mesh
         # over several processes, each reads its own devices' shards (and the replicated rest).
         self._read: dict[tuple[int, str], int] = {}
