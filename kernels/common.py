@@ -67,25 +67,38 @@ def visible(q_pos, k_pos, kind: str, window: int):
     return (k_pos <= q_pos) & (k_pos >= window_lo(q_pos, kind, window))
 
 
+def positions(base, shape: tuple[int, int], axis: int, every: int = 1):
+    """int32[shape]: `base` plus the index along `axis` (divided by `every`), built 2-D: the TPU
+    kernels' masks come from these, never from a 1-D vector reshaped."""
+    index = jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+    return base + (index if every == 1 else index // every)
+
+
 def lookback(kind: str, window: int) -> int | None:
     """Most tokens before a query that it can see (None: unbounded)."""
     return {"sliding": window, "chunked": window - 1}.get(kind)
 
 
 def softmax_init(num_rows: int, dv: int, sink=None):
-    """Running (max, sum, accumulator) before the first key; `sink`: f32[num_rows] or None."""
+    """Running (max, sum, accumulator) before the first key: m, l are f32[num_rows, 1] (2-D, a
+    column per row: Mosaic lays out and reduces 2-D vectors; it refuses most 1-D reshapes);
+    `sink`: f32[num_rows] or [num_rows, 1], or None."""
     if sink is None:
-        m = jnp.full((num_rows,), MASK_VALUE, jnp.float32)
-        l = jnp.zeros((num_rows,), jnp.float32)
+        m = jnp.full((num_rows, 1), MASK_VALUE, jnp.float32)
+        l = jnp.zeros((num_rows, 1), jnp.float32)
     else:
-        m, l = sink.astype(jnp.float32), jnp.ones((num_rows,), jnp.float32)
+        m, l = sink.astype(jnp.float32).reshape(num_rows, 1), jnp.ones((num_rows, 1), jnp.float32)
     return m, l, jnp.zeros((num_rows, dv), jnp.float32)
 
 
-def softmax_step(m, l, acc, q, k, v, mask, *, scale: float, soft_cap: float | None):
+def softmax_step(m, l, acc, q, k, v, mask, v_live=None, *, scale: float, soft_cap: float | None):
     """Fold one tile of keys into the running softmax of one KV head.
 
-    q: [Q, Dk]; k: [S, Dk]; v: [S, Dv]; mask: bool[Q, S]; m, l: [Q]; acc: [Q, Dv].
+    q: [Q, Dk]; k: [S, Dk]; v: [S, Dv]; mask: bool[Q, S]; m, l: [Q, 1]; acc: [Q, Dv].
+    v_live: bool broadcasting to [S, Dv], True for the keys some query of the tile sees (the
+    rest may be garbage: freed slots, the dummy page, and 0 * NaN = NaN). None: derived from
+    `mask` (a reduction over queries and a boolean reshape, which Mosaic refuses: the TPU
+    kernels pass it, built from the tile's key range).
     """
     dims = (((1,), (1,)), ((), ()))
     s = (
@@ -97,27 +110,27 @@ def softmax_step(m, l, acc, q, k, v, mask, *, scale: float, soft_cap: float | No
     if soft_cap is not None:
         s = jnp.tanh(s / soft_cap) * soft_cap
     s = jnp.where(mask, s, MASK_VALUE)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m - m_new)
-    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-    # Keys no query of the tile sees may be garbage (freed slots, the dummy page): 0 * NaN = NaN.
-    seen = jnp.max(mask.astype(jnp.float32), axis=0) > 0  # (Triton has no reduce_or)
-    v = jnp.where(seen[:, None], v.astype(jnp.float32), 0.0)
+    p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+    if v_live is None:
+        v_live = (jnp.max(mask.astype(jnp.float32), axis=0) > 0)[:, None]  # no reduce_or: Triton
+    v = jnp.where(v_live, v.astype(jnp.float32), 0.0)
     pv = jnp.dot(p, v, preferred_element_type=jnp.float32)
-    return m_new, alpha * l + jnp.sum(p, axis=1), alpha[:, None] * acc + pv
+    return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), alpha * acc + pv
 
 
-def fold_heads(carry, qs, ks, vs, mask, *, scale: float, soft_cap: float | None):
+def fold_heads(carry, qs, ks, vs, mask, v_live=None, *, scale: float, soft_cap: float | None):
     """`softmax_step` for every KV head: carry, qs, ks, vs are per-head tuples / lists."""
     return tuple(
-        softmax_step(m, l, acc, q, k, v, mask, scale=scale, soft_cap=soft_cap)
+        softmax_step(m, l, acc, q, k, v, mask, v_live, scale=scale, soft_cap=soft_cap)
         for (m, l, acc), q, k, v in zip(carry, qs, ks, vs, strict=True)
     )
 
 
 def softmax_finish(l, acc):
-    """Normalized output; rows that saw nothing (and had no sink) are 0."""
-    return acc / jnp.where(l > 0, l, 1.0)[:, None]
+    """Normalized output; rows that saw nothing (and had no sink) are 0. l: [Q, 1]."""
+    return acc / jnp.where(l > 0, l, 1.0)
 
 
 def dense_reference(q, k, v, mask, *, scale, sink=None, soft_cap=None):
@@ -157,8 +170,12 @@ def paged_call(
     n, hkv, rows, dk = q.shape
     dv, ps = v_pages.shape[3], k_pages.shape[1]
     out_shape = jax.ShapeDtypeStruct((n, hkv, rows, dv), q.dtype)
-    extra = () if sinks is None else (sinks.astype(jnp.float32),)
-    sink_shape = () if sinks is None else sinks.shape
+    # A sink per row, as a column (row = query * G + group): the kernels start their running
+    # softmax from it without tiling or reshaping anything.
+    extra = ()
+    if sinks is not None:
+        extra = (jnp.tile(sinks.astype(jnp.float32), (1, rows // sinks.shape[1]))[..., None],)
+    sink_shape = (hkv, rows, 1)
     if backend == "gpu":
         any_spec = pl.BlockSpec(memory_space=pl.ANY)
         return pl.pallas_call(
@@ -166,7 +183,7 @@ def paged_call(
             grid=(n,),
             in_specs=[pl.BlockSpec((None, hkv, rows, dk), lambda i: (i, 0, 0, 0))]
             + [any_spec] * (2 + len(tables))
-            + [pl.BlockSpec(sink_shape, lambda i: (0, 0))] * len(extra),
+            + [pl.BlockSpec(sink_shape, lambda i: (0, 0, 0))] * len(extra),
             out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i: (i, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
@@ -184,11 +201,11 @@ def paged_call(
                 pl.BlockSpec((None, ps, hkv, dk), page_map),
                 pl.BlockSpec((None, ps, hkv, dv), page_map),
             ]
-            + [pl.BlockSpec(sink_shape, lambda i, j, *_: (0, 0))] * len(extra),
+            + [pl.BlockSpec(sink_shape, lambda i, j, *_: (0, 0, 0))] * len(extra),
             out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i, j, *_: (i, 0, 0, 0)),
             scratch_shapes=[
-                pltpu.VMEM((hkv, rows), jnp.float32),
-                pltpu.VMEM((hkv, rows), jnp.float32),
+                pltpu.VMEM((hkv, rows, 1), jnp.float32),
+                pltpu.VMEM((hkv, rows, 1), jnp.float32),
                 pltpu.VMEM((hkv, rows, dv), jnp.float32),
             ],
         )

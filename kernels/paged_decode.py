@@ -111,7 +111,7 @@ def paged_decode_kernel_gpu(
     pt_ref,  # [B, NP] page table (ANY)
     fp_ref,  # [B] first logical page of each table row (ANY)
     seq_ref,  # [B] sequence lengths (ANY)
-    *rest,  # optional sinks_ref [Hkv, G], then o_ref [Hkv, G, Dv]
+    *rest,  # optional sinks_ref [Hkv, G, 1], then o_ref [Hkv, G, Dv]
     kind: str,
     window: int,
     scale: float,
@@ -149,7 +149,7 @@ def paged_decode_kernel_tpu(
     q_ref,  # [Hkv, G, Dk]
     k_ref,  # [ps, Hkv, Dk] the page chosen by the index map
     v_ref,  # [ps, Hkv, Dv]
-    *rest,  # optional sinks_ref [Hkv, G]; o_ref [Hkv, G, Dv]; scratch m, l [Hkv, G], acc
+    *rest,  # optional sinks_ref [Hkv, G, 1]; o_ref [Hkv, G, Dv]; scratch m, l [Hkv, G, 1], acc
     kind: str,
     window: int,
     scale: float,
@@ -172,10 +172,14 @@ def paged_decode_kernel_tpu(
         carry = tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv))
         k = [k_ref[:, h, :] for h in range(hkv)]
         v = [v_ref[:, h, :] for h in range(hkv)]
-        k_pos = (fp_ref[b] + first_col + j) * ps + jax.lax.iota(jnp.int32, ps)
         qs = [q_ref[h] for h in range(hkv)]
-        mask = _mask(k_pos, q_pos, lo, len(qs[0]))
-        carry = common.fold_heads(carry, qs, k, v, mask, scale=scale, soft_cap=soft_cap)
+        # 2-D positions only: Mosaic lays out no boolean reshape or broadcast of a 1-D mask.
+        base = (fp_ref[b] + first_col + j) * ps
+        k_pos = common.positions(base, (len(qs[0]), ps), 1)
+        mask = (k_pos >= lo) & (k_pos <= q_pos)
+        key = common.positions(base, (ps, 1), 0)
+        live = (key >= lo) & (key <= q_pos)
+        carry = common.fold_heads(carry, qs, k, v, mask, live, scale=scale, soft_cap=soft_cap)
         for h, (m, l, acc) in enumerate(carry):
             m_ref[h], l_ref[h], acc_ref[h] = m, l, acc
 

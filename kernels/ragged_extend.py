@@ -97,14 +97,11 @@ def _mask(k_pos, pos0, n, rows, g, kind, window):
     return common.visible(q_pos[:, None], k_pos[None, :], kind, window) & real[:, None]
 
 
-def _init(sinks_ref, hkv, rows, g, dv):
-    def sink(h):  # per row: the sink of the row's query head (rows are token-major)
-        if sinks_ref is None:
-            return None
-        # broadcast and reshape, not jnp.tile: Pallas' Triton lowering has no `tile`
-        return jnp.broadcast_to(sinks_ref[h][None, :], (rows // g, g)).reshape(rows)
-
-    return tuple(common.softmax_init(rows, dv, sink(h)) for h in range(hkv))
+def _init(sinks_ref, hkv, rows, dv):
+    return tuple(
+        common.softmax_init(rows, dv, None if sinks_ref is None else sinks_ref[h])
+        for h in range(hkv)
+    )
 
 
 def _finish(o_ref, carry):
@@ -126,7 +123,7 @@ def ragged_extend_kernel_gpu(
     req_ref,  # [NB] request of each block (ANY)
     pos_ref,  # [NB] position of each block's first query (ANY)
     len_ref,  # [NB] real queries per block (ANY)
-    *rest,  # optional sinks_ref [Hkv, G]; o_ref [Hkv, rows, Dv]
+    *rest,  # optional sinks_ref [Hkv, rows, 1]; o_ref [Hkv, rows, Dv]
     g: int,
     kind: str,
     window: int,
@@ -148,7 +145,7 @@ def ragged_extend_kernel_gpu(
         mask = _mask(k_pos, pos0, n, rows, g, kind, window)
         return common.fold_heads(carry, qs, k, v, mask, scale=scale, soft_cap=soft_cap)
 
-    init = _init(sinks_ref, hkv, rows, g, o_ref.shape[2])
+    init = _init(sinks_ref, hkv, rows, o_ref.shape[2])
     _finish(o_ref, jax.lax.fori_loop(first, last + 1, body, init))
 
 
@@ -167,7 +164,7 @@ def ragged_extend_kernel_tpu(
     q_ref,  # [Hkv, rows, Dk]
     k_ref,  # [ps, Hkv, Dk] the page chosen by the index map
     v_ref,  # [ps, Hkv, Dv]
-    *rest,  # optional sinks_ref [Hkv, G]; o_ref [Hkv, rows, Dv]; scratch m, l [Hkv, rows], acc
+    *rest,  # optional sinks_ref [Hkv, rows, 1]; o_ref [Hkv, rows, Dv]; scratch m, l [Hkv, rows, 1]
     g: int,
     kind: str,
     window: int,
@@ -184,7 +181,7 @@ def ragged_extend_kernel_tpu(
 
     @pl.when(j == 0)
     def _():
-        for h, (m, l, acc) in enumerate(_init(sinks_ref, hkv, rows, g, acc_ref.shape[2])):
+        for h, (m, l, acc) in enumerate(_init(sinks_ref, hkv, rows, acc_ref.shape[2])):
             m_ref[h], l_ref[h], acc_ref[h] = m, l, acc
 
     @pl.when(first + j <= last)  # steps past the block's pages read nothing new and are skipped
@@ -192,10 +189,15 @@ def ragged_extend_kernel_tpu(
         carry = tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv))
         k = [k_ref[:, h, :] for h in range(hkv)]
         v = [v_ref[:, h, :] for h in range(hkv)]
-        k_pos = (fp_ref[req] + first + j) * ps + jax.lax.iota(jnp.int32, ps)
         qs = [q_ref[h] for h in range(hkv)]
-        mask = _mask(k_pos, pos0, n, rows, g, kind, window)
-        carry = common.fold_heads(carry, qs, k, v, mask, scale=scale, soft_cap=soft_cap)
+        # 2-D positions only: Mosaic lays out no boolean reshape or broadcast of a 1-D mask.
+        base = (fp_ref[req] + first + j) * ps
+        q_pos = common.positions(pos0, (rows, ps), 0, every=g)
+        mask = common.visible(q_pos, common.positions(base, (rows, ps), 1), kind, window)
+        mask = mask & (q_pos < pos0 + n)
+        key = common.positions(base, (ps, 1), 0)
+        live = (key >= common.window_lo(pos0, kind, window)) & (key < pos0 + n)
+        carry = common.fold_heads(carry, qs, k, v, mask, live, scale=scale, soft_cap=soft_cap)
         for h, (m, l, acc) in enumerate(carry):
             m_ref[h], l_ref[h], acc_ref[h] = m, l, acc
 
