@@ -144,6 +144,24 @@ def dense_reference(q, k, v, mask, *, scale, sink=None, soft_cap=None):
 # Front ends: one `pallas_call` builder per backend, shared by every kernel
 
 
+def paged_cost(q, k_pages, v_pages, tables: tuple, steps: int) -> pl.CostEstimate:
+    """What a paged kernel reads and computes, for XLA's model of the program around it: each of
+    the N programs reads at most `steps` pages of K and V (the pages of its window, or of its
+    whole table for a full layer: the grid's second axis, `window_pages` / `block_pages`), its
+    rows of queries and outputs and the tables; every row scores and weighs every key of those
+    pages, one exponential per score."""
+    n, hkv, rows, dk = q.shape
+    ps, dv = k_pages.shape[1], v_pages.shape[3]
+    keys = n * steps * ps
+    kv = keys * hkv * (dk * k_pages.dtype.itemsize + dv * v_pages.dtype.itemsize)
+    io = q.size * q.dtype.itemsize + n * hkv * rows * dv * q.dtype.itemsize
+    return pl.CostEstimate(
+        flops=2 * hkv * rows * keys * (dk + dv),
+        transcendentals=hkv * rows * keys,
+        bytes_accessed=kv + io + sum(t.size * t.dtype.itemsize for t in tables),
+    )
+
+
 def paged_call(
     kernels,
     q,
@@ -169,6 +187,7 @@ def paged_call(
     scratch buffers carry the running softmax across steps."""
     n, hkv, rows, dk = q.shape
     dv, ps = v_pages.shape[3], k_pages.shape[1]
+    cost = paged_cost(q, k_pages, v_pages, tables, steps)
     out_shape = jax.ShapeDtypeStruct((n, hkv, rows, dv), q.dtype)
     # A sink per row, as a column (row = query * G + group): the kernels start their running
     # softmax from it without tiling or reshaping anything.
@@ -188,6 +207,7 @@ def paged_call(
             out_shape=out_shape,
             interpret=interpret,
             compiler_params=compiler_params("gpu", interpret, block_sizes),
+            cost_estimate=cost,
             name=f"{name}_gpu",
         )(q, k_pages, v_pages, *tables, *extra)
     if backend == "tpu":
@@ -216,6 +236,7 @@ def paged_call(
             out_shape=out_shape,
             interpret=interpret,
             compiler_params=compiler_params("tpu", interpret),
+            cost_estimate=cost,
             name=f"{name}_tpu",
         )(*flat, q, k_pages, v_pages, *extra)
     raise ValueError(f"backend must be 'gpu' or 'tpu', got {backend!r}")

@@ -95,3 +95,22 @@ def _replace_unreadable_entries(folder: Path, report: Callable[[str], None]) -> 
     if getattr(previous, "swajax_cache_folder", None) != folder:
         show.swajax_cache_folder = folder  # type: ignore[attr-defined]
         warnings.showwarning = show
+
+
+def compile_uncached(lowered):
+    """Compile without JAX's persistent cache. On CPU an executable that cache loaded does not
+    serialize whole: it loads, then fails at its first call ("Function ... not found"); found
+    with a warm cache whose program-store entries were removed. A compile for a TPU this
+    machine does not have (`swajax.tpu`) cannot be read back from it at all ("PjRtCompiler
+    must be constructed with a Client"). The cache's use is decided once per process and
+    remembered, so it is reset around the switch."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        return lowered.compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()

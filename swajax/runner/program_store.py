@@ -35,9 +35,8 @@ from pathlib import Path
 
 import jax
 from jax.experimental import serialize_executable
-from jax.experimental.compilation_cache import compilation_cache
 
-from swajax.compile_cache import OFF
+from swajax.compile_cache import OFF, compile_uncached
 from swajax.kernels import mxfp4_cpu
 
 SUBFOLDER = "swajax-programs"
@@ -89,21 +88,6 @@ def store_folder() -> Path | None:
     return Path(cache) / SUBFOLDER
 
 
-def _compile_fresh(lowered):
-    """Compile without JAX's persistent cache. On CPU an executable that cache loaded does not
-    serialize whole: it loads, then fails at its first call ("Function ... not found"); found
-    with a warm cache whose program-store entries were removed. The cache's use is decided once
-    per process and remembered, so it is reset around the switch."""
-    enabled = jax.config.jax_enable_compilation_cache
-    try:
-        jax.config.update("jax_enable_compilation_cache", False)
-        compilation_cache.reset_cache()
-        return lowered.compile()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-        compilation_cache.reset_cache()
-
-
 class ProgramStore:
     """The compiled programs of one runner, loaded from `folder` or compiled and saved there."""
 
@@ -136,7 +120,7 @@ class ProgramStore:
         if program is not None:
             self.loaded += 1
         else:
-            program = _compile_fresh(fn.lower(*args, **statics))
+            program = compile_uncached(fn.lower(*args, **statics))
             self._save(path, program)
         _IN_USE[key] = program
         return program
