@@ -27,6 +27,8 @@ def _xla_flags() -> str:
 if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = _xla_flags()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The TPU compiler (swajax.tpu) in both xdist workers: libtpu locks the machine per process.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ["SWAJAX_COMPILE_CACHE"] = "off"  # tests that want the on-disk cache set their own
 
 import tempfile  # noqa: E402

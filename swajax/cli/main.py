@@ -16,7 +16,16 @@ import sys
 from collections.abc import Sequence
 
 from swajax import cluster, compile_cache, sizing
-from swajax.cli import args as args_lib, conformance, generate, launch_local, plan, serve, simulate
+from swajax.cli import (
+    args as args_lib,
+    compile_check,
+    conformance,
+    generate,
+    launch_local,
+    plan,
+    serve,
+    simulate,
+)
 from swajax.cli.args import UsageError
 from swajax.cli.cluster_args import cluster_of, join_inputs
 from swajax.version import __version__
@@ -219,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_tools(sub)
     conformance.register(sub)
     launch_local.register(sub)
+    compile_check.register(sub)
     for command in sub.choices.values():  # the global flags after the command too
         _global_flags(command)
     args_lib.fill_help(parser)

@@ -353,7 +353,9 @@ class HybridLM:
             from swajax.models.sharding import pool_sharding
 
             heads = pool_sharding(self.mesh, self.spec)
-        return pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)
+        make = lambda: pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)  # noqa: E731
+        # A model of shapes only has pools of shapes only: a chip's worth of KV is never made.
+        return jax.eval_shape(make) if self.abstract else make()
 
     @property
     def fused_forward(self) -> Forward:

@@ -21,6 +21,8 @@ afresh and replaced. Only single-device programs are stored.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import importlib.metadata
@@ -30,6 +32,7 @@ import os
 import pickle
 import re
 import tempfile
+import typing
 import weakref
 from pathlib import Path
 
@@ -88,6 +91,50 @@ def store_folder() -> Path | None:
     return Path(cache) / SUBFOLDER
 
 
+class Recorded(typing.NamedTuple):
+    """A step program as launched: the jitted function, its arguments and static arguments."""
+
+    fn: typing.Any
+    args: tuple
+    statics: dict
+
+    def lower(self):
+        return self.fn.lower(*self.args, **self.statics)
+
+
+RECORDED_ZEROS_BYTES = 64 * 2**20  # float outputs larger than this come back as shapes
+
+
+def _stand_in(shape: jax.ShapeDtypeStruct):
+    """What a recorded launch answers for one output: zeros the host may read or pass to its
+    own small programs (the allocator, the request table, the step's results), but a chip's
+    worth of KV (large float arrays: the pools) as its shape."""
+    large = shape.size * shape.dtype.itemsize > RECORDED_ZEROS_BYTES
+    if large and jax.numpy.issubdtype(shape.dtype, jax.numpy.floating):
+        return shape
+    return jax.numpy.zeros(shape.shape, shape.dtype)
+
+
+_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("recording", default=None)
+
+
+@contextlib.contextmanager
+def recording(calls: list):
+    """Inside the block no step program runs: each launch is appended to `calls` and answered
+    with zeros of its outputs' shapes, so an engine over a decoder built as shapes only
+    (`nnx.eval_shape`) schedules as usual and yields the programs it would run, to compile for
+    another machine (`swajax compile-check`). The ledgers compare nothing meanwhile: zeros are
+    no device's counts."""
+    from swajax.serving import ledger
+
+    token = _RECORDING.set(calls)
+    try:
+        with ledger.unchecked():
+            yield calls
+    finally:
+        _RECORDING.reset(token)
+
+
 class ProgramStore:
     """The compiled programs of one runner, loaded from `folder` or compiled and saved there."""
 
@@ -100,6 +147,11 @@ class ProgramStore:
     def call(self, fn, args: tuple, statics: dict):
         """`fn(*args, **statics)` (fn: a jitted function, statics: its static arguments, always
         passed in the same order), through the stored executable when there is one."""
+        calls = _RECORDING.get()
+        if calls is not None:
+            calls.append(Recorded(fn, args, statics))
+            out = jax.eval_shape(lambda *a: fn(*a, **statics), *args)
+            return jax.tree.map(_stand_in, out)
         key = (fn, *statics.items(), *(a is None for a in args))
         program = self.programs.get(key)
         if program is None:

@@ -9,25 +9,12 @@ platform (`swajax.platform.lowering_for`) or compile for this one.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import typing
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from helpers import ROOT
-
-
-class Program(typing.NamedTuple):
-    fn: typing.Any  # the jitted program
-    args: tuple
-    statics: dict
-
-    def lower(self):
-        return self.fn.lower(*self.args, **self.statics)
 
 
 @functools.cache
@@ -57,33 +44,12 @@ def abstract_decoder(cfg: dict, dtype: str = "bfloat16"):
     return nnx.eval_shape(lambda: decoder_for(spec))
 
 
-@contextlib.contextmanager
-def recording(calls: list):
-    from swajax.runner import program_store
-    from swajax.serving import ledger
-
-    call, check = program_store.ProgramStore.call, ledger.PoolLedger.check
-
-    def record(self, fn, args, statics):
-        calls.append(Program(fn, args, statics))
-        out = jax.eval_shape(lambda *a: fn(*a, **statics), *args)
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
-
-    program_store.ProgramStore.call = record
-    ledger.PoolLedger.check = lambda *a, **k: None
-    try:
-        yield calls
-    finally:
-        program_store.ProgramStore.call, ledger.PoolLedger.check = call, check
-
-
-def step_programs(
-    attention: str = "auto", layers: int = 4, deterministic: bool = False
-) -> dict[str, Program]:
+def step_programs(attention: str = "auto", layers: int = 4, deterministic: bool = False) -> dict:
     """prefill, decode, round (multi-step decode) and verify (a speculative round with a 2-layer
     draft of the same shapes), as traced for the current target platform."""
     from swajax import SamplingParams
     from swajax.api.engine_spec import EngineSpec, make_engine
+    from swajax.runner import program_store
 
     target = abstract_decoder(published_config(layers=layers))
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -102,8 +68,8 @@ def step_programs(
     out = {}
     for name, (options, draft_cfg) in runs.items():
         draft = None if draft_cfg is None else abstract_decoder(draft_cfg)
-        calls: list[Program] = []
-        with recording(calls):
+        calls: list = []
+        with program_store.recording(calls):
             engine = make_engine(target, EngineSpec.of(**base, **options), draft)
             engine.add_request(list(range(3, 40)), params)
             engine.run()

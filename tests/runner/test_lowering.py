@@ -17,7 +17,7 @@ from helpers.lowering import H100, on_device, tpu
 from helpers.published import step_programs
 from jax import export
 
-from swajax import platform, tpu
+from swajax import platform, tpu as slices
 
 TRITON, MOSAIC_GPU = "__gpu$xla.gpu.triton", "mosaic_gpu_v2"
 KERNELS = {"tpu": "tpu_custom_call", "cuda": TRITON}
@@ -72,8 +72,8 @@ def clean(text: str) -> None:
 )
 def test_each_step_program_compiles_for_a_tpu_chip(name, deterministic):
     program = programs("tpu", "auto", deterministic, layers=2)[name]
-    device = tpu.devices(tpu.parse_slice("v6e-1"))[0]
-    compiled = tpu.compile_on(device, program.fn, *program.args, **program.statics)
+    device = slices.devices(slices.parse_slice("v6e-1"))[0]
+    compiled = slices.compile_on(device, program.fn, *program.args, **program.statics)
     text = compiled.as_text()
     if not deterministic:  # the kernels, compiled by Mosaic into the program
         kernel = (

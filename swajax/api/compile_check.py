@@ -1,0 +1,214 @@
+"""Does a model compile and fit on a TPU chip, before anyone rents one (`swajax compile-check`).
+
+The decoder is built as shapes only (no weight is read or made), the pools are sized for the
+chip's HBM as the engine sizes them (the memory fraction less the weights, the ratio, the
+context), and the engine schedules a prompt and a batch of decoding requests as usual while
+each step program it launches is recorded instead of run (`runner.program_store.recording`).
+Each program is then compiled by the TPU compiler for that chip (`swajax.tpu`): Mosaic
+compiles the kernels, XLA the program, and the executable says what it needs
+(`memory_analysis`: compiled here) and what XLA's TPU cost model thinks it costs
+(`cost_analysis`: modeled, never measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+from flax import nnx
+
+from swajax import platform, tpu
+from swajax.errors import InputError
+
+PROMPT = 40  # tokens of the prompt each recorded request brings
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCost:
+    """One compiled step program: bytes compiled here, cost modeled by XLA."""
+
+    name: str  # prefill, decode
+    rows: int  # requests in the step
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int  # outputs that reuse an argument's buffer (the donated state)
+    temp_bytes: int
+    compile_seconds: float
+    flops: float  # modeled
+    bytes_accessed: float  # modeled
+    modeled_seconds: float  # XLA's TPU cost model
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    model: str
+    slice: str
+    device_kind: str
+    hbm_bytes: int
+    hbm_bytes_per_s: float
+    memory_fraction: float
+    weight_bytes: int
+    full_tokens: int
+    swa_tokens: int
+    pool_bytes: int  # both pools, as compiled (the programs' pool arguments)
+    page_size: int
+    max_context: int
+    programs: tuple[ProgramCost, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(p.peak_bytes for p in self.programs)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.hbm_bytes
+
+    def roofline_seconds(self, rows: int) -> float:
+        """A decode step's floor at `rows` requests: every weight read once at the chip's HBM
+        bandwidth (the KV each request reads on top is in XLA's model, not here)."""
+        del rows  # the weights are read once whatever the batch
+        return self.weight_bytes / self.hbm_bytes_per_s
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(peak_bytes=self.peak_bytes, fits=self.fits)
+        for program, row in zip(self.programs, out["programs"]):
+            row["peak_bytes"] = program.peak_bytes
+            if program.name == "decode":
+                row["roofline_seconds"] = self.roofline_seconds(program.rows)
+        out["figures"] = {"bytes": "compiled here", "seconds": "modeled by XLA's TPU cost model"}
+        return out
+
+
+class DoesNotFit(InputError):
+    """The model's weights or its step programs exceed the chip's memory."""
+
+
+def _bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
+
+
+def compile_check(
+    hf_config: dict,
+    slice_name: str,
+    *,
+    name: str = "model",
+    memory_fraction: float = 0.9,
+    ratio: float | None = None,
+    max_context: int = 32768,
+    page_size: int | None = None,
+    kv_dtype: str | None = None,
+    batch: int = 64,
+    dtype: str = "bfloat16",
+) -> CompileReport:
+    """Size, record and compile `hf_config`'s prefill and decode programs (decode at one request
+    and at `batch`) for one chip of `slice_name`."""
+    from swajax import SamplingParams
+    from swajax.api.engine_spec import EngineSpec, make_engine
+    from swajax.models.decoder import decoder_for
+    from swajax.models.loading import decoder_spec
+    from swajax.runner import program_store
+
+    chip = tpu.parse_slice(slice_name)
+    if chip.chips != 1:
+        raise InputError(
+            f"--slice {slice_name}: compiling one program over several chips (tensor parallel "
+            f"on a slice) is not built yet; check one chip, e.g. {chip.generation.name}-"
+            f"{chip.generation.cores_per_chip}"
+        )
+    if not 0 < memory_fraction <= 1:
+        raise InputError(f"memory fraction {memory_fraction} must be in (0, 1]")
+    missing = tpu.libtpu_missing()
+    if missing:
+        raise InputError(missing)
+    device = tpu.devices(chip)[0]
+    gen = chip.generation
+    with platform.lowering_for("tpu"):
+        spec = decoder_spec(dict(hf_config), dtype=dtype)
+        decoder = nnx.eval_shape(lambda: decoder_for(spec))
+    weights = _bytes(nnx.state(decoder))
+    usable = int(gen.hbm_bytes * memory_fraction)
+    if weights >= usable:
+        raise DoesNotFit(
+            f"{name}'s weights take {weights / 2**30:.2f} GiB, more than the {usable / 2**30:.2f} "
+            f"GiB usable on one {gen.name} chip ({memory_fraction:g} of {gen.hbm_bytes / 2**30:g} "
+            "GiB): it needs a larger chip or several"
+        )
+    engine_spec = EngineSpec.of(
+        kv_budget_gib=(usable - weights) / 2**30,
+        max_context=max_context,
+        ratio=ratio,
+        page_size=page_size,
+        kv_dtype=kv_dtype,
+        max_running=max(batch, 1),
+        chunk_size=64,
+        decode_steps=1,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    recorded = {}
+    with platform.lowering_for("tpu"):
+        for rows in sorted({1, batch}):
+            calls: list = []
+            with program_store.recording(calls):
+                engine = make_engine(decoder, engine_spec)
+                for r in range(rows):
+                    engine.add_request([3 + (r + i) % 97 for i in range(PROMPT)], params)
+                engine.run()
+            names = [c.fn.__name__ for c in calls]
+            steps = [c for c, n in zip(calls, names) if n == "fused_step"]
+            if rows == 1:
+                recorded[("prefill", 1)] = steps[0]
+            recorded[("decode", rows)] = steps[-1]
+    programs = []
+    for (kind, rows), call in recorded.items():
+        start = time.perf_counter()
+        try:
+            compiled = tpu.compile_on(device, call.fn, *call.args, **call.statics)
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            said = str(e).split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0]
+            raise DoesNotFit(
+                f"{name}'s {kind} program ({rows} request{'s' * (rows > 1)}) does not fit one "
+                f"{gen.name} chip with {usable / 2**30:.2f} GiB for weights and pools "
+                f"(--memory-fraction {memory_fraction:g}): the TPU compiler says: {said}"
+            ) from None
+        seconds = time.perf_counter() - start
+        memory = compiled.memory_analysis()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        programs.append(
+            ProgramCost(
+                name=kind,
+                rows=rows,
+                argument_bytes=memory.argument_size_in_bytes,
+                output_bytes=memory.output_size_in_bytes,
+                alias_bytes=memory.alias_size_in_bytes,
+                temp_bytes=memory.temp_size_in_bytes,
+                compile_seconds=seconds,
+                flops=float(cost.get("flops", 0.0)),
+                bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+                modeled_seconds=float(cost.get("optimal_seconds", 0.0)),
+            )
+        )
+    runner = engine.runner
+    return CompileReport(
+        model=name,
+        slice=chip.name,
+        device_kind=device.device_kind,
+        hbm_bytes=gen.hbm_bytes,
+        hbm_bytes_per_s=gen.hbm_bytes_per_s,
+        memory_fraction=memory_fraction,
+        weight_bytes=weights,
+        full_tokens=engine.sizes.full_tokens,
+        swa_tokens=engine.sizes.swa_tokens,
+        pool_bytes=_bytes(runner.pools),
+        page_size=engine.sizes.page_size,
+        max_context=max_context,
+        programs=tuple(programs),
+    )

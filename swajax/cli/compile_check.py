@@ -1,0 +1,118 @@
+"""`swajax compile-check`: does a model compile and fit on a TPU chip (no TPU, no weights read).
+
+Exit status 0: every program compiled and the largest fits the chip's HBM; 1: it does not fit
+(the weights, or the compiler's own out-of-memory message); 2: bad input or no TPU compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from swajax.cli import args as args_lib
+
+GIB = 2**30
+
+
+def _layers(cfg: dict, layers: int | None) -> dict:
+    """The config at `layers` of its depth (per-layer lists cut): a quicker check of the same
+    widths."""
+    if layers is None:
+        return cfg
+    cfg = json.loads(json.dumps(cfg))
+    text = cfg.get("text_config", cfg)
+    n = text["num_hidden_layers"]
+    if layers > n:
+        raise args_lib.UsageError(f"--layers {layers} is more than the model's {n}")
+    for key, value in list(text.items()):
+        if isinstance(value, list) and len(value) == n:
+            text[key] = value[:layers]
+    text["num_hidden_layers"] = layers
+    return cfg
+
+
+def format_report(report) -> str:
+    rows = [
+        ("model / slice", f"{report.model} on one chip of {report.slice} ({report.device_kind})"),
+        ("weights", f"{report.weight_bytes / GIB:.2f} GiB"),
+        (
+            "pools",
+            f"{report.full_tokens:,} full + {report.swa_tokens:,} SWA tokens "
+            f"(page {report.page_size}), {report.pool_bytes / GIB:.2f} GiB",
+        ),
+    ]
+    for p in report.programs:
+        rows.append(
+            (
+                f"{p.name} x{p.rows}",
+                f"args {p.argument_bytes / GIB:.2f} + temp {p.temp_bytes / GIB:.2f} GiB "
+                f"= {p.peak_bytes / GIB:.2f} GiB; compiled in {p.compile_seconds:.0f} s",
+            )
+        )
+        if p.name == "decode":
+            rows.append(
+                (
+                    "",
+                    f"modeled by XLA's TPU cost model: {p.modeled_seconds * 1e3:.2f} ms, "
+                    f"{p.bytes_accessed / 1e9:.2f} GB accessed; weights at HBM bandwidth "
+                    f"{report.roofline_seconds(p.rows) * 1e3:.2f} ms",
+                )
+            )
+    verdict = "fits" if report.fits else "does NOT fit"
+    rows.append(
+        (
+            "peak / HBM",
+            f"{report.peak_bytes / GIB:.2f} / {report.hbm_bytes / GIB:.0f} GiB: {verdict}",
+        )
+    )
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def run(args) -> int:
+    from swajax.api.compile_check import DoesNotFit, compile_check
+
+    args_lib.model_config(args)  # --preset or --hf-config, validated
+    cfg = _layers(args_lib.raw_config(args), args.layers)
+    name = args.preset or args.hf_config
+    try:
+        report = compile_check(
+            cfg,
+            args.slice,
+            name=name,
+            memory_fraction=args.memory_fraction,
+            ratio=args.swa_full_tokens_ratio,
+            max_context=args.context_length,
+            page_size=args.page_size,
+            batch=args.batch,
+        )
+    except DoesNotFit as e:
+        if args.json:
+            print(json.dumps({"model": name, "slice": args.slice, "fits": False, "error": str(e)}))
+        print(f"swajax compile-check: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return 0 if report.fits else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "compile-check", help="compile a model's step programs for a TPU chip: does it fit?"
+    )
+    args_lib.add_model_choice(p)
+    p.add_argument("--slice", required=True, help="a Cloud TPU slice: v5e-1, v6e-1, v5p-2")
+    p.add_argument("--layers", type=args_lib.POSITIVE, help="check the first N layers only")
+    p.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.9,
+        help="of the chip's HBM for weights and pools (default 0.9)",
+    )
+    p.add_argument("--swa-full-tokens-ratio", type=args_lib.RATIO, default=None)
+    p.add_argument("--context-length", type=args_lib.POSITIVE, default=32768)
+    p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None)
+    p.add_argument(
+        "--batch", type=args_lib.POSITIVE, default=64, help="decode also compiled at this batch"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)

@@ -1,0 +1,66 @@
+"""`swajax compile-check`: a model's step programs compiled by the TPU compiler for one chip
+(libtpu's compile-only devices: no TPU, no weights read). A published preset at two of its
+layers compiles in about a minute here, so the full run is `-m slow`; the refusals, which need
+no compile, run by default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swajax.cli.main import main
+
+
+def _run(capsys, *argv):
+    rc = main(["compile-check", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_weights_larger_than_the_chip_are_refused_with_the_numbers(capsys):
+    rc, out, err = _run(capsys, "--preset", "gpt-oss-120b", "--slice", "v5e-1", "--json")
+    assert rc == 1
+    assert "60.87 GiB, more than the 14.40 GiB usable on one v5e chip (0.9 of 16 GiB)" in err
+    assert json.loads(out)["fits"] is False
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (("--slice", "v4-8"), "unknown TPU slice 'v4-8'"),
+        (("--slice", "v6e-3"), "v6e slices here are v6e-1, v6e-4, v6e-8, v6e-16"),
+        (("--slice", "v6e-4"), "tensor parallel on a slice) is not built yet"),
+        (("--slice", "v6e-1", "--memory-fraction", "1.5"), "memory fraction 1.5 must be in"),
+        (("--slice", "v6e-1", "--layers", "99"), "--layers 99 is more than the model's 24"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_value(capsys, argv, said):
+    rc, _, err = _run(capsys, "--preset", "gpt-oss-20b", *argv)
+    assert rc == 2 and said in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_published_preset_compiles_and_fits_one_chip(capsys):
+    rc, out, err = _run(
+        capsys,
+        *("--preset", "gpt-oss-20b", "--layers", "2", "--slice", "v6e-1", "--batch", "8"),
+        *("--memory-fraction", "0.2", "--context-length", "4096", "--json"),
+    )
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["fits"] and report["slice"] == "v6e-1"
+    assert [(p["name"], p["rows"]) for p in report["programs"]] == [
+        ("prefill", 1),
+        ("decode", 1),
+        ("decode", 8),
+    ]
+    for p in report["programs"]:
+        # the arguments hold the weights and both pools; the peak is memory_analysis' sum
+        assert p["argument_bytes"] >= report["weight_bytes"] + report["pool_bytes"]
+        peak = p["argument_bytes"] + p["output_bytes"] - p["alias_bytes"] + p["temp_bytes"]
+        assert p["peak_bytes"] == peak <= report["hbm_bytes"]
+    decode = report["programs"][1]
+    assert 0 < decode["modeled_seconds"] and decode["roofline_seconds"] > 0
+    assert report["figures"]["seconds"] == "modeled by XLA's TPU cost model"
