@@ -67,6 +67,11 @@ def visible(q_pos, k_pos, kind: str, window: int):
     return (k_pos <= q_pos) & (k_pos >= window_lo(q_pos, kind, window))
 
 
+def head_slice(ref, h: int, dim: int):
+    """Head `h` of a TPU page block [ps, Hkv * dim]: its lanes, [ps, dim]."""
+    return ref[:, h * dim : (h + 1) * dim]
+
+
 def positions(base, shape: tuple[int, int], axis: int, every: int = 1):
     """int32[shape]: `base` plus the index along `axis` (divided by `every`), built 2-D: the TPU
     kernels' masks come from these, never from a 1-D vector reshaped."""
@@ -184,7 +189,8 @@ def paged_call(
     TPU's scalar prefetch). GPU: grid (N,), the pools and tables stay in memory (ANY) and the
     kernel gathers its pages. TPU: grid (N, steps), the tables are scalar-prefetched and
     `page_map(i, j, *tables)` names the pool page of step j, fetched by BlockSpec; three VMEM
-    scratch buffers carry the running softmax across steps."""
+    scratch buffers carry the running softmax across steps; a page reaches the kernel as
+    [ps, Hkv * D] and each head is a slice of its lanes (`head_slice`)."""
     n, hkv, rows, dk = q.shape
     dv, ps = v_pages.shape[3], k_pages.shape[1]
     cost = paged_cost(q, k_pages, v_pages, tables, steps)
@@ -218,8 +224,8 @@ def paged_call(
             grid=(n, steps),
             in_specs=[
                 pl.BlockSpec((None, hkv, rows, dk), lambda i, j, *_: (i, 0, 0, 0)),
-                pl.BlockSpec((None, ps, hkv, dk), page_map),
-                pl.BlockSpec((None, ps, hkv, dv), page_map),
+                pl.BlockSpec((None, ps, hkv * dk), page_map),
+                pl.BlockSpec((None, ps, hkv * dv), page_map),
             ]
             + [pl.BlockSpec(sink_shape, lambda i, j, *_: (0, 0, 0))] * len(extra),
             out_specs=pl.BlockSpec((None, hkv, rows, dv), lambda i, j, *_: (i, 0, 0, 0)),
@@ -230,6 +236,11 @@ def paged_call(
             ],
         )
         flat = (tables[0].reshape(-1), *tables[1:])
+        # A page's heads side by side in its rows ([ps, Hkv * D]): the layout the pools are
+        # stored in (`memory.pool`), so XLA hands the kernel the pool as it lies in HBM, and
+        # the tiles are full whatever the head count (Hkv on the sublanes would pad to 8-32).
+        k_pages = k_pages.reshape(k_pages.shape[0], ps, hkv * dk)
+        v_pages = v_pages.reshape(v_pages.shape[0], ps, hkv * dv)
         return pl.pallas_call(
             kernels[1],
             grid_spec=grid_spec,

@@ -147,8 +147,8 @@ def paged_decode_kernel_tpu(
     seq_ref,  # [B] sequence lengths (SMEM)
     # inputs
     q_ref,  # [Hkv, G, Dk]
-    k_ref,  # [ps, Hkv, Dk] the page chosen by the index map
-    v_ref,  # [ps, Hkv, Dv]
+    k_ref,  # [ps, Hkv * Dk] the page chosen by the index map, heads side by side
+    v_ref,  # [ps, Hkv * Dv]
     *rest,  # optional sinks_ref [Hkv, G, 1]; o_ref [Hkv, G, Dv]; scratch m, l [Hkv, G, 1], acc
     kind: str,
     window: int,
@@ -158,7 +158,7 @@ def paged_decode_kernel_tpu(
     *inputs, o_ref, m_ref, l_ref, acc_ref = rest
     sinks_ref = inputs[0] if inputs else None
     b, j = pl.program_id(0), pl.program_id(1)
-    ps, hkv = k_ref.shape[0], k_ref.shape[1]
+    ps, hkv = k_ref.shape[0], q_ref.shape[0]
     num_cols = pt_ref.shape[0] // seq_ref.shape[0]
     q_pos, lo, first_col, last_col = _window(seq_ref, fp_ref, b, ps, num_cols, kind, window)
 
@@ -170,8 +170,8 @@ def paged_decode_kernel_tpu(
     @pl.when(first_col + j <= last_col)  # steps past the window read nothing new and are skipped
     def _():
         carry = tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv))
-        k = [k_ref[:, h, :] for h in range(hkv)]
-        v = [v_ref[:, h, :] for h in range(hkv)]
+        k = [common.head_slice(k_ref, h, q_ref.shape[2]) for h in range(hkv)]
+        v = [common.head_slice(v_ref, h, acc_ref.shape[2]) for h in range(hkv)]
         qs = [q_ref[h] for h in range(hkv)]
         # 2-D positions only: Mosaic lays out no boolean reshape or broadcast of a 1-D mask.
         base = (fp_ref[b] + first_col + j) * ps
@@ -508,7 +508,7 @@ def paged_decode(
 
     def page_map(i, j, pt, fp, sl):
         _, _, first, last = _window(sl, fp, i, ps, np_, kind, window)
-        return (pt[i * np_ + jnp.clip(first + j, 0, jnp.maximum(last, 0))], 0, 0, 0)
+        return (pt[i * np_ + jnp.clip(first + j, 0, jnp.maximum(last, 0))], 0, 0)
 
     kernels = tuple(
         functools.partial(k, **params) for k in (paged_decode_kernel_gpu, paged_decode_kernel_tpu)

@@ -162,8 +162,8 @@ def ragged_extend_kernel_tpu(
     len_ref,  # [NB] (SMEM)
     # inputs
     q_ref,  # [Hkv, rows, Dk]
-    k_ref,  # [ps, Hkv, Dk] the page chosen by the index map
-    v_ref,  # [ps, Hkv, Dv]
+    k_ref,  # [ps, Hkv * Dk] the page chosen by the index map, heads side by side
+    v_ref,  # [ps, Hkv * Dv]
     *rest,  # optional sinks_ref [Hkv, rows, 1]; o_ref [Hkv, rows, Dv]; scratch m, l [Hkv, rows, 1]
     g: int,
     kind: str,
@@ -174,7 +174,7 @@ def ragged_extend_kernel_tpu(
     *inputs, o_ref, m_ref, l_ref, acc_ref = rest
     sinks_ref = inputs[0] if inputs else None
     i, j = pl.program_id(0), pl.program_id(1)
-    ps, hkv, rows = k_ref.shape[0], k_ref.shape[1], q_ref.shape[1]
+    ps, hkv, rows = k_ref.shape[0], q_ref.shape[0], q_ref.shape[1]
     req, pos0, n = req_ref[i], pos_ref[i], len_ref[i]
     num_cols = pt_ref.shape[0] // fp_ref.shape[0]
     first, last = _block_window(req, pos0, n, fp_ref, ps, num_cols, kind, window)
@@ -187,8 +187,8 @@ def ragged_extend_kernel_tpu(
     @pl.when(first + j <= last)  # steps past the block's pages read nothing new and are skipped
     def _():
         carry = tuple((m_ref[h], l_ref[h], acc_ref[h]) for h in range(hkv))
-        k = [k_ref[:, h, :] for h in range(hkv)]
-        v = [v_ref[:, h, :] for h in range(hkv)]
+        k = [common.head_slice(k_ref, h, q_ref.shape[2]) for h in range(hkv)]
+        v = [common.head_slice(v_ref, h, acc_ref.shape[2]) for h in range(hkv)]
         qs = [q_ref[h] for h in range(hkv)]
         # 2-D positions only: Mosaic lays out no boolean reshape or broadcast of a 1-D mask.
         base = (fp_ref[req] + first + j) * ps
@@ -359,7 +359,7 @@ def ragged_extend(
     def page_map(i, j, pt, fp, req, pos, n):
         first, last = _block_window(req[i], pos[i], n[i], fp, ps, np_, kind, window)
         col = jnp.clip(first + j, 0, jnp.maximum(last, 0))
-        return (pt[req[i] * np_ + col], 0, 0, 0)
+        return (pt[req[i] * np_ + col], 0, 0)
 
     kernels = tuple(
         functools.partial(k, **params) for k in (ragged_extend_kernel_gpu, ragged_extend_kernel_tpu)
