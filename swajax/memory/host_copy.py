@@ -1,7 +1,7 @@
 """The device half of a host tier's copies (prefix_cache/host_tier.py): whole pages of KV
 gathered for the host, and loads that take the pages the host chose and scatter KV into them.
 
-Pages move as [pages, layers, page_size, heads, dim] (K and V per sub-pool), the host store's
+Pages move as [pages, layers, page_size, heads * dim] (K and V per sub-pool), the host store's
 layout, so a page of every layer is one contiguous host block; the transposes run on the device.
 DeepSeek-V4's compressed stores move with the pages they live on: a full page's entry slots
 ([pages, E, dims] per compressed layer) and an SWA page's pending rows ([pages, ps, dims]).
@@ -73,7 +73,7 @@ def _slots(pages: jax.Array, ps: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnames="swa")
 def gather_pages(alloc: A.AllocatorState, pools: KVPools, pages: jax.Array, *, swa: bool):
     """(K, V) of the full pages `pages` (i32[n], 0 = padding: the dummy page), or of the SWA
-    pages paired with them, as [n, layers, page_size, heads, dim]."""
+    pages paired with them, as [n, layers, page_size, heads * dim]."""
     ps = alloc.page_size
     rows = _slots(pages, ps)
     rows = A.translate(alloc, rows) if swa else rows
@@ -109,7 +109,7 @@ def claim_pages(alloc: A.AllocatorState, claim: jax.Array, pair: jax.Array) -> A
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def load_pages(alloc, pools, claim, full_kv, pair, swa_kv):
     """A host-tier load, after the step's releases: take the full pages `claim` (i32[n], 0 =
-    padding) off the free list and store `full_kv` ((K, V) as [n, layers, ps, heads, dim])
+    padding) off the free list and store `full_kv` ((K, V) as [n, layers, ps, heads * dim])
     there; pair the full pages `pair` with fresh SWA pages and store `swa_kv` there."""
     ps = alloc.page_size
     alloc = claim_pages(alloc, claim, pair)
@@ -139,7 +139,7 @@ def page_sets(pools: KVPools) -> tuple[bool, ...]:
 def load_primary_pages(alloc, pools, claim, kv):
     """A one-pool layout's load (single or all-SWA): take the pages `claim` (i32[n], 0 =
     padding) off the pool's free list and store `kv` there, one (K, V) pair per buffer set of
-    `page_sets`, each [n, layers, page_size, heads, dim]."""
+    `page_sets`, each [n, layers, page_size, heads * dim]."""
     primary = "swa" if alloc.mode is PoolMode.ALL_SWA else "full"
     alloc = dataclasses.replace(alloc, **{primary: alloc.primary.claim(claim)})
     rows = _slots(claim, alloc.page_size)

@@ -66,10 +66,15 @@ class KVWriteLoc(NamedTuple):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVPools:
-    full_k: jax.Array  # [L_full, full_rows, full_kv_heads, full_k_dim]
-    full_v: jax.Array  # [L_full, full_rows, full_kv_heads, full_v_dim]
-    swa_k: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_k_dim]
-    swa_v: jax.Array  # [L_swa, swa_rows, swa_kv_heads, swa_v_dim]
+    # A token's heads side by side: [layers, rows, kv_heads * dim]. Read as [..., heads, dim]
+    # (`stacked`, `pages`, `layer`): the same bytes on CPU and GPU, where that is a free
+    # reshape; on TPU this is the layout the buffers take in HBM with no padding (a minor axis
+    # of 64 or 128 lanes of one head would pad, or XLA would store the pool transposed and copy
+    # it whole around every kernel that reads it), and the layout the kernels read a page in.
+    full_k: jax.Array  # [L_full, full_rows, full_kv_heads * full_k_dim]
+    full_v: jax.Array  # [L_full, full_rows, full_kv_heads * full_v_dim]
+    swa_k: jax.Array  # [L_swa, swa_rows, swa_kv_heads * swa_k_dim]
+    swa_v: jax.Array  # [L_swa, swa_rows, swa_kv_heads * swa_v_dim]
     # Global layer id -> (index in its sub-pool, is an SWA layer). A KV-shared layer (Gemma 4)
     # maps to its source layer's buffers.
     layers: tuple[tuple[int, bool], ...] = dataclasses.field(metadata=dict(static=True))
@@ -88,6 +93,8 @@ class KVPools:
     bits_of: tuple[str | None, str | None] = dataclasses.field(
         default=(None, None), metadata=dict(static=True)
     )
+    # (full, SWA) KV heads: how the minor axis splits into heads and dims.
+    heads: tuple[int, int] = dataclasses.field(default=(1, 1), metadata=dict(static=True))
 
     def as_bits(self, is_swa: bool) -> bool:
         return self.bits_of[1 if is_swa else 0] is not None
@@ -110,6 +117,8 @@ class KVPools:
         dtype = self.bits_of[1 if is_swa else 0]
         if dtype is not None:
             k, v = bits.from_bits(k, dtype), bits.from_bits(v, dtype)
+        heads = self.heads[1 if is_swa else 0]
+        k, v = (x.reshape(*x.shape[:2], heads, x.shape[2] // heads) for x in (k, v))
         return k, k if self.k_is_v[1 if is_swa else 0] else v
 
     def pages(self, slot: Slot) -> tuple[jax.Array, jax.Array, int | jax.Array]:
@@ -148,14 +157,14 @@ def _buffers(num_layers: int, rows: int, shape: AttentionShape, dtype) -> tuple[
     """(shape, dtype) of a pool's K and V buffers."""
     v_layers = 0 if shape.k_is_v else num_layers
     return (
-        ((num_layers, rows, shape.num_kv_heads, shape.head_dim), dtype),
-        ((v_layers, rows, shape.num_kv_heads, shape.v_head_dim), dtype),
+        ((num_layers, rows, shape.num_kv_heads * shape.head_dim), dtype),
+        ((v_layers, rows, shape.num_kv_heads * shape.v_head_dim), dtype),
     )
 
 
 def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", sharding=None) -> KVPools:
     """Zeroed pools for the sizes of `swajax.sizing` (any mode); `sharding`: where each
-    [layers, rows, heads, dim] buffer lives (tensor parallel: split on heads), made in place."""
+    [layers, rows, heads * dim] buffer lives (tensor parallel: split on heads), made in place."""
     if dtype not in DTYPES:
         raise ValueError(f"KV pool dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     mode = sizes.mode
@@ -172,8 +181,19 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     whole = None if sharding is None else jax.sharding.NamedSharding(sharding.mesh, P())
     compressed = init_compressed(cfg, full_rows, swa_rows, ps, dtype_of(kind).name, whole)
     bits_of = (kind, kind) if held != kind else (None, None)
+    heads = (cfg.full_attention.num_kv_heads, cfg.swa_attention.num_kv_heads)
     return KVPools(
-        full_k, full_v, swa_k, swa_v, layers_mapping(cfg), ps, mode, k_is_v, compressed, bits_of
+        full_k,
+        full_v,
+        swa_k,
+        swa_v,
+        layers_mapping(cfg),
+        ps,
+        mode,
+        k_is_v,
+        compressed,
+        bits_of,
+        heads,
     )
 
 
@@ -209,6 +229,7 @@ def write_kv(
             if loc.full_src is not None:  # a tail rebuild stores the prefix cache's own KV
                 x = jnp.where((loc.full_src > 0)[:, None, None], view[index, loc.full_src], x)
         buffer = getattr(pools, name)
+        x = x.reshape(x.shape[0], -1)  # heads side by side, as the buffer holds them
         new[name] = buffer.at[index, rows].set(bits.to_bits(x) if pools.as_bits(is_swa) else x)
     return dataclasses.replace(pools, **new)
 

@@ -114,11 +114,12 @@ def shard_state(state, mesh: Mesh):
 
 
 def pool_sharding(mesh: Mesh, spec=None) -> NamedSharding:
-    """KV pools [layers, rows, kv_heads, dim]: split on the head axis; DeepSeek-V4's single
-    shared KV head (and its compressed stores) replicated."""
+    """KV pools [layers, rows, kv_heads * dim]: split on the heads (whole heads per device:
+    the minor axis is head-major); DeepSeek-V4's single shared KV head (and its compressed
+    stores) replicated."""
     if spec is not None and spec.v4 is not None:
         return replicated(mesh)
-    return NamedSharding(mesh, P(None, None, AXIS, None))
+    return NamedSharding(mesh, P(None, None, AXIS))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

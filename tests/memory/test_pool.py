@@ -16,8 +16,12 @@ def sizes(mode="hybrid", full=32, swa=16, ps=4):
 def test_mimo_per_kind_shapes():
     cfg = load_preset("tiny-mimo")  # FSSSSF: 2 full layers (1 KV head), 4 SWA (2 KV heads)
     pools = P.init_pools(cfg, sizes(), "fp32")
-    assert pools.full_k.shape == (2, 36, 1, 24) and pools.full_v.shape == (2, 36, 1, 16)
-    assert pools.swa_k.shape == (4, 20, 2, 24) and pools.swa_v.shape == (4, 20, 2, 16)
+    # stored with a token's heads side by side, read per head
+    assert pools.full_k.shape == (2, 36, 1 * 24) and pools.full_v.shape == (2, 36, 1 * 16)
+    assert pools.swa_k.shape == (4, 20, 2 * 24) and pools.swa_v.shape == (4, 20, 2 * 16)
+    assert pools.heads == (1, 2)
+    assert [x.shape for x in pools.stacked(True)] == [(4, 20, 2, 24), (4, 20, 2, 16)]
+    assert [x.shape for x in pools.stacked(False)] == [(2, 36, 1, 24), (2, 36, 1, 16)]
     assert pools.layers == ((0, False), (0, True), (1, True), (2, True), (3, True), (1, False))
 
 

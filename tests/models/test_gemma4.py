@@ -24,8 +24,8 @@ def test_shared_layers_store_nothing_and_keys_that_are_values_are_stored_once():
     assert sizing.token_bytes(cfg, "fp32") == (2 * 128, 2 * 256)
     sizes = sizing.PoolSizes("hybrid", 64, 32, 4)
     pools = pool_lib.init_pools(cfg, sizes, "fp32")
-    assert pools.full_k.shape == (2, 64 + 4, 1, 32) and pools.full_v.shape[0] == 0
-    assert pools.swa_k.shape == pools.swa_v.shape == (2, 32 + 4, 2, 16)
+    assert pools.full_k.shape == (2, 64 + 4, 1 * 32) and pools.full_v.shape[0] == 0
+    assert pools.swa_k.shape == pools.swa_v.shape == (2, 32 + 4, 2 * 16)
     assert pool_lib.bytes_allocated(pools) == (64 + 4) * 2 * 128 + (32 + 4) * 2 * 256
     # layer 4 (sliding) reads layer 2's rows, layer 5 (full) layer 3's
     assert pools.layers == ((0, True), (0, False), (1, True), (1, False), (1, True), (1, False))
