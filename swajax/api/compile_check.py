@@ -36,8 +36,11 @@ class ProgramCost:
     temp_bytes: int
     compile_seconds: float
     flops: float  # modeled
-    bytes_accessed: float  # modeled
-    modeled_seconds: float  # XLA's TPU cost model
+    bytes_accessed: float  # modeled (a kernel's from its `pl.CostEstimate`)
+    # XLA's own modeled time, where it gives one: for whole step programs libtpu 0.0.42's is
+    # negative (no model), so None; the bytes it models at the chip's bandwidth are below.
+    xla_seconds: float | None
+    bandwidth_seconds: float  # bytes_accessed at the chip's HBM bandwidth
 
     @property
     def peak_bytes(self) -> int:
@@ -87,6 +90,10 @@ class CompileReport:
 
 class DoesNotFit(InputError):
     """The model's weights or its step programs exceed the chip's memory."""
+
+
+def _positive(value) -> float | None:
+    return float(value) if value is not None and float(value) > 0 else None
 
 
 def _bytes(tree) -> int:
@@ -193,7 +200,8 @@ def compile_check(
                 compile_seconds=seconds,
                 flops=float(cost.get("flops", 0.0)),
                 bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-                modeled_seconds=float(cost.get("optimal_seconds", 0.0)),
+                xla_seconds=_positive(cost.get("optimal_seconds")),
+                bandwidth_seconds=float(cost.get("bytes accessed", 0.0)) / gen.hbm_bytes_per_s,
             )
         )
     runner = engine.runner

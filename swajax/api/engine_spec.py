@@ -95,8 +95,17 @@ DEFAULT_PAGE_SIZE = 4
 MOSAIC_GPU_PAGE_SIZE = 16
 
 
+# On TPU: a page is whole (rows, 128-lane) tiles of the pool's buffers for every KV dtype (16
+# rows of bfloat16, 32 of an 8-bit float), so viewing a buffer as pages is free and the kernels
+# read the pool where it lies; pages of 4 made XLA copy every pool around each kernel (its
+# temporaries: the pools once more, measured with `swajax compile-check`).
+TPU_PAGE_SIZE = 32
+
+
 def default_page_size() -> int:
     """The page size where neither the spec nor the model names one, for the platform."""
+    if platform.target() == "tpu":
+        return TPU_PAGE_SIZE
     return MOSAIC_GPU_PAGE_SIZE if platform.mosaic_gpu() else DEFAULT_PAGE_SIZE
 
 

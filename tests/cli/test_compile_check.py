@@ -62,5 +62,5 @@ def test_a_published_preset_compiles_and_fits_one_chip(capsys):
         peak = p["argument_bytes"] + p["output_bytes"] - p["alias_bytes"] + p["temp_bytes"]
         assert p["peak_bytes"] == peak <= report["hbm_bytes"]
     decode = report["programs"][1]
-    assert 0 < decode["modeled_seconds"] and decode["roofline_seconds"] > 0
+    assert decode["bandwidth_seconds"] >= decode["roofline_seconds"] > 0  # weights and more
     assert report["figures"]["seconds"] == "modeled by XLA's TPU cost model"

@@ -55,7 +55,7 @@ def step_programs(attention: str = "auto", layers: int = 4, deterministic: bool 
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     base = dict(
         attention=attention,
-        kv_budget_gib=0.05,
+        kv_budget_gib=2.0,  # pools of shapes only: a copy of one would show in temporaries
         max_context=512,
         chunk_size=64,
         deterministic=deterministic,
