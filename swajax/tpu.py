@@ -124,6 +124,27 @@ def placed(tree, device):
     return jax.tree.map(one, tree)
 
 
+def compile_on_mesh(mesh, fn, *args, **statics):
+    """`fn` compiled for a mesh of a slice's devices: arguments that say where they live (a
+    model's split weights and pools) stay there, the rest (the runner's state and upload) are
+    replicated, as the engine places them."""
+    from swajax.compile_cache import compile_uncached
+
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def one(x):
+        if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
+            return x
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+        return x
+
+    from swajax import platform
+
+    with platform.lowering_for("tpu"), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return compile_uncached(fn.lower(*jax.tree.map(one, args), **statics))
+
+
 def compile_on(device, fn, *args, **statics):
     """`fn` (jitted) compiled for `device` with `args` placed there: the executable."""
     from swajax.compile_cache import compile_uncached

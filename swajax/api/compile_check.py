@@ -16,6 +16,7 @@ import dataclasses
 import time
 
 import jax
+import numpy as np
 from flax import nnx
 
 from swajax import platform, tpu
@@ -58,7 +59,8 @@ class CompileReport:
     weight_bytes: int
     full_tokens: int
     swa_tokens: int
-    pool_bytes: int  # both pools, as compiled (the programs' pool arguments)
+    chips: int  # the program is split over this many (tensor parallel); figures are per chip
+    pool_bytes: int  # both pools on one chip, as compiled (the programs' pool arguments)
     page_size: int
     max_context: int
     programs: tuple[ProgramCost, ...]
@@ -96,8 +98,16 @@ def _positive(value) -> float | None:
     return float(value) if value is not None and float(value) > 0 else None
 
 
-def _bytes(tree) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
+def _chip_bytes(tree) -> int:
+    """Bytes of `tree` on one chip: a leaf split over a mesh counts its shard."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if not hasattr(x, "dtype"):
+            continue
+        sharding = getattr(x, "sharding", None)
+        shape = x.shape if sharding is None else sharding.shard_shape(x.shape)
+        total += int(np.prod(shape, dtype=np.int64)) * x.dtype.itemsize
+    return total
 
 
 def compile_check(
@@ -122,32 +132,42 @@ def compile_check(
     from swajax.runner import program_store
 
     chip = tpu.parse_slice(slice_name)
-    if chip.chips != 1:
-        raise InputError(
-            f"--slice {slice_name}: compiling one program over several chips (tensor parallel "
-            f"on a slice) is not built yet; check one chip, e.g. {chip.generation.name}-"
-            f"{chip.generation.cores_per_chip}"
-        )
     if not 0 < memory_fraction <= 1:
         raise InputError(f"memory fraction {memory_fraction} must be in (0, 1]")
     missing = tpu.libtpu_missing()
     if missing:
         raise InputError(missing)
-    device = tpu.devices(chip)[0]
-    gen = chip.generation
+    devices = tpu.devices(chip)
+    device, gen = devices[0], chip.generation
+    mesh = None
+    if chip.chips > 1:  # split over the slice's chips as the engine splits (KV heads, MLP)
+        from jax.sharding import Mesh
+
+        from swajax.memory.mesh_axis import AXIS
+
+        mesh = Mesh(np.array(devices), (AXIS,))
     with platform.lowering_for("tpu"):
         spec = decoder_spec(dict(hf_config), dtype=dtype)
         decoder = nnx.eval_shape(lambda: decoder_for(spec))
-    weights = _bytes(nnx.state(decoder))
+    state = nnx.state(decoder)
+    if mesh is not None:
+        from swajax.models import sharding
+
+        sharding.check_divisible(spec, mesh)
+        state = sharding.shard_state(state, mesh)
+    weights = _chip_bytes(state)
     usable = int(gen.hbm_bytes * memory_fraction)
+    where = f"one {gen.name} chip" if mesh is None else f"each of {chip.chips} {gen.name} chips"
     if weights >= usable:
         raise DoesNotFit(
-            f"{name}'s weights take {weights / 2**30:.2f} GiB, more than the {usable / 2**30:.2f} "
-            f"GiB usable on one {gen.name} chip ({memory_fraction:g} of {gen.hbm_bytes / 2**30:g} "
-            "GiB): it needs a larger chip or several"
+            f"{name}'s weights take {weights / 2**30:.2f} GiB a chip, more than the "
+            f"{usable / 2**30:.2f} GiB usable on {where} ({memory_fraction:g} of "
+            f"{gen.hbm_bytes / 2**30:g} GiB): it needs a larger chip or more of them"
         )
+    # The pools split over the chips by KV head (DeepSeek-V4's one shared head: replicated).
+    split = chip.chips if mesh is not None and spec.v4 is None else 1
     engine_spec = EngineSpec.of(
-        kv_budget_gib=(usable - weights) / 2**30,
+        kv_budget_gib=split * (usable - weights) / 2**30,
         max_context=max_context,
         ratio=ratio,
         page_size=page_size,
@@ -162,7 +182,7 @@ def compile_check(
         for rows in sorted({1, batch}):
             calls: list = []
             with program_store.recording(calls):
-                engine = make_engine(decoder, engine_spec)
+                engine = make_engine(decoder, engine_spec, mesh=mesh)
                 for r in range(rows):
                     engine.add_request([3 + (r + i) % 97 for i in range(PROMPT)], params)
                 engine.run()
@@ -175,14 +195,17 @@ def compile_check(
     for (kind, rows), call in recorded.items():
         start = time.perf_counter()
         try:
-            compiled = tpu.compile_on(device, call.fn, *call.args, **call.statics)
+            if mesh is None:
+                compiled = tpu.compile_on(device, call.fn, *call.args, **call.statics)
+            else:
+                compiled = tpu.compile_on_mesh(mesh, call.fn, *call.args, **call.statics)
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             said = str(e).split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0]
             raise DoesNotFit(
-                f"{name}'s {kind} program ({rows} request{'s' * (rows > 1)}) does not fit one "
-                f"{gen.name} chip with {usable / 2**30:.2f} GiB for weights and pools "
+                f"{name}'s {kind} program ({rows} request{'s' * (rows > 1)}) does not fit "
+                f"{where} with {usable / 2**30:.2f} GiB for weights and pools "
                 f"(--memory-fraction {memory_fraction:g}): the TPU compiler says: {said}"
             ) from None
         seconds = time.perf_counter() - start
@@ -213,9 +236,10 @@ def compile_check(
         hbm_bytes_per_s=gen.hbm_bytes_per_s,
         memory_fraction=memory_fraction,
         weight_bytes=weights,
+        chips=chip.chips,
         full_tokens=engine.sizes.full_tokens,
         swa_tokens=engine.sizes.swa_tokens,
-        pool_bytes=_bytes(runner.pools),
+        pool_bytes=_chip_bytes(runner.pools),
         page_size=engine.sizes.page_size,
         max_context=max_context,
         programs=tuple(programs),

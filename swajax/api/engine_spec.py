@@ -273,12 +273,14 @@ def make_engine(
     draft: Decoder | MtpLayer | V4MtpLayer | None = None,
     *,
     consume: bool = False,
+    mesh: Mesh | None = None,
 ) -> Engine:
     """An engine for `decoder`; `draft`: a speculative draft model or the checkpoint's own MTP
     layer (`swajax.models.mtp`), whose KV shares the pools (the sizing counts its layers).
     With `spec.scan_layers` the engine's model holds the layer weights restacked
     (`swajax.models.layer_stack`): drop `decoder` afterwards, or its per-layer arrays stay
-    alive beside them."""
+    alive beside them. `mesh`: the devices to split over instead of `spec.tensor_parallel`'s
+    (a decoder of shapes only traced for a slice this machine does not have: `swajax.tpu`)."""
     cfg = decoder.spec.hybrid
     draft_cfg = draft.spec.hybrid if draft is not None else None
     kv = spec.kv_dtype or KV_DTYPE[decoder.spec.dtype]
@@ -306,7 +308,7 @@ def make_engine(
         interpret=interpret,
         deterministic=spec.deterministic,
         scan_layers=spec.scan_layers,
-        mesh=tensor_mesh(spec.tensor_parallel),
+        mesh=mesh if mesh is not None else tensor_mesh(spec.tensor_parallel),
     )
     model = HybridLM(decoder, consume=consume, **lm)
     draft_lm = None

@@ -197,6 +197,21 @@ def init_pools(cfg: HybridConfig, sizes: PoolSizes, dtype: str = "bf16", shardin
     )
 
 
+def placed(pools: KVPools, sharding) -> KVPools:
+    """`pools` of shapes only as `init_pools(..., sharding=sharding)` places them: the four KV
+    buffers by `sharding`, the compressed stores replicated (None: left as they are)."""
+    if sharding is None:
+        return pools
+    whole = jax.sharding.NamedSharding(sharding.mesh, P())
+
+    def at(where):
+        return lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where)
+
+    kv = {n: at(sharding)(getattr(pools, n)) for n in ("full_k", "full_v", "swa_k", "swa_v")}
+    compressed = jax.tree.map(at(whole), pools.compressed)
+    return dataclasses.replace(pools, **kv, compressed=compressed)
+
+
 def write_kv(
     pools: KVPools, layer_id: int | Slot, k: jax.Array, v: jax.Array, loc: KVWriteLoc
 ) -> KVPools:

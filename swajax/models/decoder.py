@@ -354,8 +354,11 @@ class HybridLM:
 
             heads = pool_sharding(self.mesh, self.spec)
         make = lambda: pool_lib.init_pools(self.spec.hybrid, sizes, self.dtype, sharding=heads)  # noqa: E731
-        # A model of shapes only has pools of shapes only: a chip's worth of KV is never made.
-        return jax.eval_shape(make) if self.abstract else make()
+        if not self.abstract:
+            return make()
+        # A model of shapes only has pools of shapes only (a chip's worth of KV is never made),
+        # placed where they would be (eval_shape keeps no sharding of a call inside).
+        return pool_lib.placed(jax.eval_shape(make), heads)
 
     @property
     def fused_forward(self) -> Forward:

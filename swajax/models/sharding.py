@@ -108,7 +108,10 @@ def shard_state(state, mesh: Mesh):
     """Place NNX params: attention projections split by heads, the rest replicated."""
 
     def place(path, x):
-        return jax.device_put(x, NamedSharding(mesh, fitted(param_spec(path), x.shape, mesh)))
+        sharding = NamedSharding(mesh, fitted(param_spec(path), x.shape, mesh))
+        if isinstance(x, jax.ShapeDtypeStruct):  # a model of shapes only: where it would be
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.device_put(x, sharding)
 
     return jax.tree_util.tree_map_with_path(place, state)
 

@@ -27,7 +27,7 @@ from swajax.observe import Observer, observed
 from swajax.runner.commit import FREE_FULL, FREE_SWA, REPOINT, StepInputs, apply_releases
 from swajax.runner.host_kv import HostKV, run_loads
 from swajax.runner.packing import pack
-from swajax.runner.program_store import ProgramStore, store_folder
+from swajax.runner.program_store import ProgramStore, recording_now, store_folder
 from swajax.runner.programs import (
     fill_placeholders,
     fused_round,
@@ -136,7 +136,7 @@ class DeviceRunner:
             m = bucket(len(seg.move_dst), MIN_EDITS)
             args = [pad(a, n) for a, n in ((seg.swa, f), (seg.full, f))]
             args += [pad(seg.move_dst, m), pad(seg.move_src, m)]
-            self.alloc = apply_releases(self.alloc, *jax.device_put(args, self.placement))
+            self.alloc = apply_releases(self.alloc, *self._upload(args))
         self._copy([t for t in transfers if t.after >= len(releases)])
 
     def _copy(self, transfers) -> None:
@@ -291,9 +291,14 @@ class DeviceRunner:
         replicated over the model's mesh (through the host: across processes a device array
         cannot be copied to another process's device, while every process holds the same
         host values)."""
-        if self.placement is None:
+        if self.placement is None or recording_now():
             return tree
         return jax.device_put(jax.device_get(tree), self.placement)
+
+    def _upload(self, tree):
+        """Host values to where the runner's programs read them; left on the host while the
+        programs are only recorded (their devices may be another machine's: `swajax.tpu`)."""
+        return tree if recording_now() else jax.device_put(tree, self.placement)
 
     def _draft_shapes(self, plan: StepPlan):
         """The metadata shapes of a round's k + 1 single-token draft forwards."""
@@ -334,7 +339,7 @@ class DeviceRunner:
         arrays.update(seed_arrays(plan))
         packed, layout = pack(arrays)
         commit = dict(layout=layout, decode=decode, num_tokens=num_tokens, meta_shape=shape)
-        return jax.device_put(packed, self.placement), commit
+        return self._upload(packed), commit
 
     def _roll_back(self, plan: StepPlan, out) -> None:
         """Free the pages the step took (not the tail of a page a request already held)."""

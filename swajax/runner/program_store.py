@@ -115,6 +115,23 @@ def _stand_in(shape: jax.ShapeDtypeStruct):
     return jax.numpy.zeros(shape.shape, shape.dtype)
 
 
+def _placed_like(out: tuple, args: tuple) -> tuple:
+    """A step program returns the state it takes first (allocator, request table, pools, ...)
+    where it took it: the outputs of the arguments' structure take their shardings, so the
+    next recorded launch is traced with its pools split as the engine keeps them."""
+
+    def like(o, a):
+        sharding = getattr(a, "sharding", None)
+        if o.shape == getattr(a, "shape", None) and isinstance(sharding, jax.sharding.Sharding):
+            return jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sharding)
+        return o
+
+    return tuple(
+        jax.tree.map(like, o, a) if jax.tree.structure(o) == jax.tree.structure(a) else o
+        for o, a in zip(out, args)
+    ) + tuple(out[len(args) :])
+
+
 _RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("recording", default=None)
 
 
@@ -135,6 +152,11 @@ def recording(calls: list):
         _RECORDING.reset(token)
 
 
+def recording_now() -> bool:
+    """Inside `recording`: nothing runs, nothing is uploaded."""
+    return _RECORDING.get() is not None
+
+
 class ProgramStore:
     """The compiled programs of one runner, loaded from `folder` or compiled and saved there."""
 
@@ -150,7 +172,7 @@ class ProgramStore:
         calls = _RECORDING.get()
         if calls is not None:
             calls.append(Recorded(fn, args, statics))
-            out = jax.eval_shape(lambda *a: fn(*a, **statics), *args)
+            out = _placed_like(jax.eval_shape(lambda *a: fn(*a, **statics), *args), args)
             return jax.tree.map(_stand_in, out)
         key = (fn, *statics.items(), *(a is None for a in args))
         program = self.programs.get(key)
