@@ -89,7 +89,10 @@ def test_each_step_program_compiles_for_a_tpu_chip(name, deterministic):
     # multiple of 128; BUILD_NOTES.md, "TPU for real") and the step's own working set; bounded
     # so that a copy of a pool (as pages of 4 made, before the pools stored heads side by
     # side) or of a weight per layer shows.
-    assert memory.temp_size_in_bytes < 1.2 * 2**30, memory
+    # Measured: prefill, decode and round 1.11 GiB; the speculative round (a draft's step
+    # too) 1.20; deterministic decode 1.35. Pages of 4 (a pool copied) made decode 1.34.
+    bound = 1.4 if name == "verify" or deterministic else 1.2
+    assert memory.temp_size_in_bytes < bound * 2**30, memory.temp_size_in_bytes
 
 
 # CUDA by default; TPU with `-m slow` (the default run compiles for TPU, above, which exports
