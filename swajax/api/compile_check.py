@@ -122,6 +122,7 @@ def compile_check(
     kv_dtype: str | None = None,
     batch: int = 64,
     dtype: str = "bfloat16",
+    hybrid_memory: bool = True,
 ) -> CompileReport:
     """Size, record and compile `hf_config`'s prefill and decode programs (decode at one request
     and at `batch`) for one chip of `slice_name`."""
@@ -173,6 +174,7 @@ def compile_check(
         page_size=page_size,
         kv_dtype=kv_dtype,
         max_running=max(batch, 1),
+        hybrid_memory=hybrid_memory,
         chunk_size=64,
         decode_steps=1,
     )
