@@ -33,7 +33,11 @@ def _layers(cfg: dict, layers: int | None) -> dict:
 
 def format_report(report) -> str:
     rows = [
-        ("model / slice", f"{report.model} on one chip of {report.slice} ({report.device_kind})"),
+        (
+            "model / slice",
+            f"{report.model} on {report.slice} ({report.device_kind}"
+            + (")" if report.chips == 1 else f", split over {report.chips} chips): per chip"),
+        ),
         ("weights", f"{report.weight_bytes / GIB:.2f} GiB"),
         (
             "pools",
@@ -56,7 +60,7 @@ def format_report(report) -> str:
                     f"modeled (XLA's TPU cost model): {p.bytes_accessed / 1e9:.2f} GB "
                     f"accessed, {p.bandwidth_seconds * 1e3:.2f} ms at HBM bandwidth"
                     + ("" if p.xla_seconds is None else f", XLA: {p.xla_seconds * 1e3:.2f} ms")
-                    + f"; roofline (weights once): {report.roofline_seconds(p.rows) * 1e3:.2f} ms",
+                    + f"; every weight read once: {report.roofline_seconds(p.rows) * 1e3:.2f} ms",
                 )
             )
     verdict = "fits" if report.fits else "does NOT fit"
