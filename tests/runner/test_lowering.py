@@ -184,3 +184,37 @@ def test_which_gpus_run_the_mosaic_gpu_kernel(monkeypatch):
     for capability, mosaic in (("9.0", True), ("10.0", True), ("8.0", False), ("gfx90a", False)):
         monkeypatch.setattr(jax, "devices", lambda c=capability: [Gpu(c)])
         assert platform.mosaic_gpu() is mosaic, capability
+
+
+def test_the_host_tier_and_snapshot_programs_compile_in_place_for_a_tpu_chip():
+    """The page copies of the host tier and of a snapshot restored into other pools
+    (`memory.host_copy`: gather pages for the host, load pages back) compiled for a v6e chip at
+    gpt-oss-20b's KV widths with 2 GiB of pools (shapes only): a load writes into the donated
+    pools (their bytes aliased, no pool copied), a gather holds only the pages it moves."""
+    from swajax import sizing
+    from swajax.memory import pool as pool_lib
+    from swajax.memory.allocator import init_allocator
+    from swajax.memory.host_copy import gather_pages, load_pages
+    from swajax.presets import load_preset
+
+    cfg = load_preset("gpt-oss-20b")
+    sizes = sizing.size_hybrid(cfg, 2 * 2**30, ratio=0.5, page_size=32, dtype="bf16")
+    alloc = jax.eval_shape(lambda: init_allocator(sizes.full_tokens, sizes.swa_tokens, 32))
+    pools = jax.eval_shape(lambda: pool_lib.init_pools(cfg, sizes, "bf16"))
+    device = slices.devices(slices.parse_slice("v6e-1"))[0]
+    pages = jax.ShapeDtypeStruct((64,), jax.numpy.int32)
+    pool_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pools))
+    moved = 0
+    for swa in (False, True):
+        compiled = slices.compile_on(device, gather_pages, alloc, pools, pages, swa=swa)
+        kv = jax.eval_shape(
+            lambda a, p, g, s=swa: gather_pages(a, p, g, swa=s), alloc, pools, pages
+        )
+        moved = max(moved, sum(x.size * x.dtype.itemsize for x in kv))
+        assert compiled.memory_analysis().temp_size_in_bytes < 4 * moved
+    full_kv = jax.eval_shape(lambda a, p, g: gather_pages(a, p, g, swa=False), alloc, pools, pages)
+    swa_kv = jax.eval_shape(lambda a, p, g: gather_pages(a, p, g, swa=True), alloc, pools, pages)
+    compiled = slices.compile_on(device, load_pages, alloc, pools, pages, full_kv, pages, swa_kv)
+    memory = compiled.memory_analysis()
+    assert memory.alias_size_in_bytes >= pool_bytes > 2**30
+    assert memory.temp_size_in_bytes < 4 * moved
