@@ -127,12 +127,12 @@ def compile_check(
     hybrid_memory: bool = True,
 ) -> CompileReport:
     """Size, record and compile `hf_config`'s prefill and decode programs (decode at one request
-    and at `batch`) for one chip of `slice_name`."""
-    from swajax import SamplingParams
+    and at `batch`) for `slice_name`: one chip, or split over its chips."""
     from swajax.api.engine_spec import EngineSpec, make_engine
     from swajax.models.decoder import decoder_for
     from swajax.models.loading import decoder_spec
     from swajax.runner import program_store
+    from swajax.serving.sampling_params import SamplingParams
 
     chip = tpu.parse_slice(slice_name)
     if not 0 < memory_fraction <= 1:

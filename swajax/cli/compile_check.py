@@ -113,11 +113,24 @@ def register(sub) -> None:
         default=0.9,
         help="of the chip's HBM for weights and pools (default 0.9)",
     )
-    p.add_argument("--swa-full-tokens-ratio", type=args_lib.RATIO, default=None)
-    p.add_argument("--context-length", type=args_lib.POSITIVE, default=32768)
+    p.add_argument(
+        "--swa-full-tokens-ratio",
+        type=args_lib.RATIO,
+        default=None,
+        help="SWA / full pool tokens (default: the model's, else 0.5)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=args_lib.POSITIVE,
+        default=32768,
+        help="tokens one request may hold (default 32768)",
+    )
     p.add_argument("--page-size", type=args_lib.PAGE_SIZE, default=None)
     p.add_argument(
-        "--batch", type=args_lib.POSITIVE, default=64, help="decode also compiled at this batch"
+        "--batch",
+        type=args_lib.POSITIVE,
+        default=64,
+        help="decode also compiled at this many requests (default 64)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

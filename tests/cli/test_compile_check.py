@@ -21,7 +21,7 @@ def _run(capsys, *argv):
 def test_weights_larger_than_the_chip_are_refused_with_the_numbers(capsys):
     rc, out, err = _run(capsys, "--preset", "gpt-oss-120b", "--slice", "v5e-1", "--json")
     assert rc == 1
-    assert "60.87 GiB, more than the 14.40 GiB usable on one v5e chip (0.9 of 16 GiB)" in err
+    assert "60.87 GiB a chip, more than the 14.40 GiB usable on one v5e chip (0.9 of 16" in err
     assert json.loads(out)["fits"] is False
 
 
@@ -30,7 +30,7 @@ def test_weights_larger_than_the_chip_are_refused_with_the_numbers(capsys):
     [
         (("--slice", "v4-8"), "unknown TPU slice 'v4-8'"),
         (("--slice", "v6e-3"), "v6e slices here are v6e-1, v6e-4, v6e-8, v6e-16"),
-        (("--slice", "v6e-4"), "tensor parallel on a slice) is not built yet"),
+        (("--slice", "v6e-3", "--batch", "0"), "--batch: must be"),
         (("--slice", "v6e-1", "--memory-fraction", "1.5"), "memory fraction 1.5 must be in"),
         (("--slice", "v6e-1", "--layers", "99"), "--layers 99 is more than the model's 24"),
     ],
@@ -64,3 +64,28 @@ def test_a_published_preset_compiles_and_fits_one_chip(capsys):
     decode = report["programs"][1]
     assert decode["bandwidth_seconds"] >= decode["roofline_seconds"] > 0  # weights and more
     assert report["figures"]["seconds"] == "modeled by XLA's TPU cost model"
+
+
+def test_a_slice_of_four_chips_compiles_split_over_them():
+    """Tensor parallel over a v5e 2x2 slice (gpt-oss-20b's widths, two layers): the weights and
+    the pools split over the four chips as the engine splits them, the donated pools aliased
+    (the program writes them in place), and every figure per chip."""
+    from helpers.published import published_config
+
+    from swajax.api.compile_check import compile_check
+
+    report = compile_check(
+        published_config(layers=2),
+        "v5e-4",
+        name="gpt-oss-20b",
+        batch=1,
+        memory_fraction=0.3,
+        max_context=4096,
+    )
+    assert report.chips == 4 and report.fits
+    kv_per_token = 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64, bfloat16: a quarter a chip
+    pool_tokens = report.full_tokens + report.swa_tokens
+    assert report.pool_bytes <= pool_tokens * kv_per_token // 4 * 1.05
+    for p in report.programs:
+        assert p.alias_bytes >= report.pool_bytes > 2**28
+        assert p.argument_bytes >= report.weight_bytes + report.pool_bytes

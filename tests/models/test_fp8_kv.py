@@ -36,9 +36,11 @@ def test_scaled_fp8_pools_against_the_float64_oracle(dtype, implementation):
             (p.astype(jnp.float32) / s).astype(fp8)
             for p, s in ((k_pages, k_scale), (v_pages, v_scale))
         ]
-        rows = [p.reshape(1, -1, *p.shape[2:]) for p in stored]
+        rows = [p.reshape(1, -1, p.shape[2] * p.shape[3]) for p in stored]  # heads side by side
         empty = rows[0][:0]
-        pools = KVPools(empty, empty, rows[0], rows[1], ((0, True),), 4, PoolMode.HYBRID)
+        pools = KVPools(
+            empty, empty, rows[0], rows[1], ((0, True),), 4, PoolMode.HYBRID, heads=(2, 2)
+        )
 
         def held(x, s):
             return np.asarray((jnp.asarray(x) / s).astype(fp8).astype(jnp.float32)) * s

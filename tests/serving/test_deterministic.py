@@ -170,7 +170,7 @@ def test_a_changed_reused_value_is_seen(family):
         if start <= 40 < start + len(node.key)
     )
     pools = engine.runner.pools
-    nudged = pools.full_v.at[0, slot, 0, 0].multiply(1 + 1e-4)
+    nudged = pools.full_v.at[0, slot, 0].multiply(1 + 1e-4)  # head 0's first dim
     engine.runner.pools = dataclasses.replace(pools, full_v=nudged)
     got = _run(engine, SECOND)
     assert got[2] == len(SHARED)
