@@ -59,11 +59,12 @@ def clean(text: str) -> None:
 # Compiled, not only exported: XLA:TPU and Mosaic run on this machine (libtpu, compile-only
 # devices), so a kernel Mosaic refuses fails here. Two layers (one sliding, one full) at
 # gpt-oss-20b's widths; a compile costs 20-120 s here (the speculative round the most), so the
-# default run compiles prefill and decode for one v6e chip and the rest waits for `-m slow`.
+# default run compiles decode for one v6e chip (and prefill and decode split over a v5e-4 in
+# tests/cli/test_compile_check.py) and the rest waits for `-m slow`.
 @pytest.mark.parametrize(
     "name, deterministic",
     [
-        ("prefill", False),
+        pytest.param("prefill", False, marks=pytest.mark.slow),  # v5e-4's compile-check has one
         ("decode", False),
         pytest.param("round", False, marks=pytest.mark.slow),
         pytest.param("verify", False, marks=pytest.mark.slow),
