@@ -1,9 +1,11 @@
 """Does a model compile and fit on a TPU chip, before anyone rents one (`swajax compile-check`).
 
-The decoder is built as shapes only (no weight is read or made), the pools are sized for the
-chip's HBM as the engine sizes them (the memory fraction less the weights, the ratio, the
-context), and the engine schedules a prompt and a batch of decoding requests as usual while
-each step program it launches is recorded instead of run (`runner.program_store.recording`).
+The decoder is built as shapes only (no weight is read or made) and the engine schedules a
+prompt and a batch of decoding requests as usual while each step program it launches is
+recorded instead of run (`runner.program_store.recording`). The memory fraction of the chip's
+HBM holds the weights, the pools and the steps' temporaries: a first compile with small pools
+measures the temporaries, and the pools are sized (the ratio, the context) for what is left,
+then everything is compiled again at that size.
 Each program is then compiled by the TPU compiler for that chip (`swajax.tpu`): Mosaic
 compiles the kernels, XLA the program, and the executable says what it needs
 (`memory_analysis`: compiled here) and what XLA's TPU cost model thinks it costs
@@ -92,6 +94,9 @@ class CompileReport:
         return out
 
 
+TEMP_MARGIN = 1.05  # over the first pass's temporaries, for what larger pools add
+
+
 class DoesNotFit(InputError):
     """The model's weights or its step programs exceed the chip's memory."""
 
@@ -125,14 +130,13 @@ def compile_check(
     batch: int = 64,
     dtype: str = "bfloat16",
     hybrid_memory: bool = True,
+    temporaries: int | None = None,
 ) -> CompileReport:
     """Size, record and compile `hf_config`'s prefill and decode programs (decode at one request
-    and at `batch`) for `slice_name`: one chip, or split over its chips."""
-    from swajax.api.engine_spec import EngineSpec, make_engine
+    and at `batch`) for `slice_name`: one chip, or split over its chips. `temporaries`: bytes a
+    chip keeps for the steps' temporaries (None: measured by a first compile)."""
     from swajax.models.decoder import decoder_for
     from swajax.models.loading import decoder_spec
-    from swajax.runner import program_store
-    from swajax.serving.sampling_params import SamplingParams
 
     chip = tpu.parse_slice(slice_name)
     if not 0 < memory_fraction <= 1:
@@ -169,17 +173,66 @@ def compile_check(
         )
     # The pools split over the chips by KV head (DeepSeek-V4's one shared head: replicated).
     split = chip.chips if mesh is not None and spec.v4 is None else 1
-    engine_spec = EngineSpec.of(
-        kv_budget_gib=split * (usable - weights) / 2**30,
-        max_context=max_context,
-        ratio=ratio,
-        page_size=page_size,
-        kv_dtype=kv_dtype,
-        max_running=max(batch, 1),
-        hybrid_memory=hybrid_memory,
-        chunk_size=64,
-        decode_steps=1,
+    fits = dict(name=name, where=where, usable=usable, memory_fraction=memory_fraction)
+    build = dict(
+        decoder=decoder,
+        mesh=mesh,
+        device=device,
+        gen=gen,
+        batch=batch,
+        spec=dict(
+            max_context=max_context,
+            ratio=ratio,
+            page_size=page_size,
+            kv_dtype=kv_dtype,
+            max_running=max(batch, 1),
+            hybrid_memory=hybrid_memory,
+            chunk_size=64,
+            decode_steps=1,
+        ),
     )
+    # First pass: the programs' temporaries with a quarter of the room as pools (they hardly
+    # depend on the pools' size); second: the pools get what the weights and those
+    # temporaries leave, and everything is compiled again at that size.
+    room = usable - weights
+    temps = temporaries
+    if temps is None:
+        _, probe = _compiled(kv_bytes=split * room // 4, fits=fits, **build)
+        temps = int(max(p.temp_bytes for p in probe) * TEMP_MARGIN)
+    if temps >= room:
+        raise DoesNotFit(
+            f"{name}'s step programs need {temps / 2**30:.2f} GiB of temporaries a chip beside "
+            f"{weights / 2**30:.2f} GiB of weights: more than the {usable / 2**30:.2f} GiB usable "
+            f"on {where} ({memory_fraction:g} of {gen.hbm_bytes / 2**30:g} GiB)"
+        )
+    engine, programs = _compiled(kv_bytes=split * (room - temps), fits=fits, **build)
+    runner = engine.runner
+    return CompileReport(
+        model=name,
+        slice=chip.name,
+        device_kind=device.device_kind,
+        hbm_bytes=gen.hbm_bytes,
+        hbm_bytes_per_s=gen.hbm_bytes_per_s,
+        memory_fraction=memory_fraction,
+        weight_bytes=weights,
+        chips=chip.chips,
+        full_tokens=engine.sizes.full_tokens,
+        swa_tokens=engine.sizes.swa_tokens,
+        pool_bytes=_chip_bytes(runner.pools),
+        page_size=engine.sizes.page_size,
+        max_context=max_context,
+        programs=programs,
+    )
+
+
+def _compiled(*, decoder, mesh, device, gen, batch, spec, kv_bytes, fits):
+    """Record the engine's prefill and decode (at 1 and `batch` requests) with `kv_bytes` of
+    pools and compile each for the slice: (the engine, its `ProgramCost`s)."""
+    from swajax.api.engine_spec import EngineSpec, make_engine
+    from swajax.runner import program_store
+    from swajax.serving.sampling_params import SamplingParams
+
+    engine_spec = EngineSpec.of(kv_budget_gib=kv_bytes / 2**30, **spec)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     recorded = {}
     with platform.lowering_for("tpu"):
@@ -190,8 +243,7 @@ def compile_check(
                 for r in range(rows):
                     engine.add_request([3 + (r + i) % 97 for i in range(PROMPT)], params)
                 engine.run()
-            names = [c.fn.__name__ for c in calls]
-            steps = [c for c, n in zip(calls, names) if n == "fused_step"]
+            steps = [c for c in calls if c.fn.__name__ == "fused_step"]
             if rows == 1:
                 recorded[("prefill", 1)] = steps[0]
             recorded[("decode", rows)] = steps[-1]
@@ -208,9 +260,10 @@ def compile_check(
                 raise
             said = str(e).split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0]
             raise DoesNotFit(
-                f"{name}'s {kind} program ({rows} request{'s' * (rows > 1)}) does not fit "
-                f"{where} with {usable / 2**30:.2f} GiB for weights and pools "
-                f"(--memory-fraction {memory_fraction:g}): the TPU compiler says: {said}"
+                f"{fits['name']}'s {kind} program ({rows} request{'s' * (rows > 1)}) does not "
+                f"fit {fits['where']} with {fits['usable'] / 2**30:.2f} GiB for weights, pools "
+                f"and temporaries (--memory-fraction {fits['memory_fraction']:g}): the TPU "
+                f"compiler says: {said}"
             ) from None
         seconds = time.perf_counter() - start
         memory = compiled.memory_analysis()
@@ -231,20 +284,4 @@ def compile_check(
                 bandwidth_seconds=float(cost.get("bytes accessed", 0.0)) / gen.hbm_bytes_per_s,
             )
         )
-    runner = engine.runner
-    return CompileReport(
-        model=name,
-        slice=chip.name,
-        device_kind=device.device_kind,
-        hbm_bytes=gen.hbm_bytes,
-        hbm_bytes_per_s=gen.hbm_bytes_per_s,
-        memory_fraction=memory_fraction,
-        weight_bytes=weights,
-        chips=chip.chips,
-        full_tokens=engine.sizes.full_tokens,
-        swa_tokens=engine.sizes.swa_tokens,
-        pool_bytes=_chip_bytes(runner.pools),
-        page_size=engine.sizes.page_size,
-        max_context=max_context,
-        programs=tuple(programs),
-    )
+    return engine, tuple(programs)

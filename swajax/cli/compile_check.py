@@ -111,7 +111,7 @@ def register(sub) -> None:
         "--memory-fraction",
         type=float,
         default=0.9,
-        help="of the chip's HBM for weights and pools (default 0.9)",
+        help="of the chip's HBM for weights, pools and the steps' temporaries (default 0.9)",
     )
     p.add_argument(
         "--swa-full-tokens-ratio",
