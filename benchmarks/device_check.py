@@ -32,16 +32,17 @@ sys.path.insert(0, str(HERE))
 import device_attention  # noqa: E402
 import published_shapes  # noqa: E402
 
-# Peak memory bandwidth by device kind (vendors' data sheets), bytes / s.
+from swajax.tpu import GENERATIONS  # noqa: E402
+
+# Peak memory bandwidth by device kind (vendors' data sheets), bytes / s; the TPUs' from
+# `swajax.tpu` (a v5p reports its kind as "TPU v5").
 PEAK_BANDWIDTH = {
     "NVIDIA H200": 4.8e12,
     "NVIDIA H100 80GB HBM3": 3.35e12,
     "NVIDIA H100 PCIe": 2.0e12,
     "NVIDIA A100-SXM4-80GB": 2.04e12,
     "NVIDIA A100-SXM4-40GB": 1.56e12,
-    "TPU v5 lite": 8.19e11,
-    "TPU v6 lite": 1.64e12,
-    "TPU v5p": 2.765e12,
+    **{g.device_kind: g.hbm_bytes_per_s for g in GENERATIONS.values()},
     "TPU v4": 1.2e12,
 }
 # Toy widths for --smoke (MXFP4 needs inputs in blocks of 32).
