@@ -42,7 +42,9 @@ def format_report(report) -> str:
         (
             "pools",
             f"{report.full_tokens:,} full + {report.swa_tokens:,} SWA tokens "
-            f"(page {report.page_size}), {report.pool_bytes / GIB:.2f} GiB",
+            f"(page {report.page_size}), {report.pool_bytes / GIB:.2f} GiB; "
+            f"{report.full_tokens // report.max_context} request(s) of "
+            f"{report.max_context:,} tokens at once",
         ),
     ]
     for p in report.programs:
