@@ -23,6 +23,7 @@ from flax import nnx
 
 from swajax import platform, tpu
 from swajax.errors import InputError
+from swajax.sizing import SizingError
 
 PROMPT = 40  # tokens of the prompt each recorded request brings
 
@@ -197,7 +198,10 @@ def compile_check(
     room = usable - weights
     temps = temporaries
     if temps is None:
-        _, probe = _compiled(kv_bytes=split * room // 4, fits=fits, **build)
+        try:
+            _, probe = _compiled(kv_bytes=split * room // 4, fits=fits, **build)
+        except SizingError:  # a quarter holds no request (a long window): the whole room
+            _, probe = _compiled(kv_bytes=split * room, fits=fits, **build)
         temps = int(max(p.temp_bytes for p in probe) * TEMP_MARGIN)
     if temps >= room:
         raise DoesNotFit(
