@@ -3,6 +3,7 @@ here by the TPU compiler (no TPU): `swajax compile-check` over slice sizes.
 
     python benchmarks/tpu_slices.py [--models gpt-oss-20b,...] [--generations v5e,v6e,v5p]
                                     [--chips 1,4,8,16] [--context 32768] [--batch 64] [--markdown]
+    python benchmarks/tpu_slices.py --render ROWS.jsonl   # the table of a saved run
 
 For each model and generation it tries 1, 4, 8 and 16 chips and stops at the first where every
 program compiles, its largest fits the chip's HBM, and the full pool holds one request of
@@ -69,7 +70,8 @@ def smallest(model: str, generation: str, context: int, batch: int, chips_tried=
         tried.append({"slice": name, "seconds": round(time.perf_counter() - start, 1), "why": why})
         if report is None:
             continue
-        row = {"model": model, "slice": name, "chips": chips, "tried": tried}
+        row = {"model": model, "generation": generation, "slice": name, "chips": chips}
+        row["tried"] = tried
         row["weights_gib"] = report.weight_bytes / GIB
         row["pools_gib"] = report.pool_bytes / GIB
         row["full_tokens"], row["swa_tokens"] = report.full_tokens, report.swa_tokens
@@ -87,6 +89,17 @@ def smallest(model: str, generation: str, context: int, batch: int, chips_tried=
     return {"model": model, "slice": None, "generation": generation, "tried": tried}
 
 
+def _short(why: str) -> str:
+    """A refusal in a few words: the figures that decided it."""
+    if "not divisible" in why:
+        return why.split("ValueError: ")[-1].replace(" of the mesh", "")
+    if "weights take" in why:
+        return "weights " + why.split("weights take ")[1].split(" a chip")[0] + " a chip"
+    if "Ran out of memory" in why:
+        return "temporaries: " + why.split("required for HLO temporaries ")[1].split(" exceeds")[0]
+    return why[:80]
+
+
 def markdown(rows: list[dict]) -> str:
     head = (
         "| model | smallest slice | weights / pools / peak a chip (GiB) | full + SWA tokens "
@@ -96,11 +109,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         if r["slice"] is None:
-            last = r["tried"][-1]
-            lines.append(
-                f"| {r['model']} | none of {r['generation']}-1..16: {last['why'][:90]} "
-                "| | | | | | |"
-            )
+            why = "; ".join(f"{t['slice']}: {_short(t['why'])}" for t in r["tried"][-2:])
+            lines.append(f"| {r['model']} | none ({why}) | | | | | | |")
             continue
         lines.append(
             f"| {r['model']} | {r['slice']} | {r['weights_gib']:.2f} / {r['pools_gib']:.2f} / "
@@ -121,10 +131,15 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--chips", default=",".join(map(str, CHIPS)), help="slice sizes to try")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--render", metavar="FILE", help="the Markdown table of saved JSON lines")
     parser.add_argument(
         "--smoke", action="store_true", help="one model that fits no single v5e chip (no compile)"
     )
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            print(markdown([json.loads(line) for line in f if line.strip()]))
+        return 0
     if args.smoke:
         args.models, args.generations, args.chips = "gpt-oss-120b", "v5e", "1"
     chips = tuple(int(c) for c in args.chips.split(","))
