@@ -279,7 +279,7 @@ def _ragged(xz, layout: _Layout, experts: Experts, act: Callable, block: int):
         w = quantized.dense(w if experts.copy is None else w[experts.copy])
         lhs = lhs.astype(w.dtype)
         return jax.lax.ragged_dot(
-            lhs, w, layout.sizes, precision=HIGHEST, preferred_element_type=F32
+            lhs, w, layout.sizes, precision=quantized.precision(w.dtype), preferred_element_type=F32
         )
 
     h = grouped(rows, experts.w1)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from swajax.models import quantized
 from swajax.models.layers import F32, HIGHEST, param, unit_rms
 
 
@@ -53,7 +54,7 @@ def expand(streams, post, comb, out):
     """The streams after a block: post * out on every stream, plus comb^T mixing the old ones
     (stream k gets sum_j comb[j, k] * stream j)."""
     dt = streams.dtype
-    mixed = jnp.einsum("tjk,tjd->tkd", comb.astype(dt), streams, precision=HIGHEST)
+    mixed = jnp.einsum("tjk,tjd->tkd", comb.astype(dt), streams, precision=quantized.precision(dt))
     return post.astype(dt)[:, :, None] * out[:, None, :] + mixed
 
 

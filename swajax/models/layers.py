@@ -142,7 +142,11 @@ def _dot(x, w, w_rows_out: bool):
 
     def product(x):
         return jax.lax.dot_general(
-            x.astype(w.dtype), w, dims, precision=HIGHEST, preferred_element_type=F32
+            x.astype(w.dtype),
+            w,
+            dims,
+            precision=quantized.precision(w.dtype),
+            preferred_element_type=F32,
         )
 
     if invariant.on():

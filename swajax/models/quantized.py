@@ -26,6 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 
 F32 = jnp.float32
+
+
+def precision(dtype) -> jax.lax.Precision:
+    """The precision of a product of `dtype` operands accumulated in float32: HIGHEST (float32
+    operands must not be rounded to bfloat16 passes), except 16-bit operands traced for TPU,
+    whose products are exact in float32 whatever the precision, and which XLA:TPU (libtpu
+    0.0.42) routes at HIGHEST through a Mosaic kernel that refuses them ("Bad lhs type":
+    found compiling the demo model and Llama 4 Scout's experts with `swajax compile-check`)."""
+    from swajax import platform
+
+    if platform.target() == "tpu" and jnp.dtype(dtype).itemsize < 4:
+        return jax.lax.Precision.DEFAULT
+    return jax.lax.Precision.HIGHEST
+
+
 FP8 = jnp.float8_e4m3fn
 
 
@@ -124,7 +139,7 @@ class Mxfp4:
 
         def part(a, w):
             return jax.lax.dot_general(
-                a, w, dims, precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32
+                a, w, dims, precision=precision(w.dtype), preferred_element_type=F32
             )
 
         return part(x[:, 0::2], even) + part(x[:, 1::2], odd)
@@ -178,9 +193,7 @@ def matmul(x, w) -> jax.Array:
     if isinstance(w, Mxfp4):
         return w.matmul(x)
     w = dense(w)
-    return jnp.dot(
-        x.astype(w.dtype), w, precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32
-    )
+    return jnp.dot(x.astype(w.dtype), w, precision=precision(w.dtype), preferred_element_type=F32)
 
 
 def dense(w) -> jax.Array:
