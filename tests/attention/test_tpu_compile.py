@@ -151,3 +151,24 @@ def test_slices_are_named_as_cloud_tpu_names_them():
     ):
         with pytest.raises(ValueError, match=said):
             tpu.parse_slice(bad)
+
+
+def test_sixteen_bit_expert_products_compile_for_tpu():
+    """A routed-experts product of bfloat16 operands (`lax.ragged_dot`, Llama 4 Scout's width)
+    at the precision the models ask for on TPU: at HIGHEST, XLA:TPU (libtpu 0.0.42) sends it
+    through a Mosaic kernel that refuses it ("Bad lhs type"); exact in float32 either way."""
+    from swajax import platform
+    from swajax.models import quantized
+
+    with platform.lowering_for("tpu"):
+        assert quantized.precision(jnp.bfloat16) == jax.lax.Precision.DEFAULT
+        assert quantized.precision(jnp.float32) == jax.lax.Precision.HIGHEST
+    assert quantized.precision(jnp.bfloat16) == jax.lax.Precision.HIGHEST  # this CPU: as ever
+
+    def grouped(x, w, sizes):
+        with platform.lowering_for("tpu"):
+            prec = quantized.precision(w.dtype)
+        return jax.lax.ragged_dot(x, w, sizes, precision=prec, preferred_element_type=jnp.float32)
+
+    args = (S((512, 5120), jnp.bfloat16), S((16, 5120, 1024), jnp.bfloat16), S((16,), jnp.int32))
+    tpu.compile_on(_device("v6e-1"), jax.jit(grouped), *args)

@@ -90,3 +90,17 @@ def test_a_slice_of_four_chips_compiles_split_over_them():
     for p in report.programs:
         assert p.alias_bytes >= report.pool_bytes > 2**28
         assert p.argument_bytes >= report.weight_bytes + report.pool_bytes
+
+
+@pytest.mark.slow
+def test_llama_4_scouts_bfloat16_experts_compile():
+    """Llama 4 Scout at two of its layers on one v5p chip: its bfloat16 routed experts
+    (`lax.ragged_dot`) and chunked attention compile (they once stopped at Mosaic's "Bad lhs
+    type"), and it fits."""
+    from swajax.api.compile_check import compile_check
+    from swajax.cli.compile_check import _layers
+    from swajax.presets import hf_preset
+
+    cfg = _layers(dict(hf_preset("llama-4-scout")), 2)
+    report = compile_check(cfg, "v5p-2", name="llama-4-scout", batch=1, max_context=8192)
+    assert report.fits and report.full_tokens >= 8192
