@@ -79,9 +79,17 @@ def format_report(report) -> str:
 def run(args) -> int:
     from swajax.api.compile_check import DoesNotFit, compile_check
 
-    args_lib.model_config(args)  # --preset or --hf-config, validated
-    cfg = _layers(args_lib.raw_config(args), args.layers)
-    name = args.preset or args.hf_config
+    if args.model is not None:  # a checkpoint folder or a hub id in the local cache
+        if args.preset is not None or args.hf_config is not None:
+            raise args_lib.UsageError("give one of --model, --preset or --hf-config")
+        from swajax.api.hub import resolve_model
+        from swajax.models.loading import read_config
+
+        raw, name = read_config(resolve_model(args.model, flag="--model")), args.model
+    else:
+        args_lib.model_config(args)  # --preset or --hf-config, validated
+        raw, name = args_lib.raw_config(args), args.preset or args.hf_config
+    cfg = _layers(raw, args.layers)
     try:
         report = compile_check(
             cfg,
@@ -107,6 +115,9 @@ def register(sub) -> None:
         "compile-check", help="compile a model's step programs for a TPU chip: does it fit?"
     )
     args_lib.add_model_choice(p)
+    p.add_argument(
+        "--model", metavar="DIR|ORG/NAME", help="a checkpoint folder or a hub id in the local cache"
+    )
     p.add_argument("--slice", required=True, help="a Cloud TPU slice: v5e-1, v6e-1, v5p-2")
     p.add_argument("--layers", type=args_lib.POSITIVE, help="check the first N layers only")
     p.add_argument(

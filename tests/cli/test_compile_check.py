@@ -25,6 +25,34 @@ def test_weights_larger_than_the_chip_are_refused_with_the_numbers(capsys):
     assert json.loads(out)["fits"] is False
 
 
+def test_a_hub_id_in_the_local_cache_is_read_as_shapes(capsys, tmp_path, monkeypatch):
+    """--model takes a hub id from the huggingface_hub cache (offline; only config.json is
+    read): gpt-oss-120b's config there is refused on one v5e chip with its numbers."""
+    from huggingface_hub import constants
+    from test_ecosystem_names import fake_hub_cache
+
+    from swajax.presets import hf_preset
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps(dict(hf_preset("gpt-oss-120b"))))
+    fake_hub_cache(tmp_path / "hub", "openai/gpt-oss-120b", source)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, _, err = _run(capsys, "--model", "openai/gpt-oss-120b", "--slice", "v5e-1")
+    assert rc == 1 and "openai/gpt-oss-120b's weights take 60.87 GiB a chip" in err
+    rc, _, err = _run(capsys, "--model", "openai/not-cached", "--slice", "v5e-1")
+    assert rc == 2 and "not in the local Hugging Face cache" in err
+
+
+def test_no_tpu_compiler_is_a_clear_error(capsys, monkeypatch):
+    from swajax import tpu
+
+    monkeypatch.setattr(tpu.importlib.util, "find_spec", lambda name: None)
+    rc, _, err = _run(capsys, "--preset", "gpt-oss-20b", "--slice", "v6e-1")
+    assert rc == 2 and "the TPU compiler (libtpu) is not installed: pip install 'jax[tpu]==" in err
+
+
 @pytest.mark.parametrize(
     "argv, said",
     [
