@@ -44,7 +44,12 @@ def abstract_decoder(cfg: dict, dtype: str = "bfloat16"):
     return nnx.eval_shape(lambda: decoder_for(spec))
 
 
-def step_programs(attention: str = "auto", layers: int = 4, deterministic: bool = False) -> dict:
+def step_programs(
+    attention: str = "auto",
+    layers: int = 4,
+    deterministic: bool = False,
+    kv_budget_gib: float = 0.05,
+) -> dict:
     """prefill, decode, round (multi-step decode) and verify (a speculative round with a 2-layer
     draft of the same shapes), as traced for the current target platform."""
     from swajax import SamplingParams
@@ -55,7 +60,7 @@ def step_programs(attention: str = "auto", layers: int = 4, deterministic: bool 
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     base = dict(
         attention=attention,
-        kv_budget_gib=2.0,  # pools of shapes only: a copy of one would show in temporaries
+        kv_budget_gib=kv_budget_gib,
         max_context=512,
         chunk_size=64,
         deterministic=deterministic,
