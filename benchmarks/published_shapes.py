@@ -153,16 +153,10 @@ def write_gpt_oss(config: dict, folder: Path, layers: int) -> int:
 
 def model_config(name: str, layers: int | None, config: dict | None = None) -> dict:
     """A published config (or `config`) at `layers` of its depth: per-layer lists cut."""
-    from swajax.presets import PRESETS
+    from swajax.presets import PRESETS, at_depth
 
-    cfg = json.loads(json.dumps(config if config is not None else PRESETS[name]))
-    text = cfg.get("text_config", cfg)  # the wrapper's text model, edited in place
-    n = text["num_hidden_layers"]
-    layers = layers or n
-    for key, value in list(text.items()):
-        if isinstance(value, list) and len(value) == n:
-            text[key] = value[:layers]
-    text["num_hidden_layers"] = layers
+    cfg = at_depth(config if config is not None else PRESETS[name], layers)
+    text = cfg.get("text_config", cfg)
     text.setdefault("torch_dtype", "bfloat16")
     return cfg
 

@@ -289,6 +289,24 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
+def at_depth(cfg: Mapping[str, Any], layers: int | None) -> dict[str, Any]:
+    """A copy of a config.json-shaped dict at its first `layers` layers (None: all): the text
+    model's depth and every per-layer list cut, the widths unchanged."""
+    import json
+
+    cfg = json.loads(json.dumps(cfg))
+    text = cfg.get("text_config", cfg)  # a multimodal wrapper's text model, edited in place
+    n = text["num_hidden_layers"]
+    layers = layers or n
+    if layers > n:
+        raise ValueError(f"{layers} layers is more than the model's {n}")
+    for key, value in list(text.items()):
+        if isinstance(value, list) and len(value) == n:
+            text[key] = value[:layers]
+    text["num_hidden_layers"] = layers
+    return cfg
+
+
 def preset_names() -> list[str]:
     return sorted(PRESETS)
 

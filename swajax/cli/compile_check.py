@@ -9,26 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
+from swajax import presets
 from swajax.cli import args as args_lib
 
 GIB = 2**30
-
-
-def _layers(cfg: dict, layers: int | None) -> dict:
-    """The config at `layers` of its depth (per-layer lists cut): a quicker check of the same
-    widths."""
-    if layers is None:
-        return cfg
-    cfg = json.loads(json.dumps(cfg))
-    text = cfg.get("text_config", cfg)
-    n = text["num_hidden_layers"]
-    if layers > n:
-        raise args_lib.UsageError(f"--layers {layers} is more than the model's {n}")
-    for key, value in list(text.items()):
-        if isinstance(value, list) and len(value) == n:
-            text[key] = value[:layers]
-    text["num_hidden_layers"] = layers
-    return cfg
 
 
 def format_report(report) -> str:
@@ -89,7 +73,10 @@ def run(args) -> int:
     else:
         args_lib.model_config(args)  # --preset or --hf-config, validated
         raw, name = args_lib.raw_config(args), args.preset or args.hf_config
-    cfg = _layers(raw, args.layers)
+    try:
+        cfg = presets.at_depth(raw, args.layers)
+    except ValueError as e:
+        raise args_lib.UsageError(f"--layers: {e}") from None
     try:
         report = compile_check(
             cfg,

@@ -60,7 +60,7 @@ def test_no_tpu_compiler_is_a_clear_error(capsys, monkeypatch):
         (("--slice", "v6e-3"), "v6e slices here are v6e-1, v6e-4, v6e-8, v6e-16"),
         (("--slice", "v6e-3", "--batch", "0"), "--batch: must be"),
         (("--slice", "v6e-1", "--memory-fraction", "1.5"), "memory fraction 1.5 must be in"),
-        (("--slice", "v6e-1", "--layers", "99"), "--layers 99 is more than the model's 24"),
+        (("--slice", "v6e-1", "--layers", "99"), "--layers: 99 layers is more than the model's 24"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_value(capsys, argv, said):
@@ -126,9 +126,8 @@ def test_llama_4_scouts_bfloat16_experts_compile():
     (`lax.ragged_dot`) and chunked attention compile (they once stopped at Mosaic's "Bad lhs
     type"), and it fits."""
     from swajax.api.compile_check import compile_check
-    from swajax.cli.compile_check import _layers
-    from swajax.presets import hf_preset
+    from swajax.presets import at_depth, hf_preset
 
-    cfg = _layers(dict(hf_preset("llama-4-scout")), 2)
+    cfg = at_depth(hf_preset("llama-4-scout"), 2)
     report = compile_check(cfg, "v5p-2", name="llama-4-scout", batch=1, max_context=8192)
     assert report.fits and report.full_tokens >= 8192
