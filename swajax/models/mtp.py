@@ -287,7 +287,8 @@ class MtpForward:
             pick, q = choose(j, logits, n)
             current = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
             proposals.append(current)
-            q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
+            if q is not None:  # (None: every request is greedy)
+                q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
             h = jnp.zeros((n_rows, *x.shape[1:]), x.dtype).at[:n].set(x)
         return proposals, q_probs, dataclasses.replace(state, pools=pools)
 

@@ -1,5 +1,6 @@
-"""Token sampling inside the step's jit: penalties, then greedy or temperature / top-k / top-p /
-min-p sampling keyed by (seed, position).
+"""Token sampling inside the step's jit: the request's token rules (`token_rules.py`: logit bias,
+allowed and banned tokens, bad words, min_tokens), penalties, then greedy or temperature /
+top-k / top-p / min-p sampling keyed by (seed, position).
 
 The order and each rule are transformers' (`RepetitionPenaltyLogitsProcessor`, then the
 `Temperature`, `TopK`, `TopP` and `MinP` warpers, in the order `generate` chains them), with
@@ -21,6 +22,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from swajax.models.token_rules import apply_rules
+
 F32 = jnp.float32
 
 
@@ -33,6 +36,9 @@ class SampleMode(NamedTuple):
     # fifth of a decode step's kernels, behind a runtime test of the batch). False: every row
     # is greedy, which the caller guarantees (the engine knows each request's temperature).
     draw: bool = True
+    # Some sampled request has token rules (logit bias, allowed / banned tokens, bad words,
+    # min_tokens): the batch's rule arrays are read (compiled in only then).
+    rules: bool = False
 
 
 class Penalties(NamedTuple):
@@ -67,17 +73,59 @@ def seed_penalties(pen: Penalties, reset_rows, rows, tokens, is_output) -> Penal
     return Penalties(output, prompt)
 
 
-def penalize(logits, pen: Penalties, rows, repetition, presence, frequency):
+def penalize(logits, pen: Penalties, rows, repetition, presence, frequency, extra=None):
     """Logits [S, V] with each row's penalties applied: repetition (transformers': a logit of a
     token seen in the prompt or output is divided by the penalty if positive, multiplied if
     negative), then presence and frequency (OpenAI's: minus presence if the token occurs in
-    the output, minus frequency per occurrence)."""
+    the output, minus frequency per occurrence). `extra` i32[S, j]: tokens each row counts on
+    top of its device counts (a speculative round's proposals before the row's position)."""
     counts = jnp.take(pen.output, rows, axis=0, mode="clip")
-    seen = jnp.take(pen.prompt, rows, axis=0, mode="clip") | (counts > 0)
-    rep = repetition[:, None]
-    x = jnp.where(seen, jnp.where(logits < 0, logits * rep, logits / rep), logits)
+    prompt = jnp.take(pen.prompt, rows, axis=0, mode="clip")
+    rep, pres, freq = (v[:, None] for v in (repetition, presence, frequency))
+    x = _penalty(logits, counts, prompt, rep, pres, freq)
+    if extra is None or not extra.shape[1]:
+        return x
+    # Only the extra tokens' logits change: recount them (a token proposed twice counts twice).
+    c = jnp.take_along_axis(counts, extra, axis=1)
+    c += jnp.sum(extra[:, :, None] == extra[:, None, :], axis=-1)
+    p = jnp.take_along_axis(prompt, extra, axis=1)
+    raw = jnp.take_along_axis(logits, extra, axis=1)
+    fixed = _penalty(raw, c, p, rep, pres, freq)
+    return x.at[jnp.arange(x.shape[0])[:, None], extra].set(fixed)
+
+
+def _penalty(x, counts, prompt, rep, presence, frequency):
+    """The three penalties of logits `x` whose tokens occur `counts` times in the output and
+    (`prompt`) in the prompt; elementwise, the per-row values broadcast."""
+    seen = prompt | (counts > 0)
+    x = jnp.where(seen, jnp.where(x < 0, x * rep, x / rep), x)
     occurs = (counts > 0).astype(F32)
-    return x - frequency[:, None] * counts.astype(F32) - presence[:, None] * occurs
+    return x - frequency * counts.astype(F32) - presence * occurs
+
+
+def adjusted(logits, b, pen: Penalties | None, mode: SampleMode, step: int = 0, extra=None):
+    """The logits every rule of the batch `b` shapes, before temperature and the filters: token
+    rules, then penalties. `step` j and `extra` (i32[S, j]): a speculative round's row j, which
+    draws the token j positions after `b`'s and counts the j proposals before it."""
+    x = logits.astype(F32)
+    if mode.rules:
+        history = b.history
+        if extra is not None and history.shape[1]:  # the proposals extend the output
+            history = jnp.concatenate([history, extra], axis=1)[:, -history.shape[1] :]
+        x = apply_rules(
+            x,
+            b.rule_ids,
+            b.rule_values,
+            b.rule_until,
+            b.rule_allow,
+            b.sample_positions + step,
+            b.bad_words,
+            history,
+        )
+    if mode.penalize:
+        fields = (b.repetition_penalty, b.presence_penalty, b.frequency_penalty)
+        x = penalize(x, pen, b.sample_rows, *fields, extra=extra)
+    return x
 
 
 def filtered(scaled, top_k, top_p, min_p):
@@ -103,6 +151,13 @@ def processed(logits, temperature, top_k, top_p, min_p):
     s, order = filtered(scaled, top_k, top_p, min_p)
     rows = jnp.arange(s.shape[0])[:, None]
     return jnp.full_like(s, -jnp.inf).at[rows, order].set(s)
+
+
+def counted(pen: Penalties, rows, tokens, live=None) -> Penalties:
+    """`pen` with tokens i32[S, j] counted into rows `rows` (where `live`, if given; padding
+    rows are out of range: dropped)."""
+    add = 1 if live is None else live.astype(jnp.int32)
+    return pen._replace(output=pen.output.at[rows[:, None], tokens].add(add, mode="drop"))
 
 
 def draw_keys(seeds, positions, salt=None):
@@ -135,18 +190,14 @@ def _draw(x, b, draw: bool):
 
 def sample(logits, b, pen: Penalties | None, mode: SampleMode):
     """(Sampled, penalties) for logits [S, V] and the batch `b`'s per-row sampling fields
-    (temperature, top_k, top_p, min_p, the three penalties, seeds, sample_positions and
-    sample_rows: each row's req_to_token row). Traceable: the step's program calls it."""
-    raw = logits.astype(F32)
-    logprobs = jax.nn.log_softmax(raw, axis=-1)
-    x = raw
-    if mode.penalize:
-        x = penalize(
-            x, pen, b.sample_rows, b.repetition_penalty, b.presence_penalty, b.frequency_penalty
-        )
-    tokens = _draw(x, b, mode.draw)
+    (temperature, top_k, top_p, min_p, the three penalties, seeds, sample_positions,
+    sample_rows: each row's req_to_token row, and the token rules' arrays when `mode.rules`).
+    Logprobs are of the raw distribution, before any rule. Traceable: the step's program
+    calls it."""
+    logprobs = jax.nn.log_softmax(logits.astype(F32), axis=-1)
+    tokens = _draw(adjusted(logits, b, pen, mode), b, mode.draw)
     if mode.penalize:  # count the new token (padding rows are out of range: dropped)
-        pen = pen._replace(output=pen.output.at[b.sample_rows, tokens].add(1, mode="drop"))
+        pen = counted(pen, b.sample_rows, tokens[:, None])
     top_ids = top_lp = None
     if mode.top_logprobs:
         top_lp, top_ids = jax.lax.top_k(logprobs, mode.top_logprobs)

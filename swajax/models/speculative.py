@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from swajax.attention.metadata import MetadataShape, metadata_core, shape_of
-from swajax.models.sampling import draw_keys, processed
+from swajax.models.sampling import SampleMode, adjusted, counted, draw_keys, processed
 
 # Salts of the draws at one position: the draft's proposal, the acceptance test, the residual
 # draw after a rejection, the draw after k acceptances.
@@ -38,15 +38,14 @@ def _argmax(logits):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-def _params(b, n: int):
-    """The sampling fields of the first n requests (a round has one row per request)."""
-    return b.temperature[:n], b.top_k[:n], b.top_p[:n], b.min_p[:n]
+def _first(b, n: int):
+    """The batch `b` with its per-request fields cut to the first n requests."""
+    return b._replace(**{name: getattr(b, name)[:n] for name in b._fields[3:]})
 
 
-def _sample_rows(logits, params, keys):
-    """(tokens, probabilities [N, V]) drawn from each row's processed distribution."""
-    x = processed(logits.astype(jnp.float32), *params)
-    return jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32), jax.nn.softmax(x, -1)
+def _params(b):
+    """The filters' fields (temperature, top-k, top-p, min-p), one entry per request."""
+    return b.temperature, b.top_k, b.top_p, b.min_p
 
 
 def verify_round(
@@ -56,6 +55,7 @@ def verify_round(
     d_state,
     pools,
     d_pools,
+    pen,
     r2t,
     alloc,
     meta,
@@ -64,23 +64,38 @@ def verify_round(
     *,
     k: int,
     draft_shapes: tuple[MetadataShape, ...],
+    mode: SampleMode,
+    return_logits: bool = False,
 ):
     """One round (traced inside the runner's jit). `batch` is the extend's `ForwardBatch`: its
     flat tokens hold each request's pending token at row r (k + 1), its sampling fields one
-    entry per request. Returns (pools, draft pools, (tokens i32[R, k+1], their logprobs under
-    the target f32[R, k+1], accepted i32[R]))."""
+    entry per request. Every row samples as a plain decode step at its position would: the
+    request's token rules and penalties apply, the penalties counting the proposals accepted
+    before the row (`mode`; `pen` the device counts, which the round's emitted tokens join).
+    Returns (pools, draft pools, penalties, (tokens i32[R, k+1], their logprobs under the raw
+    target f32[R, k+1], accepted i32[R], logits [R, k+1, V] if `return_logits`, top-N ids and
+    logprobs [R, k+1, N] if `mode.top_logprobs`))."""
     n_rows, prefix_lens = rows.shape[0], meta.prefix_lens
-    params = _params(batch, n_rows)
-    temp, seeds = params[0], batch.seeds[:n_rows]
-    sampling = temp > 0
+    b = _first(batch, n_rows)
+    sampling = b.temperature > 0
     real = (meta.seq_lens > prefix_lens).astype(jnp.int32)  # padding rows extend nothing
     first = jnp.take(batch.tokens, jnp.arange(n_rows) * (k + 1), mode="clip")  # pending tokens
+    picks = []  # the proposals so far (the draft asks for them in order)
 
     def choose(j, logits, n):
-        """The j-th proposal of the first n requests and the distribution it was drawn from."""
-        keys = draw_keys(seeds[:n], prefix_lens[:n] + 1 + j, DRAFT)
-        drawn, q = _sample_rows(logits, [x[:n] for x in params], keys)
-        return jnp.where(sampling[:n], drawn, _argmax(logits)), q
+        """The j-th proposal of the first n requests and the distribution it was drawn from:
+        the draft's logits under the request's rules and penalties, as the target's row j."""
+        bn = _first(b, n)
+        extra = jnp.stack(picks, axis=1)[:n] if j else None
+        x = adjusted(logits, bn, pen, mode, j, extra)
+        pick, q = _argmax(x), None
+        if mode.draw:
+            keys = draw_keys(bn.seeds, prefix_lens[:n] + 1 + j, DRAFT)
+            x = processed(x, *_params(bn))
+            drawn = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+            pick, q = jnp.where(sampling[:n], drawn, pick), jax.nn.softmax(x, -1)
+        picks.append(jnp.zeros(n_rows, jnp.int32).at[:n].set(pick))
+        return pick, q
 
     mtp = getattr(draft, "needs_hidden", False)
     if mtp:
@@ -96,29 +111,39 @@ def verify_round(
     verify_tokens = jnp.zeros(max(t, flat.size), jnp.int32).at[: flat.size].set(flat.reshape(-1))
     verify_rows = jnp.arange(t, dtype=jnp.int32)
     if mtp:
-        hidden, logits, pools = target.hidden_logits(
+        hidden, raw, pools = target.hidden_logits(
             t_state, pools, verify_tokens[:t], meta, verify_rows
         )
     else:
-        logits, pools = target.logits(t_state, pools, verify_tokens[:t], meta, verify_rows)
-    size, v = n_rows * (k + 1), logits.shape[-1]
-    logits = jnp.zeros((max(t, size), v), jnp.float32).at[:t].set(logits.astype(jnp.float32))
+        raw, pools = target.logits(t_state, pools, verify_tokens[:t], meta, verify_rows)
+    size, v = n_rows * (k + 1), raw.shape[-1]
+    logits = jnp.zeros((max(t, size), v), jnp.float32).at[:t].set(raw.astype(jnp.float32))
     logits = logits[:size].reshape(n_rows, k + 1, v)
-    greedy = _argmax(logits)  # [R, k + 1]
-    tokens, accepted = _accept(
-        logits, greedy, proposed, q_probs[:k], params, seeds, prefix_lens[:n_rows], k
-    )
-    tokens = jnp.where(sampling[:, None], tokens, greedy)
+    # Row j draws the token at position p + 1 + j, after the proposals d1 .. dj.
+    rows_adj = [adjusted(logits[:, j], b, pen, mode, j, proposed[:, :j]) for j in range(k + 1)]
+    adj = jnp.stack(rows_adj, axis=1)
+    greedy = _argmax(adj)  # [R, k + 1]
     agree = (proposed == greedy[:, :k]).astype(jnp.int32)
-    accepted = jnp.where(sampling, accepted, jnp.sum(jnp.cumprod(agree, axis=1), axis=1))
-    accepted = accepted.astype(jnp.int32)
+    accepted = jnp.sum(jnp.cumprod(agree, axis=1), axis=1).astype(jnp.int32)
+    tokens = greedy
+    if mode.draw:
+        drawn, drawn_accepted = _accept(adj, proposed, q_probs[:k], b, prefix_lens[:n_rows], k)
+        tokens = jnp.where(sampling[:, None], drawn, greedy)
+        accepted = jnp.where(sampling, drawn_accepted, accepted).astype(jnp.int32)
     if mtp:  # the draft's entries of the verified positions, from the target's hidden states
         shape = shape_of(meta, draft_shapes[0].window)
         args = (d_state, t_state, d_pools, hidden, proposed, accepted, real, meta, r2t, alloc)
         d_pools = draft.settle(*args, rows, shape)
+    if mode.penalize:  # the emitted tokens join the counts (the host may keep fewer: a stop)
+        emitted = jnp.arange(k + 1)[None, :] <= accepted[:, None]
+        pen = counted(pen, b.sample_rows, tokens, emitted)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     lp = jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0]
-    return pools, d_pools, (tokens, lp, accepted)
+    kept = logits.astype(raw.dtype) if return_logits else None
+    top_ids = top_lp = None
+    if mode.top_logprobs:
+        top_lp, top_ids = jax.lax.top_k(logprobs, mode.top_logprobs)
+    return pools, d_pools, pen, (tokens, lp, accepted, kept, top_ids, top_lp)
 
 
 def _draft_proposals(draft, d_state, d_pools, first, real, meta, r2t, alloc, rows, shapes, choose):
@@ -135,22 +160,24 @@ def _draft_proposals(draft, d_state, d_pools, first, real, meta, r2t, alloc, row
         pick, q = choose(j, logits, n)
         nxt = jnp.zeros(n_rows, jnp.int32).at[:n].set(pick)
         proposals.append(nxt)
-        q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
+        if q is not None:
+            q_probs.append(jnp.zeros((n_rows, q.shape[-1]), q.dtype).at[:n].set(q))
         current = nxt
     return proposals, q_probs, d_pools
 
 
-def _accept(logits, greedy, proposed, q_probs, params, seeds, prefix, k: int):
+def _accept(adj, proposed, q_probs, b, prefix, k: int):
     """Speculative sampling of every row as if it sampled: (tokens [R, k + 1], accepted [R]),
-    where tokens[:a] are the kept proposals and tokens[a] the residual (or final) draw."""
-    n_rows = logits.shape[0]
+    where tokens[:a] are the kept proposals and tokens[a] the residual (or final) draw. `adj`:
+    the target's logits under each row's rules and penalties; `b`: the requests' fields."""
+    n_rows = adj.shape[0]
     rep = lambda x: jnp.repeat(x, k + 1, axis=0)  # noqa: E731 - per request -> per row
-    flat = logits.reshape(n_rows * (k + 1), -1)
-    p = jax.nn.softmax(processed(flat, *(rep(x) for x in params)), -1)
+    flat = adj.reshape(n_rows * (k + 1), -1)
+    p = jax.nn.softmax(processed(flat, *(rep(x) for x in _params(b))), -1)
     p = p.reshape(n_rows, k + 1, -1)
     q = jnp.stack(q_probs, axis=1) if k else p[:, :0]  # [R, k, V]
     pos = prefix[:, None] + 1 + jnp.arange(k + 1)  # position of each row's token
-    seed_rows = jnp.repeat(seeds[:, None], k + 1, axis=1)
+    seed_rows = jnp.repeat(b.seeds[:, None], k + 1, axis=1)
 
     def keys(salt):
         return draw_keys(seed_rows.reshape(-1), pos.reshape(-1), salt)

@@ -46,7 +46,8 @@ MIN_REQS, MIN_EDITS = 8, 64
 def _mode(plan: StepPlan) -> SampleMode:
     """The step's static sampling: an all-greedy batch compiles no drawing at all."""
     draw = bool(np.any(plan.forward.temperature > 0))
-    return SampleMode(plan.sampling.penalize, plan.sampling.top_logprobs, draw)
+    s = plan.sampling
+    return SampleMode(s.penalize, s.top_logprobs, draw, s.rules)
 
 
 class DeviceRunner:
@@ -254,7 +255,11 @@ class DeviceRunner:
                 step, extra = fused_round, dict(steps=plan.round.lookahead + 1, shape=shape)
             elif plan.round.lookahead:
                 step = fused_verify
-                extra = dict(k=plan.round.lookahead, draft_shapes=self._draft_shapes(plan))
+                extra = dict(
+                    k=plan.round.lookahead,
+                    draft_shapes=self._draft_shapes(plan),
+                    return_logits=plan.sampling.return_logits,
+                )
             else:
                 step, extra = fused_step, dict(return_logits=plan.sampling.return_logits)
             if after is not None:

@@ -81,7 +81,7 @@ def fused_step(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("forward", "draft", "k", "draft_shapes", "mode", *_COMMIT),
+    static_argnames=("forward", "draft", "k", "draft_shapes", "mode", "return_logits", *_COMMIT),
     donate_argnums=(0, 1, 2, 3, 4),
 )
 def fused_verify(
@@ -99,18 +99,21 @@ def fused_verify(
     k,
     draft_shapes,
     mode,
+    return_logits,
     **commit,
 ):
     """commit_step (k + 1 positions per decoding request) then a speculative round."""
     alloc, r2t, out, meta, extra = commit_step(alloc, r2t, packed, **commit)
     rows = extra.pop("request_rows")
-    pools, d_pools, verified = verify_round(
+    pen = _seeded(pen, extra)
+    pools, d_pools, pen, verified = verify_round(
         forward,
         draft,
         weights,
         d_weights,
         pools,
         d_pools,
+        pen,
         r2t,
         alloc,
         meta,
@@ -118,6 +121,8 @@ def fused_verify(
         rows,
         k=k,
         draft_shapes=draft_shapes,
+        mode=mode,
+        return_logits=return_logits,
     )
     return alloc, r2t, pools, d_pools, pen, out, verified
 

@@ -28,7 +28,9 @@ def seed_arrays(plan: StepPlan) -> dict[str, np.ndarray]:
 
 
 def _pad_to(x: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
-    out = np.full(n, fill, dtype)
+    """`x` padded to n rows (its first axis) with `fill`."""
+    x = np.asarray(x)
+    out = np.full((n, *x.shape[1:]), fill, dtype)
     out[: len(x)] = x
     return out
 

@@ -32,10 +32,19 @@ def step_result(plan: StepPlan, out: np.ndarray, sampled) -> StepResult:
         free_full=int(out[OUT_FREE_FULL]),
         free_swa=int(out[OUT_FREE_SWA]),
     )
-    if plan.round.lookahead:  # a verify round: every row of every request, and the accepted counts
+    if plan.round.lookahead:  # a round: every row of every request, and the accepted counts
         n = len(plan.requests)
-        tokens, logprobs, accepted = (np.asarray(x)[:n] for x in sampled)
-        return StepResult(**head, tokens=tokens, logprobs=logprobs, accepted=accepted)
+        tokens, logprobs, accepted, *more = sampled
+        logits, top_ids, top_lp = (*more, None, None, None)[:3]
+        return StepResult(
+            **head,
+            tokens=np.asarray(tokens)[:n],
+            logprobs=np.asarray(logprobs)[:n],
+            accepted=np.asarray(accepted)[:n],
+            logits=None if logits is None else np.asarray(logits)[:n],
+            top_ids=None if top_ids is None else np.asarray(top_ids)[:n],
+            top_logprobs=None if top_lp is None else np.asarray(top_lp)[:n],
+        )
     tokens, logprobs, logits, top_ids, top_lp = sampled
     s, k = len(plan.forward.sample_index), len(plan.forward.logit_index)
     return StepResult(

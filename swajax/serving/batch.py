@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from swajax.serving.token_rules import NO_TOKEN, rule_fields
 from swajax.sizing import PoolMode as PoolMode
 
 if TYPE_CHECKING:
@@ -109,16 +110,31 @@ class ForwardBatch(NamedTuple):
     presence_penalty: np.ndarray  # f32[S]
     frequency_penalty: np.ndarray  # f32[S]
     sample_rows: np.ndarray  # i32[S]: req_to_token row of each sampled request (its counts)
+    # The token rules (serving/token_rules.py; B = W = 0 when no request has one).
+    rule_ids: np.ndarray  # i32[S, B]
+    rule_values: np.ndarray  # f32[S, B]
+    rule_until: np.ndarray  # i32[S, B]
+    rule_allow: np.ndarray  # i32[S, B]
+    bad_words: np.ndarray  # i32[S, W, L]
+    history: np.ndarray  # i32[S, L - 1]
 
 
 # The neutral value of each per-sample field: what padding rows carry.
-SAMPLE_PADDING = {"top_p": 1.0, "repetition_penalty": 1.0, "sample_rows": 2**30}
+SAMPLE_PADDING = {
+    "top_p": 1.0,
+    "repetition_penalty": 1.0,
+    "sample_rows": 2**30,
+    "rule_ids": NO_TOKEN,
+    "bad_words": NO_TOKEN,
+}
 SAMPLE_FIELDS = ForwardBatch._fields[3:]
 
 
-def sampling_fields(params, positions, rows) -> dict[str, np.ndarray]:
-    """The per-sample fields of a ForwardBatch for requests sampling with `params` (their
-    `SamplingParams`) the tokens at `positions`, from `req_to_token` rows `rows`."""
+def sampling_fields(reqs, positions) -> dict[str, np.ndarray]:
+    """The per-sample fields of a ForwardBatch for requests `reqs` sampling the tokens at
+    `positions` (their `SamplingParams`, `req_to_token` rows and rules)."""
+    params = [r.params for r in reqs]
+    rows = [r.row for r in reqs]
     f32 = lambda name: np.asarray([getattr(p, name) for p in params], np.float32)  # noqa: E731
     return dict(
         temperature=f32("temperature"),
@@ -131,6 +147,7 @@ def sampling_fields(params, positions, rows) -> dict[str, np.ndarray]:
         presence_penalty=f32("presence_penalty"),
         frequency_penalty=f32("frequency_penalty"),
         sample_rows=np.asarray(rows, np.int32),
+        **rule_fields(reqs),
     )
 
 
@@ -182,6 +199,7 @@ class SamplingOps:
     penalty_seeds: PenaltySeeds | None = None
     top_logprobs: int = 0
     return_logits: bool = False
+    rules: bool = False  # some sampled request has token rules (its arrays are read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +256,7 @@ class StepResult:
     logits: np.ndarray | None = None  # f32[K, V] if the plan asked for them
     # A verify round: tokens / logprobs are [R, k + 1] (the accepted draft tokens, then the
     # target's own at the first rejection or after the last) and `accepted` [R] counts the
-    # leading draft tokens kept.
+    # leading draft tokens kept; logits [R, k + 1, V] and the top-N [R, k + 1, N] likewise.
     accepted: np.ndarray | None = None
     top_ids: np.ndarray | None = None  # i32[S, N] if the plan asked for top-N logprobs
     top_logprobs: np.ndarray | None = None  # f32[S, N]

@@ -161,7 +161,7 @@ class Engine:
                 f" = {total + k} tokens cannot fit in the KV pools ({self.capacity()} "
                 "tokens per request, a page kept spare; raise kv_budget_gib, --kv-budget-gib)"
             )
-        self._check_sampling(params, keep_logits)
+        self._check_sampling(params)
         lead = self._lead(follows, prompt)
         rid = self.next_id
         self.next_id += 1
@@ -178,28 +178,31 @@ class Engine:
         """The next seed for a request that sets none (the engine's generator, `options.seed`)."""
         return int(self.seed_generator.integers(0, 2**32))
 
-    def _check_sampling(self, params: SamplingParams, keep_logits: bool) -> None:
+    def _check_sampling(self, params: SamplingParams) -> None:
         vocab = self.model.vocab_size
         if vocab is not None and params.top_k > vocab:
             raise RequestError(
                 f"top_k {params.top_k} exceeds the vocabulary size {vocab} (0 keeps every token)"
             )
-        if params.n != 1:
+        if params.samples != 1:
             raise RequestError(
-                f"n must be 1 for one engine request, got {params.n} (swajax.LLM samples n "
-                "per prompt; or add each sample with follows=)"
+                f"n and best_of must be 1 for one engine request, got n={params.n}, best_of="
+                f"{params.best_of} (swajax.LLM samples them per prompt; or add each sample "
+                "with follows=)"
             )
         limit = self.options.max_logprobs
         if params.logprobs > limit:
             raise RequestError(f"logprobs {params.logprobs} exceeds max_logprobs {limit}")
-        if self.options.num_speculative_tokens and (
-            keep_logits or params.penalized or params.logprobs
-        ):  # a round's draft tokens are neither counted nor ranked on the device
+        if params.bad_words and not params.bad_words_token_ids:
             raise RequestError(
-                "speculative decoding takes no penalties, top-N logprobs or kept logits (got "
-                f"repetition_penalty={params.repetition_penalty}, presence_penalty="
-                f"{params.presence_penalty}, frequency_penalty={params.frequency_penalty}, "
-                f"logprobs={params.logprobs}, keep_logits={keep_logits})"
+                f"bad_words {params.bad_words!r} need a tokenizer: swajax.LLM and the server "
+                "tokenize them; an engine caller gives bad_words_token_ids"
+            )
+        outside = [t for t in params.token_ids() if vocab is not None and t >= vocab]
+        if outside:
+            raise RequestError(
+                f"token id {outside[0]} (logit_bias, allowed_token_ids or bad words) is outside "
+                f"the vocabulary (size {vocab})"
             )
 
     def _lead(self, follows, prompt: list[int]) -> Request | None:

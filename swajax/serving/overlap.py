@@ -41,6 +41,7 @@ from swajax.serving.batch import (
 )
 from swajax.serving.planning import round_batch, top_logprobs
 from swajax.serving.request import Request
+from swajax.serving.token_rules import has_rules
 
 
 def new_pages(starts, counts, ps: int) -> int:
@@ -66,7 +67,7 @@ def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:
         forward = round_batch(reqs, lens.tolist(), pending=pending, positions=pre + 1)
     else:
         index = np.arange(n, dtype=np.int32)
-        fields = sampling_fields(params, pre + 1, [r.row for r in reqs])
+        fields = sampling_fields(reqs, pre + 1)
         forward = ForwardBatch(tokens=pending, logit_index=index, sample_index=index, **fields)
     return StepPlan(
         kind=StepKind.DECODE,
@@ -81,6 +82,7 @@ def build(reqs, done, lens, steps, prev, releases, released) -> StepPlan:
         sampling=SamplingOps(
             penalize=any(p.penalized for p in params),
             top_logprobs=top_logprobs(reqs) if steps == 1 else 0,
+            rules=any(has_rules(p) for p in params),
         ),
     )
 

@@ -23,6 +23,7 @@ from swajax.serving.batch import (
     sampling_fields,
 )
 from swajax.serving.request import Request
+from swajax.serving.token_rules import has_rules
 
 
 def build_plan(
@@ -75,6 +76,7 @@ def build_plan(
             penalty_seeds=penalty_seeds(reqs),
             top_logprobs=top_logprobs(reqs),
             return_logits=any(r.keep_logits for r in reqs),
+            rules=any(has_rules(r.params) for r in reqs),
         ),
     )
 
@@ -111,7 +113,7 @@ def round_batch(
     # Per request: its sampling fields, keyed from the position of its pending token's successor.
     if positions is None:
         positions = [r.num_tokens for r in reqs]
-    fields = sampling_fields([r.params for r in reqs], positions, [r.row for r in reqs])
+    fields = sampling_fields(reqs, positions)
     return ForwardBatch(tokens=tokens, logit_index=empty, sample_index=empty, **fields)
 
 
@@ -144,7 +146,5 @@ def forward_batch(reqs: list[Request], lens: list[int]) -> ForwardBatch:
         tokens=np.asarray(tokens, np.int32),
         logit_index=np.asarray(logit_index, np.int32),
         sample_index=np.asarray(sample_index, np.int32),
-        **sampling_fields(
-            [r.params for r, _ in sampled], [end for _, end in sampled], [r.row for r, _ in sampled]
-        ),
+        **sampling_fields([r for r, _ in sampled], [end for _, end in sampled]),
     )

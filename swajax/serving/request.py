@@ -61,6 +61,9 @@ class Request:
     follows: Request | None = None
     leads: bool = False
     logits: list = dataclasses.field(default_factory=list)  # per computed position, if kept
+    # Speculative decoding: draft tokens proposed for it, and accepted by the verify rounds.
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     @property
     def tokens(self) -> list[int]:

@@ -54,7 +54,16 @@ class SamplingParams:
     most tokens generated. `n` samples per prompt share the prompt's KV (one prefill);
     `logprobs` N > 0 returns the N most likely tokens' logprobs at every generated position,
     `prompt_logprobs` N at every prompt position (logprobs are always of the model's raw
-    distribution, before any processing)."""
+    distribution, before any processing). `best_of` (>= n) samples are drawn and the n with
+    the highest cumulative logprob returned (`swajax.LLM`).
+
+    Token rules, applied to the raw logits before the penalties: `logit_bias` {token id: bias}
+    adds each bias to its token's logit; `allowed_token_ids` keeps only those tokens;
+    `bad_words` (strings) are never completed: a word of one token is banned, one of several
+    has its last token banned where the output ends with the others (`swajax.LLM` tokenizes
+    each with and without a leading space into `bad_words_token_ids`, which an engine user may
+    give directly); `min_tokens` bans the stop tokens (eos included) and ignores stop strings
+    until the output has that many tokens."""
 
     n: int = 1
     presence_penalty: float = 0.0
@@ -71,6 +80,12 @@ class SamplingParams:
     max_tokens: int = 16
     logprobs: int | None = None  # top-N logprobs per generated token (None or 0: none)
     prompt_logprobs: int | None = None  # top-N logprobs per prompt position (None: none)
+    min_tokens: int = 0
+    best_of: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         if self.top_k == -1:  # vLLM's older spelling of "off"
@@ -78,13 +93,15 @@ class SamplingParams:
         for name in ("logprobs",):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, 0)
-        optional = ("top_k", "prompt_logprobs")
+        optional = ("top_k", "prompt_logprobs", "best_of")
         for name, lo in (
             ("max_tokens", 1),
             ("top_k", 0),
             ("n", 1),
             ("logprobs", 0),
             ("prompt_logprobs", 0),
+            ("min_tokens", 0),
+            ("best_of", 1),
         ):
             value = getattr(self, name)
             if value is None and name in optional:
@@ -123,6 +140,27 @@ class SamplingParams:
             raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
         object.__setattr__(self, "stop", _stop_strings(self.stop))
+        if self.min_tokens > self.max_tokens:
+            raise RequestError(
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
+        if self.best_of is not None and self.best_of < self.n:
+            raise RequestError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not ids:
+                raise RequestError("allowed_token_ids is empty: no token could be sampled")
+            object.__setattr__(self, "allowed_token_ids", ids)
+        words = _stop_strings(self.bad_words, "bad_words")
+        object.__setattr__(self, "bad_words", words)
+        seqs = self.bad_words_token_ids
+        if isinstance(seqs, str | bytes) or not hasattr(seqs, "__iter__"):
+            raise RequestError(f"bad_words_token_ids must be token id sequences, got {seqs!r}")
+        seqs = tuple(_token_ids("bad_words_token_ids", w) for w in seqs)
+        if any(not w for w in seqs):
+            raise RequestError("bad_words_token_ids holds an empty sequence")
+        object.__setattr__(self, "bad_words_token_ids", seqs)
 
     def resolved(self, defaults: dict | None = None, seed: int | None = None) -> SamplingParams:
         """These params with every unset field filled: from `defaults` (a checkpoint's
@@ -144,6 +182,17 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
         )
 
+    @property
+    def samples(self) -> int:
+        """How many samples are drawn: best_of, else n."""
+        return self.best_of or self.n
+
+    def token_ids(self) -> list[int]:
+        """Every token id the request names (bias, allowed, bad words): each must be inside
+        the vocabulary."""
+        ids = list(self.logit_bias or ()) + list(self.allowed_token_ids or ())
+        return ids + [t for w in self.bad_words_token_ids for t in w]
+
     def sample_seed(self, i: int) -> int:
         """The seed of the i-th of `n` samples: the request's own for the first, a distinct
         mix of (seed, i) for the others (the seed must be set: `resolved`)."""
@@ -154,22 +203,42 @@ class SamplingParams:
 
 
 def _stop_ids(stops) -> tuple[int, ...]:
-    if isinstance(stops, str | bytes) or not hasattr(stops, "__iter__"):
-        raise RequestError(f"stop_token_ids must be token ids, got {stops!r}")
-    stops = tuple(stops)
-    bad = [t for t in stops if not _is_int(t)]
-    bad += [t for t in stops if not bad and not 0 <= t <= INT32_MAX]
+    return _token_ids("stop_token_ids", stops)
+
+
+def _token_ids(name: str, ids) -> tuple[int, ...]:
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"{name} must be token ids, got {ids!r}")
+    ids = tuple(ids)
+    bad = [t for t in ids if not _is_int(t)]
+    bad += [t for t in ids if not bad and not 0 <= t <= INT32_MAX]
     if bad:
-        raise RequestError(f"stop_token_ids must be integers in [0, 2**31), got {bad[0]!r}")
-    return tuple(int(t) for t in stops)
+        raise RequestError(f"{name} must be integers in [0, 2**31), got {bad[0]!r}")
+    return tuple(int(t) for t in ids)
 
 
-def _stop_strings(stop) -> tuple[str, ...]:
+def _logit_bias(bias) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    if not hasattr(bias, "items"):
+        raise RequestError(f"logit_bias must map token ids to biases, got {bias!r:.60}")
+    out = {}
+    for token, value in bias.items():
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token = int(token)  # JSON object keys are strings
+        (token,) = _token_ids("logit_bias", (token,))
+        if not _is_number(value) or math.isnan(value) or abs(value) > FLOAT32_MAX:
+            raise RequestError(f"logit_bias[{token}] must be a number, got {value!r}")
+        out[token] = float(value)
+    return out
+
+
+def _stop_strings(stop, name: str = "stop") -> tuple[str, ...]:
     stop = (stop,) if isinstance(stop, str) else stop
     if not hasattr(stop, "__iter__"):
-        raise RequestError(f"stop must be a string or strings, got {stop!r}")
+        raise RequestError(f"{name} must be a string or strings, got {stop!r}")
     stop = tuple(stop)
     bad = [s for s in stop if not isinstance(s, str) or not s]
     if bad:
-        raise RequestError(f"stop strings must be non-empty strings, got {bad[0]!r}")
+        raise RequestError(f"{name} strings must be non-empty strings, got {bad[0]!r}")
     return stop

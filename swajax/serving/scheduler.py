@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from swajax.serving.ledger import PoolLedger
 from swajax.serving.options import EngineOptions, SchedulerConfig
 from swajax.serving.planning import build_plan
 from swajax.serving.request import Request, Status
+from swajax.serving.token_rules import needs_history
 
 
 class StepFailed(RuntimeError):
@@ -55,6 +56,8 @@ class Scheduler:
         # Per admission: prompt tokens the prefix cache did not supply, by why (explain.py).
         self.missed_tokens = dict.fromkeys(explain.REASONS, 0)
         self.accepted_tokens = 0  # draft tokens kept by speculative rounds
+        self.draft_tokens = 0  # draft tokens proposed (k per request and round)
+        self.acceptance: Counter[int] = Counter()  # request-rounds by proposals accepted
         self.dropped_tokens = 0  # overlap: tokens of requests that ended while a step ran
 
     @property
@@ -136,7 +139,10 @@ class Scheduler:
         setting allows one, nothing waits, none asks for what a round does not return."""
         if self.cfg.decode_steps <= 1 or self.options.num_speculative_tokens or self.waiting:
             return False
-        return not any(r.keep_logits or r.params.penalized or r.params.logprobs for r in reqs)
+        return not any(
+            r.keep_logits or r.params.penalized or r.params.logprobs or needs_history(r.params)
+            for r in reqs
+        )
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step: choose the batch, evict out-of-window SWA, make the batch fit. If
@@ -459,7 +465,11 @@ class Scheduler:
             return None
         ahead = set(map(id, prev.requests))
         if self.waiting or any(
-            id(r) not in ahead or r.suspect or not r.decoding or r.stale is not None
+            id(r) not in ahead
+            or r.suspect
+            or not r.decoding
+            or r.stale is not None
+            or needs_history(r.params)  # its bad words read the token step n samples
             for r in self.running
         ):
             return None
@@ -598,9 +608,22 @@ class Scheduler:
                 self.ledger.free(slots[own:])
             if plan.round.speculative:
                 self.accepted_tokens += m - 1
-            for token, logprob in zip(new[:m], result.logprobs[i, :m].tolist()):
+                a = int(result.accepted[i])  # what the draw accepted, before any stop
+                req.spec_drafted += plan.round.lookahead
+                req.spec_accepted += a
+                self.draft_tokens += plan.round.lookahead
+                self.acceptance[a] += 1
+            if req.keep_logits:
+                req.add_logits(result.logits[i, :m])
+            tops = [None] * m
+            if result.top_ids is not None and req.params.logprobs:
+                n_top = req.params.logprobs
+                ids = result.top_ids[i, :m, :n_top].tolist()
+                lps = result.top_logprobs[i, :m, :n_top].tolist()
+                tops = [dict(zip(a, b)) for a, b in zip(ids, lps)]
+            for token, logprob, top in zip(new[:m], result.logprobs[i, :m].tolist(), tops):
                 if req.status is Status.RUNNING:  # a round's tokens after a finish are dropped
-                    self._guarded(req, self._take_token, req, token, logprob)
+                    self._guarded(req, self._take_token, req, token, logprob, top)
 
     def _guarded(self, req: Request, fn, *args) -> None:
         """Run one request's part of a step; if it raises, that request fails, not the step."""
@@ -621,7 +644,7 @@ class Scheduler:
             )
             return
         req.take_token(token, logprob, top)
-        if token in req.params.stop_token_ids:
+        if _stops(req, token, len(req.output)):
             self.finish(req, "stop")
         elif len(req.output) >= req.params.max_tokens:
             self.finish(req, "length")
@@ -757,9 +780,16 @@ def kept(req: Request, tokens) -> int:
     token, and no more than its length limit allows."""
     room = req.params.max_tokens - len(req.output)
     for i, token in enumerate(tokens[:room]):
-        if token in req.params.stop_token_ids:
+        if _stops(req, token, len(req.output) + i + 1):
             return i + 1
     return min(len(tokens), room)
+
+
+def _stops(req: Request, token: int, length: int) -> bool:
+    """Whether `token`, the output's `length`-th, ends the request: a stop token once the
+    output has min_tokens (before that the device bans them; a caller's allowed tokens may
+    leave nothing else)."""
+    return token in req.params.stop_token_ids and length >= req.params.min_tokens
 
 
 def _top_logprobs(sampled: list[Request], result: StepResult) -> list:

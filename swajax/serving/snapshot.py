@@ -16,7 +16,7 @@ that silently drops it.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
@@ -49,7 +49,11 @@ _FIELDS = (
     "penalties_seeded",
     "cache_hits",
     "leads",
+    "spec_drafted",
+    "spec_accepted",
 )
+# Fields and counters added since FORMAT 1 was first written: what an older snapshot lacks.
+_ADDED = {"spec_drafted": 0, "spec_accepted": 0, "draft_tokens": 0}
 # Request fields with their own encoding below.
 _SPECIAL = (
     "params",
@@ -74,6 +78,7 @@ _COUNTERS = (
     "rebuild_saved_tokens",
     "missed_tokens",
     "accepted_tokens",
+    "draft_tokens",
     "dropped_tokens",
 )
 
@@ -106,6 +111,7 @@ def engine_state(engine, index: dict | None) -> tuple[dict, dict[str, np.ndarray
             running=[r.rid for r in sched.running],
             free_rows=list(sched.free_rows),
             counters={name: getattr(sched, name) for name in _COUNTERS},
+            acceptance=sorted(sched.acceptance.items()),
             next_id=engine.next_id,
             steps=engine.steps,
             launched_ahead=engine.launched_ahead,
@@ -131,7 +137,8 @@ def load_engine_state(engine, state: dict, arrays, nodes: list | None) -> None:
     sched.running = [reqs[rid] for rid in state["running"]]
     sched.free_rows = list(state["free_rows"])
     for name in _COUNTERS:
-        setattr(sched, name, state["counters"][name])
+        setattr(sched, name, state["counters"].get(name, _ADDED.get(name)))
+    sched.acceptance = Counter(dict(state.get("acceptance", [])))
     engine.requests = reqs
     engine.next_id, engine.steps = state["next_id"], state["steps"]
     engine.launched_ahead = state["launched_ahead"]
@@ -172,7 +179,7 @@ def _request(req: Request, index: dict | None, arrays: dict) -> dict:
 def _load_request(s: dict, arrays, nodes: list | None, reqs: dict) -> Request:
     """A saved request, built whole (its lead, if it follows one, is among `reqs` already:
     ids are given in order)."""
-    fields = {name: s[name] for name in _FIELDS}
+    fields = {name: s[name] if name in s else _ADDED[name] for name in _FIELDS}
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in s["params"].items()}
     slots = np.asarray(arrays[f"slots_{s['rid']}"], np.int32)
     handle = None

@@ -4,6 +4,8 @@ vocabulary, against the target's processed distribution). And in the engine: wit
 temperature, the target as its own draft keeps every proposal, and a round is reproducible.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,16 @@ from swajax.serving.options import EngineOptions
 from swajax.serving.sampling_params import SamplingParams
 
 V, K, ROWS = 6, 2, 30_000
+
+
+class Fields(NamedTuple):
+    """The per-request fields `_accept` reads of a round's batch."""
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    seeds: jax.Array
 
 
 def dist(logits, temperature, top_k):
@@ -44,17 +56,16 @@ def test_kept_tokens_follow_the_target():
     q = np.stack([dist(row, t, 0) for row in draft])
     proposed = np.stack([rng.choice(V, size=ROWS, p=q[j]) for j in range(K)], 1)
     logits = jnp.broadcast_to(jnp.asarray(target), (ROWS, K + 1, V))
-    params = (jnp.full(ROWS, t), jnp.full(ROWS, top_k, jnp.int32), jnp.ones(ROWS), jnp.zeros(ROWS))
+    fields = Fields(
+        temperature=jnp.full(ROWS, t),
+        top_k=jnp.full(ROWS, top_k, jnp.int32),
+        top_p=jnp.ones(ROWS),
+        min_p=jnp.zeros(ROWS),
+        seeds=jnp.arange(ROWS, dtype=jnp.uint32),
+    )
     q_probs = [jnp.broadcast_to(jnp.asarray(q[j], jnp.float32), (ROWS, V)) for j in range(K)]
     tokens, accepted = jax.jit(_accept, static_argnames="k")(
-        logits,
-        None,
-        jnp.asarray(proposed, jnp.int32),
-        q_probs,
-        params,
-        jnp.arange(ROWS, dtype=jnp.uint32),
-        jnp.full(ROWS, 7, jnp.int32),
-        k=K,
+        logits, jnp.asarray(proposed, jnp.int32), q_probs, fields, jnp.full(ROWS, 7, jnp.int32), k=K
     )
     tokens, accepted = np.asarray(tokens), np.asarray(accepted)
     assert 0 < accepted.mean() < K  # some proposals kept, some rejected
