@@ -9,6 +9,14 @@ import json
 from pathlib import Path
 
 HF_EXTRA = "install the 'hf' extra: pip install 'swajax[hf]'"
+# Fill-in-the-middle tokens (prefix, suffix, middle) as code models' tokenizers spell them:
+# Qwen2.5-Coder and others, StarCoder / SantaCoder, DeepSeek-Coder, Code Llama.
+FIM_TOKENS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+    ("▁<PRE>", "▁<SUF>", "▁<MID>"),
+)
 
 
 def _special(config: dict, key: str) -> str:
@@ -90,6 +98,29 @@ class Tokenizer:
         if self.hf is None:
             return self.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def infill(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt (prefix, suffix, then the middle to generate) in the
+        tokenizer's FIM tokens, the prefix-suffix-middle order the code models train on.
+        ValueError if it has none."""
+        tokens = self._fim_tokens()
+        if tokens is None:
+            known = "; ".join(" ".join(t) for t in FIM_TOKENS)
+            raise ValueError(
+                f"suffix: this model's tokenizer has no fill-in-the-middle tokens ({known})"
+            )
+        pre, suf, mid = tokens
+        words = self.encode_rendered
+        return [pre, *words(prefix), suf, *words(suffix), mid]
+
+    def _fim_tokens(self) -> tuple[int, int, int] | None:
+        if self.hf is None:
+            return None
+        for names in FIM_TOKENS:
+            ids = [self.hf.token_to_id(n) for n in names]
+            if all(i is not None for i in ids):
+                return tuple(ids)
+        return None
 
     def incremental(self) -> IncrementalDecoder | None:
         """A decoder fed one token at a time that returns the text each adds, in time linear

@@ -21,8 +21,9 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams):
 
 def summary(engine: Engine) -> dict:
     """What an engine's run did to memory: peak occupancy of both pools, prefix hits, SWA KV
-    freed, retractions, accepted draft tokens, this process's compilations, and the bytes of
-    the model's parameters on the device."""
+    freed, retractions, speculative decoding's draft tokens (proposed, kept, acceptance per
+    round), this process's compilations, and the bytes of the model's parameters on the
+    device."""
     m = engine.metrics
     return dict(
         steps=len(m),
@@ -34,11 +35,25 @@ def summary(engine: Engine) -> dict:
         swa_freed_tokens=engine.scheduler.swa_freed_tokens,
         retractions=engine.scheduler.retractions,
         draft_tokens_accepted=engine.scheduler.accepted_tokens,
+        **speculative(engine.scheduler),
         compilations=compilation_count(),  # this process, persistent-cache hits excluded
         compile_cache_hits=cache_hits(),
         # Step programs read ready-compiled from disk, not traced (runner/program_store.py).
         programs_loaded=getattr(getattr(engine.runner, "programs", None), "loaded", 0),
         weight_bytes=weight_bytes(engine.model),
+    )
+
+
+def speculative(scheduler) -> dict:
+    """Speculative decoding's counts: draft tokens proposed, request-rounds by how many of
+    their proposals the verify accepted, and the mean tokens a request gains per round (the
+    accepted proposals and the target's own token)."""
+    rounds = sum(scheduler.acceptance.values())
+    accepted = sum(a * c for a, c in scheduler.acceptance.items())
+    return dict(
+        draft_tokens_proposed=scheduler.draft_tokens,
+        acceptance_lengths=dict(sorted(scheduler.acceptance.items())),
+        mean_acceptance_length=1 + accepted / rounds if rounds else None,
     )
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from swajax.api.engine_spec import EngineSpec, load_model, make_engine, tensor_mesh
 from swajax.api.generation import summary
 from swajax.api.hub import resolve_model
-from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
+from swajax.api.sample_stream import SampleStream, add_samples, best, prompt_logprobs
 from swajax.api.state import restore_state, save_state
 from swajax.errors import InputError
 from swajax.generation_config import sampling_defaults, stop_token_ids
@@ -128,6 +128,10 @@ class RequestOutput:
     # Why the prefix cache supplied what it did (first sample; `MatchReport.as_dict()`: matched
     # and missed tokens, where the match stopped and why, what evicted the rest).
     prefix_cache: dict | None = None
+    # Speculative decoding, over its samples: draft tokens proposed for it and accepted by the
+    # verify rounds (0 without a draft).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +333,9 @@ class LLM:
                         if left[x.index] == 0:
                             advance()
                     running = still
-            return [self._request_output(texts[i], by_prompt[i]) for i in range(len(ids))]
+            return [
+                self._request_output(texts[i], by_prompt[i], params[i].n) for i in range(len(ids))
+            ]
 
     def _params(self, sampling_params, count: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -433,7 +439,7 @@ class LLM:
         for x in samples:
             req = self.engine.requests[x.rid]
             if not req.done and x.stopped(req):
-                self.engine.stop(x.rid)
+                self.engine.stop(x.rid, keep=x.watch.cut[0])
 
     def _step(self, samples: list[SampleStream]) -> bool:
         """One engine step unless every sample has ended (then False)."""
@@ -452,9 +458,12 @@ class LLM:
             x.seen = -1  # an aborted request with no token: one event saying why
             yield StreamEvent(x.index, -1, None, req.finish_reason, x.sample)
 
-    def _request_output(self, text, mine: list[SampleStream]) -> RequestOutput:
+    def _request_output(self, text, mine: list[SampleStream], n: int) -> RequestOutput:
+        """`mine`: the prompt's samples (best_of of them: the n best are returned)."""
+        drawn = [self.engine.requests[x.rid] for x in mine]
+        first = drawn[0]
+        mine = best(mine, drawn, n)
         reqs = [self.engine.requests[x.rid] for x in mine]
-        first = reqs[0]
         prompt_lps = None
         if first.params.prompt_logprobs is not None:
             chosen, tops = prompt_logprobs(first, first.params.prompt_logprobs)
@@ -468,13 +477,15 @@ class LLM:
             prompt=text,
             prompt_token_ids=list(first.prompt),
             prompt_logprobs=prompt_lps,
-            outputs=[self._completion(x, req) for x, req in zip(mine, reqs)],
-            finished=all(r.done for r in reqs),
+            outputs=[self._completion(x, req, i) for i, (x, req) in enumerate(zip(mine, reqs))],
+            finished=all(r.done for r in drawn),
             num_cached_tokens=first.cached_tokens,
             prefix_cache=first.cache_report.as_dict() if first.cache_report else None,
+            num_draft_tokens=sum(r.spec_drafted for r in drawn),
+            num_accepted_tokens=sum(r.spec_accepted for r in drawn),
         )
 
-    def _completion(self, x: SampleStream, req) -> CompletionOutput:
+    def _completion(self, x: SampleStream, req, index: int) -> CompletionOutput:
         out = x.tokens(req)
         lps = [float(v) for v in req.logprobs[: len(out)]]
         tops = None
@@ -482,7 +493,7 @@ class LLM:
             tops = [{t: lp, **top} for t, lp, top in zip(out, lps, req.top_logprobs)]
         reason, stop = _finish(req, x, self.stop_token_ids)
         return CompletionOutput(
-            index=x.sample,
+            index=index,
             text=x.text(req, self.tokenizer.decode),
             token_ids=list(out),
             cumulative_logprob=math.fsum(lps),

@@ -4,11 +4,13 @@ string, and the text each new token adds. Shared by `swajax.LLM` and the server.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from swajax.api.stop_strings import StopWatch
+from swajax.errors import InputError
 from swajax.serving.request import Request
 
 
@@ -57,7 +59,7 @@ class SampleStream:
         if not self.watch.stops or self.watch.cut is not None:
             return self.watch.cut is not None
         self.feed(req.output)
-        return self.watch.check(req.output, self.decoded, self.ends)
+        return self.watch.check(req.output, self.decoded, self.ends, req.params.min_tokens)
 
     def new_events(self, req: Request, decode) -> list[TokenEvent]:
         """The tokens generated since the last call, with the text each adds (text that could
@@ -87,16 +89,19 @@ class SampleStream:
 def add_samples(
     engine, prompt: list[int], params, index: int, tokenizer, keep_logits: bool = False
 ) -> list[SampleStream]:
-    """Queue `params.n` samples of `prompt` (the first computes the prompt, the others follow
-    it to take its KV from the prefix cache); each draws with its own seed. `keep_logits`: every
+    """Queue `params.samples` (best_of, else n) samples of `prompt` (the first computes the
+    prompt, the others follow it to take its KV from the prefix cache); each draws with its own
+    seed; bad words are tokenized. `keep_logits`: every
     prompt position's logits are wanted (computed, no cached prefix). If one is refused, those
     queued before it are aborted and the error raised."""
     if params.seed is None:  # the n samples' seeds derive from one the engine draws
         params = dataclasses.replace(params, seed=engine.draw_seed())
-    one = dataclasses.replace(params, n=1)
+    if params.bad_words and not params.bad_words_token_ids:
+        params = dataclasses.replace(params, bad_words_token_ids=bad_word_ids(params, tokenizer))
+    one = dataclasses.replace(params, n=1, best_of=None)
     samples, lead = [], None
     try:
-        for i in range(params.n):
+        for i in range(params.samples):
             seeded = dataclasses.replace(one, seed=params.sample_seed(i))
             rid = engine.add_request(
                 prompt, seeded, follows=lead, keep_logits=keep_logits, cache_hits=not keep_logits
@@ -127,3 +132,27 @@ def prompt_logprobs(req, top: int):
         order = np.argsort(-lp[i - 1])[:top]
         tops.append({int(t): float(lp[i - 1, t]) for t in order} if top else None)
     return chosen, tops
+
+
+def bad_word_ids(params, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Each bad word as token ids, as written and with one leading space (how a word is
+    tokenized mid-text; vLLM bans both forms), without special tokens; distinct forms only."""
+    if tokenizer.missing is not None:
+        raise InputError(f"bad_words {params.bad_words!r} need the checkpoint's tokenizer.json")
+    forms = {}
+    for word in params.bad_words:
+        for text in (word, " " + word.lstrip()):
+            ids = tuple(tokenizer.encode_rendered(text))
+            if ids:
+                forms[ids] = None
+    return tuple(forms)
+
+
+def best(samples: list[SampleStream], reqs, n: int) -> list[SampleStream]:
+    """best_of: the n samples with the highest cumulative logprob (ties: the earlier), in that
+    order."""
+    if len(samples) <= n:
+        return samples
+    score = [math.fsum(r.logprobs[: len(x.tokens(r))]) for x, r in zip(samples, reqs)]
+    order = sorted(range(len(samples)), key=lambda i: (-score[i], i))
+    return [samples[i] for i in order[:n]]

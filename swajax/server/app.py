@@ -105,6 +105,20 @@ def make_app(
             message = f"tokenizing the prompt took more than {TOKENIZE_SECONDS:g} s"
             raise InputError(message) from None
 
+    async def infill(prompt, suffix: str) -> list[list[int]]:
+        """`suffix`: the prompt (text) and the suffix as one fill-in-the-middle prompt."""
+        if not isinstance(prompt, str):
+            raise InputError("suffix needs the prompt as one text (fill in the middle)")
+
+        def encode():
+            return [llm.tokenizer.infill(prompt, suffix)]
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(encode), TOKENIZE_SECONDS)
+        except TimeoutError:
+            message = f"tokenizing the prompt took more than {TOKENIZE_SECONDS:g} s"
+            raise InputError(message) from None
+
     async def render(messages: list[dict]) -> str:
         if "t" not in templates:
             templates["t"] = TemplateWorker(folder) if folder is not None else None
@@ -178,9 +192,17 @@ def make_app(
         try:
             if body.max_tokens == 0 and not body.echo:
                 raise InputError("max_tokens: 0 generates nothing; it is allowed only with echo")
-            prompts = await tokenize(prompt_list(body.prompt))
+            if body.best_of is not None and body.best_of > body.n and body.stream:
+                raise InputError(
+                    f"best_of ({body.best_of}) > n ({body.n}) cannot stream: the best are "
+                    "known only at the end"
+                )
+            if body.suffix is not None:
+                prompts = await infill(body.prompt, body.suffix)
+            else:
+                prompts = await tokenize(prompt_list(body.prompt))
             echo_only = body.echo and body.max_tokens == 0
-            params = body.sampling(max(body.max_tokens or 16, 1), body.logprobs or 0)
+            params = body.sampling(max(body.max_tokens or 16, 1), body.logprobs or 0, body.best_of)
             params = _with_eos(llm, params, body.ignore_eos)
         except (InputError, ValueError) as e:
             return error(400, str(e))

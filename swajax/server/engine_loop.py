@@ -56,8 +56,8 @@ class Job:
 
     @property
     def size(self) -> int:
-        """The engine requests it queues: n samples of each prompt."""
-        return len(self.prompts) * self.params.n
+        """The engine requests it queues: n (or best_of) samples of each prompt."""
+        return len(self.prompts) * self.params.samples
 
     def put(self, *message) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
@@ -187,7 +187,7 @@ class EngineLoop:
             for x in job.samples:
                 req = self.engine.requests[x.rid]
                 if not req.done and x.stopped(req):
-                    self.engine.stop(x.rid)
+                    self.engine.stop(x.rid, keep=x.watch.cut[0])
             self._publish_job(job)
 
     def _publish_job(self, job: Job) -> None:

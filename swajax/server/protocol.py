@@ -1,7 +1,7 @@
 """The OpenAI request bodies the server takes (pydantic, unknown fields refused), and how each
 becomes `SamplingParams`. Names and defaults are OpenAI's (temperature 1, max_tokens 16), with
 vLLM's extensions for what OpenAI lacks (top_k, min_p, repetition_penalty, stop_token_ids,
-ignore_eos)."""
+ignore_eos, allowed_token_ids, bad_words, min_tokens)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,24 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[StrictInt] | None = None  # strict: true is not a token id
     ignore_eos: bool = False
     user: str | None = None  # accepted and ignored, as OpenAI's servers log it
+    # OpenAI's: token id (a JSON key: a string) -> a bias in [-100, 100] added to its logit.
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions.
+    allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[str] | None = None
+    min_tokens: int = Field(0, ge=0)
 
-    def sampling(self, max_tokens: int, logprobs: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, logprobs: int, best_of: int | None = None):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        bias = None
+        if self.logit_bias is not None:
+            bias = {}
+            for token, value in self.logit_bias.items():
+                if not token.strip().isdigit():
+                    raise InputError(f"logit_bias: key {token!r} is not a token id")
+                if not -100 <= value <= 100:
+                    raise InputError(f"logit_bias[{token}] = {value} is outside [-100, 100]")
+                bias[int(token)] = value
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -62,6 +77,11 @@ class SamplingFields(BaseModel):
             n=self.n,
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            logit_bias=bias,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=tuple(self.bad_words or ()),
+            min_tokens=self.min_tokens,
+            best_of=best_of,
         )
 
     @property
@@ -74,6 +94,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    best_of: int | None = Field(None, ge=1, le=64)  # the n best (cumulative logprob) of these
+    suffix: str | None = None  # fill in the middle, where the tokenizer has FIM tokens
 
 
 class ChatMessage(BaseModel):

@@ -9,6 +9,7 @@ for one message. Choices are numbered prompt by prompt, the n samples of each in
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 
@@ -28,7 +29,8 @@ class _Shape:
 
     def __init__(self, decode, model: str, body):
         self.decode, self.model, self.body_in = decode, model, body
-        self.n = body.n
+        self.n = body.n  # choices per prompt
+        self.drawn = getattr(body, "best_of", None) or body.n  # samples per prompt
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.choices: dict[int, _Choice] = {}
@@ -36,7 +38,7 @@ class _Shape:
         self.cached_tokens: dict[int, int] = {}  # per prompt: its first sample's
 
     def _choice(self, x) -> tuple[int, _Choice]:
-        i = x.index * self.n + x.sample
+        i = x.index * self.drawn + x.sample
         return i, self.choices.setdefault(i, _Choice())
 
     def take(self, message) -> list[tuple[int, object]]:
@@ -130,11 +132,20 @@ class Completion(_Shape):
         return dict(index=i, text=text, logprobs=logprobs, finish_reason=finish)
 
     def body(self) -> dict:
-        choices = [
-            self._choice_body(i, self.choices[i], self.prompts[i // self.n])
-            for i in sorted(self.choices)
-        ]
+        choices = []
+        for p, prompt in enumerate(self.prompts):
+            for i in self._best(p):
+                choices.append(self._choice_body(len(choices), self.choices[i], prompt))
         return dict(**self._head(), choices=choices, usage=self.usage())
+
+    def _best(self, p: int) -> list[int]:
+        """Prompt p's choices: its samples, or with best_of its n with the highest cumulative
+        logprob, best first (ties: the earlier). Usage counts every sample drawn."""
+        mine = [i for i in range(p * self.drawn, (p + 1) * self.drawn) if i in self.choices]
+        if self.drawn == self.n:
+            return mine
+        score = {i: math.fsum(self.choices[i].logprobs) for i in mine}
+        return sorted(mine, key=lambda i: (-score[i], i))[: self.n]
 
     def first_chunks(self) -> list[dict]:
         return []

@@ -219,11 +219,15 @@ class Engine:
         """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
         self.scheduler.abort(self._request(rid), reason)
 
-    def stop(self, rid: int) -> None:
+    def stop(self, rid: int, keep: int | None = None) -> None:
         """Finish request `rid` now with reason "stop" (a stop string the caller matched): a
-        running one hands its KV to the prefix cache as if it had sampled a stop token."""
+        running one hands its KV to the prefix cache as if it had sampled a stop token.
+        `keep`: the output tokens it keeps (those up to the one that completed the stop
+        string); the rest, and their KV, go first."""
         req = self._request(rid)
         if req.status is Status.RUNNING:
+            if keep is not None:
+                self.scheduler.truncate(req, keep)
             self.scheduler.finish(req, "stop")
         else:  # waiting (retracted) or ended: nothing of it is held
             self.scheduler.abort(req, "stop")

@@ -756,6 +756,24 @@ class Scheduler:
         if suspect:
             req.suspect = True
 
+    def truncate(self, req: Request, m: int) -> None:
+        """Keep the first m output tokens of a running request (a stop string ended it inside
+        the tokens of its last round or step): what it had after them goes, and the KV of
+        positions after its last kept token goes back to both pools, page by page (the page
+        holding a kept position stays with it, as after a round). Nothing after the stop is
+        ever cached."""
+        if m >= len(req.output):
+            return
+        del req.output[m:], req.logprobs[m:], req.top_logprobs[m:]
+        end = req.num_tokens - 1  # the last kept token has no KV
+        if req.kv_len > end:
+            whole = round_up(end, self.cfg.page_size)  # positions on pages it keeps
+            if whole < req.kv_len:
+                self.ledger.free(req.slots[whole:].copy())
+            if req.keep_logits:
+                del req.logits[max(0, len(req.logits) - (req.kv_len - end)) :]
+            req.kv_len = end
+
     def finish(self, req: Request, reason: str) -> None:
         """Cache a finished request's KV (its last sampled token has none) and release it."""
         self._hand_over(req, insert=True)
