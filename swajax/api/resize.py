@@ -19,10 +19,11 @@ import dataclasses
 import jax
 import numpy as np
 
+from swajax.arith import bucket
 from swajax.errors import InputError
 from swajax.memory import allocator as A
 from swajax.memory.host_copy import gather_pages, load_pages, load_primary_pages, page_sets
-from swajax.memory.padding import bucket, pad
+from swajax.memory.padding import pad
 from swajax.prefix_cache.locks import LockHandle
 from swajax.prefix_cache.radix import RadixCache
 from swajax.prefix_cache.state import load_tree_state, tree_order, tree_state

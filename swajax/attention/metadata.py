@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.arith import ceil_div
+from swajax.arith import bucket, ceil_div
 from swajax.memory import allocator
-from swajax.memory.padding import bucket, pad, token_positions
+from swajax.memory.padding import pad, token_positions
 from swajax.memory.pool import KVWriteLoc
 from swajax.memory.req_to_token import ReqToToken
 

@@ -93,13 +93,72 @@ def engine_fields(args) -> dict:
 
 
 def _speculative_tokens(args) -> int:
-    """K from --num-speculative-tokens (4 by default with --draft-model; `logits` has neither)."""
+    """K (4 by default with a draft; `logits` has none)."""
+    return speculative(args)[1]
+
+
+# SGLang's --speculative-algorithm values and vLLM's --speculative-config methods that draft
+# with the checkpoint's own multi-token-prediction layer when no draft model is named.
+OWN_LAYER = {
+    "mtp",
+    "nextn",
+    "eagle",
+    "eagle3",
+    "deepseek_mtp",
+    "mimo_mtp",
+    "ernie_mtp",
+    "qwen3_next_mtp",
+}
+
+
+def speculative(args) -> tuple[str | None, int]:
+    """(draft model, k) from swajax's flags (--draft-model, --num-speculative-tokens), SGLang's
+    (--speculative-algorithm, --speculative-draft-model-path, --speculative-num-steps,
+    --speculative-num-draft-tokens) or vLLM's (--speculative-config JSON: method, model,
+    num_speculative_tokens); (None, 0) without a draft."""
     draft, k = getattr(args, "draft_model", None), getattr(args, "num_speculative_tokens", None)
+    algorithm = getattr(args, "speculative_algorithm", None)
+    config = getattr(args, "speculative_config", None)
+    if config is not None:
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise args_lib.UsageError(f"--speculative-config: not JSON ({e})") from None
+        if not isinstance(config, dict):
+            raise args_lib.UsageError("--speculative-config: give a JSON object")
+        unknown = set(config) - {"method", "model", "num_speculative_tokens"}
+        if unknown:
+            raise args_lib.UsageError(
+                f"--speculative-config: swajax takes method, model and num_speculative_tokens; "
+                f"got {sorted(unknown)}"
+            )
+        draft = config.get("model", draft)
+        algorithm = config.get("method", algorithm)
+        k = config.get("num_speculative_tokens", k)
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64):
+            raise args_lib.UsageError(
+                f"--speculative-config: num_speculative_tokens must be an integer in [1, 64], "
+                f"got {k!r}"
+            )
+    if draft is None and algorithm is not None:
+        if str(algorithm).lower() not in OWN_LAYER:
+            raise args_lib.UsageError(
+                f"speculative algorithm {algorithm!r} needs a draft model "
+                "(--speculative-draft-model-path, or 'model' in --speculative-config); without "
+                f"one swajax drafts with the checkpoint's own layer: {', '.join(sorted(OWN_LAYER))}"
+            )
+        draft = "mtp"
+    steps_plus_one = getattr(args, "speculative_num_draft_tokens", None)
+    if k is None and steps_plus_one is not None:
+        k = steps_plus_one - 1  # SGLang's draft tokens per chain: the steps and the root
     if draft is None:
         if k is not None:
-            raise args_lib.UsageError("--num-speculative-tokens needs --draft-model")
-        return 0
-    return 4 if k is None else k
+            raise args_lib.UsageError(
+                "--num-speculative-tokens (--speculative-num-steps) needs a draft: "
+                "--draft-model, --speculative-algorithm or --speculative-config"
+            )
+        return None, 0
+    return draft, 4 if k is None else k
 
 
 def _prompts(args, tokenizer: Tokenizer) -> list[list[int]]:
@@ -129,7 +188,7 @@ def run_generate(args) -> int:
         _spec(args),
         revision=args.revision,
         generation_config=args.generation_config,
-        draft_model=args.draft_model,
+        draft_model=speculative(args)[0],
         dequantize_weights=args.dequantize_weights,
         flags=("--model", "--draft-model"),
     )
@@ -185,8 +244,13 @@ def run_generate(args) -> int:
             f"peak SWA {summary['peak_swa_used']}/{summary['swa_tokens']}, prefix hits "
             f"{summary['prefix_hit_tokens']}, SWA KV freed {summary['swa_freed_tokens']} tokens"
         )
-        if args.draft_model is not None:
-            print(f"speculative: {summary['draft_tokens_accepted']} draft tokens accepted")
+        if summary["draft_tokens_proposed"]:
+            rounds = sum(summary["acceptance_lengths"].values())
+            print(
+                f"speculative: {summary['draft_tokens_accepted']} of "
+                f"{summary['draft_tokens_proposed']} draft tokens kept over {rounds} request-"
+                f"rounds; {summary['mean_acceptance_length']:.2f} tokens per round"
+            )
     return 0 if all(o.finish_reason in ("length", "stop") for _, _, o in outputs) else 1
 
 
@@ -435,6 +499,39 @@ def _add_sampling_args(p) -> None:
     p.add_argument("--seed", type=args_lib.SEED, default=0)
 
 
+def add_speculative(p) -> None:
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument(
+        "--draft-model",
+        "--speculative-draft-model-path",
+        help="'tiny', a checkpoint folder with the target's vocabulary, or 'mtp' (the "
+        "checkpoint's own multi-token-prediction layer: MiMo-V2-Flash, Step 3.x, DeepSeek-V4); "
+        "rejection sampling keeps the target's distribution, every sampling field included",
+    )
+    g.add_argument(
+        "--num-speculative-tokens",
+        "--speculative-num-steps",
+        type=args_lib.int_at_least(1, 64),
+        help="draft tokens per decode step (default 4 with a draft)",
+    )
+    g.add_argument(
+        "--speculative-num-draft-tokens",
+        type=args_lib.int_at_least(2, 65),
+        help="SGLang's: the draft tokens of a chain counting its root (k + 1)",
+    )
+    g.add_argument(
+        "--speculative-algorithm",
+        type=str.lower,
+        help="SGLang's: MTP, NEXTN or EAGLE draft with the checkpoint's own layer unless "
+        "--speculative-draft-model-path names a model",
+    )
+    g.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='vLLM\'s: {"method": "mtp", "num_speculative_tokens": 2} or {"model": PATH, ...}',
+    )
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate tokens through the engine")
     add_model_args(p)
@@ -445,17 +542,7 @@ def register(sub) -> None:
         help="do not stop at the checkpoint's eos_token_id (generation_config.json, "
         "else config.json)",
     )
-    p.add_argument(
-        "--draft-model",
-        help="speculative decoding: 'tiny', a checkpoint folder with the target's vocabulary, "
-        "or 'mtp' (the checkpoint's own multi-token-prediction layer: MiMo-V2-Flash, Step 3.x); "
-        "rejection sampling keeps the target's distribution (greedy with temperature 0)",
-    )
-    p.add_argument(
-        "--num-speculative-tokens",
-        type=args_lib.int_at_least(1, 64),
-        help="draft tokens per decode step (default 4 with --draft-model)",
-    )
+    add_speculative(p)
     p.add_argument(
         "--no-overlap", action="store_true", help="read each step's result before planning the next"
     )

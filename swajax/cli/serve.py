@@ -24,13 +24,14 @@ def run_serve(args) -> int:
     except ImportError as e:
         raise args_lib.UsageError(f"swajax serve needs {e.name}: {SERVE_EXTRA}") from None
     from swajax.api import LLM, EngineSpec
-    from swajax.cli.generate import engine_fields
+    from swajax.cli.generate import engine_fields, speculative
 
     llm = LLM.from_spec(
         args.model,
         EngineSpec.of(**engine_fields(args)),
         revision=args.revision,
         generation_config=args.generation_config,
+        draft_model=speculative(args)[0],
         dequantize_weights=args.dequantize_weights,
         flags=("--model", "--draft-model"),
     )
@@ -144,7 +145,7 @@ def _server_class(uvicorn):
 
 
 def register(sub) -> None:
-    from swajax.cli.generate import add_decode_steps, add_model_args
+    from swajax.cli.generate import add_decode_steps, add_model_args, add_speculative
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     add_model_args(p, prompts=False)
@@ -183,6 +184,7 @@ def register(sub) -> None:
         "--no-overlap", action="store_true", help="read each step's result before planning the next"
     )
     add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made
+    add_speculative(p)
     p.add_argument(
         "--state-dir",
         help="keep the prefix cache across restarts: restore it from this folder at start (if "

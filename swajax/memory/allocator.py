@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.arith import ceil_div
-from swajax.memory.padding import bucket, pad, token_positions
+from swajax.arith import bucket, ceil_div
+from swajax.memory.padding import pad, token_positions
 from swajax.memory.page_stack import PageStack
 from swajax.sizing import PoolMode, SizingError
 

@@ -24,11 +24,6 @@ def token_positions(prefix_lens: jax.Array, seq_lens: jax.Array, num_tokens: int
     return req.astype(jnp.int32), pos, t < ends[-1]
 
 
-def bucket(n: int, minimum: int) -> int:
-    """Smallest power of two >= max(n, minimum): batch shapes come from a few sizes only."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
 def pad(values, size: int, fill: int = 0) -> np.ndarray:
     """Host int32 array of `size` entries: `values` followed by `fill`."""
     out = np.full(size, fill, np.int32)

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swajax.memory.padding import bucket, pad, token_positions
+from swajax.arith import bucket
+from swajax.memory.padding import pad, token_positions
 from swajax.memory.zeros import zeros
 
 

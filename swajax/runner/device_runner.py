@@ -16,10 +16,11 @@ import itertools
 import jax
 import numpy as np
 
+from swajax.arith import bucket
 from swajax.attention.metadata import metadata_shape
 from swajax.memory import allocator as A
 from swajax.memory.compilations import compilation_count
-from swajax.memory.padding import bucket, pad
+from swajax.memory.padding import pad
 from swajax.memory.req_to_token import ReqToToken
 from swajax.models.multi_step import round_shape
 from swajax.models.sampling import SampleMode, init_penalties

@@ -14,8 +14,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from swajax.arith import bucket
 from swajax.memory.host_copy import gather_pages, load_pages, page_layouts
-from swajax.memory.padding import bucket, pad
+from swajax.memory.padding import pad
 
 MIN_PAGES = 4
 POOLS = ("full", "swa")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.memory.padding import bucket
+from swajax.arith import bucket
 from swajax.serving.batch import SAMPLE_FIELDS, SAMPLE_PADDING, ForwardBatch, StepPlan
 
 MIN_TOKENS = 64

@@ -13,7 +13,11 @@ instant. Every metric carries the served model's name as `model_name`, as vLLM's
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PREFIX = "swajax:"
@@ -108,6 +112,13 @@ STATE = {
     "tail_rebuilt_tokens": "counter",
     "engine_steps": "counter",
     "engine_step_seconds": "gauge",
+    # Speculative decoding, vLLM's four (a draft is one request's proposals in one round),
+    # and the tokens a request gains per round as a histogram (swajax's).
+    "spec_decode_num_drafts": "counter",
+    "spec_decode_num_draft_tokens": "counter",
+    "spec_decode_num_accepted_tokens": "counter",
+    "spec_decode_num_accepted_tokens_per_pos": "counter",  # labelled by position
+    "spec_decode_acceptance_length": "histogram",
 }
 EVENTS = {
     "prompt_tokens": "counter",
@@ -203,6 +214,39 @@ class _EngineCollector:
                 )
         yield counter("engine_steps", "engine steps run", self.loop.steps)
         yield gauge("engine_step_seconds", "wall time of the last step", self.loop.step_seconds)
+        yield from self._speculative(sched, counter)
+
+    def _speculative(self, sched, counter):
+        """From the scheduler's request-rounds by proposals accepted (all zero without a
+        draft: the series exist either way)."""
+        k = self.engine.options.num_speculative_tokens
+        rounds = dict(sched.acceptance)
+        yield counter("spec_decode_num_drafts", "request-rounds verified", sum(rounds.values()))
+        yield counter("spec_decode_num_draft_tokens", "draft tokens proposed", sched.draft_tokens)
+        accepted = sum(a * n for a, n in rounds.items())
+        yield counter("spec_decode_num_accepted_tokens", "draft tokens accepted", accepted)
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "draft tokens accepted, by their position in the round",
+            labels=["model_name", "position"],
+        )
+        for pos in range(k):
+            taken = sum(n for a, n in rounds.items() if a > pos)
+            per_pos.add_metric([self.model, str(pos)], float(taken))
+        yield per_pos
+        lengths = HistogramMetricFamily(
+            PREFIX + "spec_decode_acceptance_length",
+            "tokens a request gains per round (accepted proposals and the target's own)",
+            labels=["model_name"],
+        )
+        buckets, total = [], 0
+        for length in range(1, k + 2):
+            total += rounds.get(length - 1, 0)
+            buckets.append((str(float(length)), float(total)))
+        buckets.append(("+Inf", float(total)))
+        gained = sum((a + 1) * n for a, n in rounds.items())
+        lengths.add_metric([self.model], buckets, float(gained))
+        yield lengths
 
 
 class Metrics:

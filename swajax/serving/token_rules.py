@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from swajax.memory.padding import bucket
+from swajax.arith import bucket
 
 NO_TOKEN = 2**30  # an id past any vocabulary: the device drops what is written to it
 ALWAYS = 2**31 - 1  # an entry's `until` when it never expires

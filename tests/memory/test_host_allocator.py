@@ -8,10 +8,11 @@ from helpers.allocator_model import draw_extend
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from swajax.arith import bucket
 from swajax.memory import allocator as A
 from swajax.memory.host_allocator import HostAllocator
 from swajax.memory.host_copy import claim_pages
-from swajax.memory.padding import bucket, pad
+from swajax.memory.padding import pad
 
 CLAIM = jax.jit(claim_pages)
 

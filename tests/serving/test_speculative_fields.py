@@ -113,11 +113,21 @@ def assert_same(got, want):
 
 
 def oracle(family):
-    """The fields and plain decoding's results with them; each field changes the output."""
+    """The fields and plain decoding's results with them; each field changes the output, and
+    plain decoding keeps each rule as its definition says."""
     without = bare(family)
     fields = cases(without)
     plain = run(family, fields=fields)[0]
     assert all(p[0] != w for p, w in zip(plain[:3], without))  # every rule bites
+    second, third = plain[1][0], plain[2][0]
+    stop = fields[1]["stop_token_ids"][0]
+    assert stop not in second[:5]  # min_tokens 6: the stop token is banned before the 6th
+    assert set(third) <= set(fields[2]["allowed_token_ids"])
+    (a, b), (c,) = fields[2]["bad_words_token_ids"]
+    assert c not in third and (a, b) not in set(zip(third, third[1:]))
+    assert len(plain[3][0]) == 7 and plain[3][4] == "length"
+    assert all(len(top) == 3 for top in plain[0][2])  # top-3 at every token
+    assert len(plain[0][3]) == len(PROMPTS[0]) + len(plain[0][0]) - 1  # every computed position
     return fields, plain
 
 
