@@ -2,12 +2,16 @@
 model, whose MTP layer tools/train_demo.py --mtp trained; then the same arithmetic modeled on an
 H200 for MiMo-V2-Flash and DeepSeek-V4-Flash at their authors' published acceptance.
 
-    python benchmarks/mtp.py [--requests 1] [--new 128] [--ks 1,2,3]
+    python benchmarks/mtp.py [--requests 1] [--new 128] [--ks 1,2,3] [--sampling greedy|demo]
 
 Measured (this machine, one run, side by side): greedy generation of held-out Python source
 (tests/fixtures/demo_heldout.py.txt), compiled beforehand; per k, the tokens a round yields
 (accepted drafts + 1), decode tokens per second, the speed-up over plain decoding and whether the
-outputs equal plain decoding's (they must).
+outputs equal plain decoding's (they must). `--sampling demo` samples with the demo's own
+generation_config instead (temperature 0.6, top-p 0.9, repetition penalty 1.1; one seed per
+request), as `swajax generate --draft-model mtp` does: outputs then differ from plain decoding's
+draw by draw (the distributions are equal: tests/serving/test_speculative_fields.py). Plain
+decoding is timed both in single steps and in the engine's default multi-step rounds.
 
 Modeled: decode at batch 1 is bound by the bytes a step reads (HBM_BYTES_PER_S). A plain step
 reads the active weights once per token; a round reads them once for k + 1 verified positions
@@ -19,6 +23,7 @@ leaves out the draft's attention, the verify's extra KV reads and every fixed co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -56,7 +61,7 @@ PUBLISHED = {
 }
 
 
-def run(decoder, mtp, prompts, new: int, k: int) -> dict:
+def run(decoder, mtp, prompts, new: int, k: int, params: SamplingParams, steps: int = 1) -> dict:
     cfg = decoder.spec.hybrid
     model = HybridLM(decoder, dtype="fp32")
     draft = MtpLM(mtp, model) if k else None
@@ -69,11 +74,14 @@ def run(decoder, mtp, prompts, new: int, k: int) -> dict:
         draft=mtp.spec.hybrid if k else None,
     )
     options = EngineOptions(
-        max_running=len(prompts), max_context=2048, num_speculative_tokens=k, decode_steps=1
+        max_running=len(prompts), max_context=2048, num_speculative_tokens=k, decode_steps=steps
     )
     engine = engine_for(cfg, model, sizes, options, draft=draft)
-    params = SamplingParams(temperature=0.0, max_tokens=new)
-    rids = [engine.add_request(p, params) for p in prompts]
+    params = dataclasses.replace(params, max_tokens=new)
+    rids = [
+        engine.add_request(p, dataclasses.replace(params, seed=params.seed and params.seed + i))
+        for i, p in enumerate(prompts)
+    ]
     t0 = time.perf_counter()
     engine.run()
     seconds = time.perf_counter() - t0
@@ -81,10 +89,15 @@ def run(decoder, mtp, prompts, new: int, k: int) -> dict:
     outputs = [engine.requests[r].output for r in rids]
     tokens = sum(len(o) for o in outputs)
     return dict(
-        per_round=(tokens - len(prompts)) / max(rounds, 1),
+        # a target forward yields one token per request in plain decoding, multi-step or not
+        per_round=(tokens - len(prompts)) / max(rounds, 1) if k else 1.0,
         tokens_per_s=tokens / seconds,
         outputs=outputs,
     )
+
+
+def ks_of(args) -> list[int]:
+    return [int(k) for k in args.ks.split(",")]
 
 
 def modeled() -> None:
@@ -105,6 +118,7 @@ def main(argv=None) -> int | None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--ks", default="1,2,3")
+    ap.add_argument("--sampling", choices=("greedy", "demo"), default="greedy")
     ap.add_argument("--smoke", action="store_true", help="a tiny run (tests)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -115,16 +129,26 @@ def main(argv=None) -> int | None:
     text = HELD_OUT.read_bytes()
     step = len(text) // max(args.requests, 1)
     prompts = [list(text[i * step : i * step + args.prompt_len]) for i in range(args.requests)]
-    ks = [0] + [int(k) for k in args.ks.split(",")]
-    for k in ks:  # compile
-        run(decoder, mtp, prompts, 8, k)
-    rows = {k: run(decoder, mtp, prompts, args.new, k) for k in ks}
-    print(f"{args.requests} request(s) x {args.new} new tokens, demo model + its MTP layer")
-    print(f"{'k':>4}{'tokens/round':>14}{'tokens/s':>12}{'speed-up':>10}{'same outputs':>14}")
-    for k, r in rows.items():
-        same = r["outputs"] == rows[0]["outputs"]
-        up = r["tokens_per_s"] / rows[0]["tokens_per_s"]
-        print(f"{k:>4}{r['per_round']:>14.2f}{r['tokens_per_s']:>12.1f}{up:>10.2f}{same!s:>14}")
+    if args.sampling == "demo":  # the demo's generation_config.json
+        params = SamplingParams(temperature=0.6, top_p=0.9, repetition_penalty=1.1, seed=1)
+    else:
+        params = SamplingParams(temperature=0.0)
+    # (label, k, decode steps per plain round)
+    cases = [("plain", 0, 1), ("plain x8", 0, 8)] + [(str(k), int(k), 1) for k in ks_of(args)]
+    for _, k, steps in cases:  # compile
+        run(decoder, mtp, prompts, 8, k, params, steps)
+    rows = {
+        label: run(decoder, mtp, prompts, args.new, k, params, steps) for label, k, steps in cases
+    }
+    print(
+        f"{args.requests} request(s) x {args.new} new tokens, demo model + its MTP layer, "
+        f"{args.sampling} sampling"
+    )
+    print(f"{'k':>9}{'tokens/round':>14}{'tokens/s':>12}{'speed-up':>10}{'same outputs':>14}")
+    for label, r in rows.items():
+        same = r["outputs"] == rows["plain"]["outputs"]
+        up = r["tokens_per_s"] / rows["plain"]["tokens_per_s"]
+        print(f"{label:>9}{r['per_round']:>14.2f}{r['tokens_per_s']:>12.1f}{up:>10.2f}{same!s:>14}")
     modeled()
 
 

@@ -95,7 +95,11 @@ def test_logits_match_the_fixture(cli, tmp_path):
         (["--model", "./no/such/dir"], "a checkpoint folder or a hub id"),
         (["--max-tokens", "0"], "--max-tokens: must be an integer in [1,"),
         (["--temperature", "-1"], "temperature"),
-        (["--num-speculative-tokens", "2"], "--num-speculative-tokens needs --draft-model"),
+        (["--num-speculative-tokens", "2"], "(--speculative-num-steps) needs a draft"),
+        (["--speculative-config", "{method: mtp}"], "--speculative-config: not JSON"),
+        (["--speculative-config", '{"method": "mtp", "k": 2}'], "got ['k']"),
+        (["--speculative-config", '{"num_speculative_tokens": 0}'], "in [1, 64], got 0"),
+        (["--speculative-algorithm", "ngram"], "'ngram' needs a draft model"),
         (["--decode-steps", "0"], "--decode-steps: must be an integer in [1,"),
     ],
 )
@@ -220,3 +224,37 @@ def test_serve_takes_the_multi_step_setting(steps):
 def test_serve_refuses_a_bad_multi_step_setting(cli):
     code, _, err = cli("serve", "--decode-steps", "0")
     assert code == 2 and "--decode-steps" in err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], (None, 0)),
+        (["--draft-model", "mtp"], ("mtp", 4)),
+        (["--speculative-algorithm", "MTP", "--speculative-num-steps", "2"], ("mtp", 2)),
+        (["--speculative-algorithm", "eagle", "--speculative-num-draft-tokens", "4"], ("mtp", 3)),
+        (["--speculative-draft-model-path", "d", "--speculative-algorithm", "eagle"], ("d", 4)),
+        (
+            ["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}'],
+            ("mtp", 1),
+        ),
+        (["--speculative-config", '{"model": "d", "num_speculative_tokens": 3}'], ("d", 3)),
+    ],
+)
+def test_speculative_flags_in_every_spelling(argv, expected):
+    """swajax's, SGLang's and vLLM's ways of naming a draft and its length mean the same."""
+    import argparse
+
+    from swajax.cli.generate import add_speculative, speculative
+
+    parser = argparse.ArgumentParser()
+    add_speculative(parser)
+    assert speculative(parser.parse_args(argv)) == expected
+
+
+def test_generate_with_mtp_reports_acceptance(cli):
+    """The demo with its own MTP layer and its own generation_config (a penalty, sampling)."""
+    code, out, _ = cli("generate", "--draft-model", "mtp", "--prompt", "def fibonacci(n):")
+    assert code == 0
+    kept, proposed = (int(x) for x in out.split("speculative: ")[1].split()[:3:2])
+    assert 0 < kept <= proposed and "tokens per round" in out

@@ -4,6 +4,9 @@ import json
 import pathlib
 import shutil
 import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -82,3 +85,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve(model, args, log, env=None):
+    """A `swajax serve --model model *args` process writing to `log`, once it says it is ready:
+    (process, base URL). Raises with the log if it exits or is not ready in two minutes."""
+    port = free_port()
+    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 120
+    while "ready on" not in log.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(log.read_text())
+        time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"

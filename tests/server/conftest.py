@@ -2,12 +2,8 @@
 byte-level `tokenizer.json` (the same bytes the demo's built-in tokenizer uses) and a chat
 template, so both endpoints have text."""
 
-import subprocess
-import sys
-import time
-
 import pytest
-from helpers.server import SETTINGS, demo_folder, free_port, http
+from helpers.server import SETTINGS, demo_folder, serve
 
 
 @pytest.fixture(scope="module")
@@ -17,34 +13,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    port = free_port()
-    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [
-        sys.executable,
-        "-c",
-        main,
-        "serve",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--max-waiting",
-        "64",
-        *SETTINGS,
-    ]
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if http(f"{base}/health")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            raise RuntimeError(log.read_text())
+    proc, base = serve(model, ["--max-waiting", "64", *SETTINGS], log)
     yield base
     proc.terminate()  # graceful: uvicorn's shutdown runs the engine loop's, then re-raises
     proc.wait(30)

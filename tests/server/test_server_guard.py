@@ -7,17 +7,16 @@ One server for the module (its tests share an xdist group and run in file order;
 stops it)."""
 
 import json
+import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers.server import SETTINGS, demo_folder, free_port
+from helpers.server import SETTINGS, demo_folder, serve
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.xdist_group("guarded-server")
@@ -37,20 +36,10 @@ def server(tmp_path_factory):
     model = demo_folder(tmp_path_factory.mktemp("m") / "demo")
     config = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": HOSTILE}))
-    port = free_port()
-    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port)]
-    cmd += ["--max-waiting", "4", "--max-body-mib", "1", *SETTINGS]
+    args = ["--max-waiting", "4", "--max-body-mib", "1", *SETTINGS]
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**__import__("os").environ, "SWAJAX_API_KEY": KEY}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while "ready on" not in log.read_text():
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(log.read_text())
-        time.sleep(0.2)
+    env = {**os.environ, "SWAJAX_API_KEY": KEY}
+    proc, base = serve(model, args, log, env)
     yield base, proc, log
     if proc.poll() is None:
         proc.kill()

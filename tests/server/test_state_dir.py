@@ -3,35 +3,15 @@ same command started again serves its first request from it (the hit reported in
 counters), with the tokens the first server gave."""
 
 import json
-import subprocess
-import sys
-import time
 
-from helpers.server import demo_folder, free_port, http
+from helpers.server import demo_folder, http, serve
 
 SETTINGS = ["--dtype", "float32", "--page-size", "4", "--kv-budget-gib", "0.02"]
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n" * 3
 
 
 def _serve(model, state, log):
-    port = free_port()
-    main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [*cmd, *SETTINGS, "--state-dir", str(state)], stdout=out, stderr=subprocess.STDOUT
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if http(f"{base}/health")[0] == 200:
-                return proc, base
-        except OSError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            break
-    raise RuntimeError(log.read_text())
+    return serve(model, [*SETTINGS, "--state-dir", str(state)], log)
 
 
 def _complete(base):
