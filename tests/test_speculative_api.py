@@ -45,14 +45,27 @@ def test_the_demos_default_call_drafts_with_its_own_generation_config(mtp):
 
 def test_greedy_with_the_checkpoints_penalty_and_logprobs_equals_plain_decoding(plain, mtp):
     params = SamplingParams(
-        temperature=0.0, max_tokens=40, logprobs=3, presence_penalty=0.3, ignore_eos=True
+        temperature=0.0,
+        max_tokens=37,  # ends inside a round of 4
+        logprobs=3,
+        prompt_logprobs=2,
+        presence_penalty=0.3,
+        ignore_eos=True,
+        n=2,
     )
-    want, got = one(plain, params).outputs[0], one(mtp, params).outputs[0]
-    assert got.token_ids == want.token_ids and got.text == want.text
-    np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, rtol=1e-4, atol=1e-4)
-    for a, b in zip(got.logprobs, want.logprobs):
+    ours, theirs = one(plain, params), one(mtp, params)
+    for a, b in zip(theirs.prompt_logprobs[1:], ours.prompt_logprobs[1:], strict=True):
         assert sorted(a) == sorted(b)
         np.testing.assert_allclose([a[t] for t in sorted(a)], [b[t] for t in sorted(b)], 1e-4, 1e-4)
+    for want, got in zip(ours.outputs, theirs.outputs, strict=True):
+        assert got.token_ids == want.token_ids and got.text == want.text
+        assert len(got.token_ids) == 37
+        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, rtol=1e-4, atol=1e-4)
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert sorted(a) == sorted(b)
+            np.testing.assert_allclose(
+                [a[t] for t in sorted(a)], [b[t] for t in sorted(b)], 1e-4, 1e-4
+            )
 
 
 def test_a_stop_string_inside_a_round_drops_what_follows(plain, mtp):

@@ -75,14 +75,21 @@ def cases(plain_outputs):
     ]
 
 
-def run(family, k=0, draft=None, *, fields, trace=None, mtp=False):
+def run(family, k=0, draft=None, *, fields, trace=None, mtp=False, retract_after=None):
     """Outputs, logprobs, top-N and kept logits of each prompt with its fields (the first keeps
-    its logits), in one batch."""
+    its logits), in one batch; `retract_after` n tokens, the first two requests are retracted
+    (and re-admitted with their counts, rules and kept logits so far)."""
     e, tracer = engine(family, k, draft, trace=trace, mtp=mtp)
     rids = [
         e.add_request(p, dataclasses.replace(GREEDY, **f), keep_logits=i == 0)
         for i, (p, f) in enumerate(zip(PROMPTS, fields))
     ]
+    if retract_after is not None:
+        first = [e.requests[r] for r in rids[:2]]
+        while min(len(r.output) for r in first) < retract_after:
+            e.step()
+        for r in first:
+            e.scheduler.retract(r)
     e.run()
     if tracer is not None:
         check_replays(tracer, trace)
@@ -168,6 +175,16 @@ def test_every_field_through_a_draft_model(gpt_oss, draft, k, tmp_path):
         assert s.accepted_tokens > s.draft_tokens // 2
     for r in e.requests.values():
         assert r.spec_accepted <= r.spec_drafted
+
+
+def test_every_field_through_a_retraction_mid_request(gpt_oss, tmp_path):
+    """Retracted after a few rounds, the penalized request (its counts), the ruled one
+    (min_tokens, its stop id) and the kept logits resume where they were."""
+    fields, plain = gpt_oss
+    draft = load_decoder(FIXTURES / "qwen3")
+    got, e = run("gpt_oss", 2, draft, fields=fields, trace=tmp_path / "t.jsonl", retract_after=3)
+    assert e.scheduler.retractions == 2
+    assert_same(got, plain)
 
 
 @pytest.fixture(scope="module")
