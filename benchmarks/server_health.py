@@ -1,5 +1,8 @@
-"""`/health` latency of a real `swajax serve` process under three loads, side by side in one run:
-idle, while 10 MB bodies are being refused (413, never parsed), and while 64 clients stream.
+"""`/health` latency of a real `swajax serve` process under five loads, side by side in one run:
+idle, while 10 MB bodies are being refused (413, never parsed), while 64 clients stream, and
+the hostile requests under the body limit that used to hold the event loop: an 8,000,000-
+character prompt to `/tokenize`, and a 2,700,000-id prompt to `/v1/completions` (both refused
+with 400, back to back).
 
     python benchmarks/server_health.py [--clients 64] [--probes 200] [--body-mb 10]
 
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -70,6 +74,21 @@ def big_body(base: str, megabytes: float, done: threading.Event) -> None:
                 pass
             reply = sock.recv(64)
             assert b" 413 " in reply, reply
+
+
+def hostile(base: str, path: str, body: dict, done: threading.Event) -> int:
+    """Post `body` to `path` over and over (each answered 400) until `done`; how many."""
+    data, count = json.dumps(body).encode(), 0
+    while not done.is_set():
+        req = urllib.request.Request(
+            base + path, data=data, headers={"content-type": "application/json"}
+        )
+        try:
+            urllib.request.urlopen(req, timeout=120).read()
+        except urllib.error.HTTPError as e:
+            assert e.code == 400, e.code
+        count += 1
+    return count
 
 
 async def stream_clients(base: str, clients: int, done: threading.Event) -> int:
@@ -132,6 +151,12 @@ def main(argv=None) -> None:
         streaming, finished = under(
             base, lambda d: asyncio.run(stream_clients(base, args.clients, d)), args.probes
         )
+        text = {"prompt": "x" * 8_000_000}
+        tokenize, n_tok = under(base, lambda d: hostile(base, "/tokenize", text, d), args.probes)
+        ids = {"prompt": [7] * 2_700_000, "max_tokens": 1}
+        long_ids, n_ids = under(
+            base, lambda d: hostile(base, "/v1/completions", ids, d), args.probes
+        )
     finally:
         proc.terminate()
         proc.wait(60)
@@ -140,7 +165,10 @@ def main(argv=None) -> None:
     print(row("idle", idle, None))
     print(row(f"{args.body_mb:g} MB bodies refused (413)", refused, idle_p99))
     print(row(f"{args.clients} clients streaming", streaming, idle_p99))
-    print(f"({finished} streams of 64 tokens finished during the streaming probes)")
+    print(row("8M-char /tokenize (400)", tokenize, idle_p99))
+    print(row("2.7M-id /v1/completions (400)", long_ids, idle_p99))
+    print(f"({finished} streams of 64 tokens finished during the streaming probes; ", end="")
+    print(f"{n_tok} /tokenize and {n_ids} long-id requests answered during theirs)")
 
 
 if __name__ == "__main__":

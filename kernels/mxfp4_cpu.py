@@ -8,10 +8,14 @@ source by the machine's C++ compiler the first time a process needs it (for that
 instruction set: AVX-512 where the CPU has it, portable code elsewhere) and kept in
 `$XDG_CACHE_HOME/swajax/cpu-kernels` under a name that hashes the source, the compiler, JAX's
 FFI headers and the CPU, so a changed one is rebuilt. The custom call's target name carries the
-same hash, so a compiled program kept on disk never calls another build's kernel.
+same hash, so a compiled program kept on disk never calls another build's kernel. Beside each
+library its size and SHA-256 are recorded (`.sha256`); a library that does not match them (cut
+short by a full disk or a killed copy, overwritten, foreign) is rebuilt, never loaded: loading
+a truncated shared library kills the process with SIGBUS.
 
-Where no compiler is found, or `SWAJAX_CPU_KERNELS=off`, `available()` is False, says why in
-`unavailable_reason()`, and the callers keep XLA's decode-then-multiply path. The reference is
+Where no compiler is found, or `SWAJAX_CPU_KERNELS=off` (or `disable`, `none`, `0`), `available()`
+is False, says why in `unavailable_reason()` (and, but for the variable, warns once), and the
+callers keep XLA's decode-then-multiply path. The reference is
 that path (and the dense dequantized product): the same values, summed in another order.
 """
 
@@ -34,7 +38,7 @@ import jax.numpy as jnp
 
 ENV = "SWAJAX_CPU_KERNELS"
 ARCH_ENV = "SWAJAX_CPU_KERNEL_ARCH"
-OFF = ("off", "0", "false", "no")
+OFF = ("off", "0", "false", "no", "disable", "disabled", "none")
 PREFIX = "swajax_mxfp4_rows_"  # + the build's hash: the custom call's target
 TARGET = re.compile(PREFIX + "[0-9a-f]{16}")  # a target in a program's text
 SOURCE = Path(__file__).with_name("mxfp4_cpu.cc")
@@ -80,8 +84,12 @@ def _build(compiler: str) -> tuple[Path, str]:
     key = digest.hexdigest()[:16]
     folder = _cache_dir()
     library = folder / f"mxfp4_cpu-{key}.so"
-    if library.exists():
+    if _verified(library):
         return library, key
+    if library.is_dir() or library.is_symlink():
+        raise OSError(f"{library} is not a library this process wrote: remove it to rebuild")
+    if library.exists():
+        log.warning("%s does not match its recorded size and hash: rebuilding it", library)
     folder.mkdir(parents=True, exist_ok=True)
     # Written under a temporary name and renamed: processes building at once (pytest -n) never
     # load half a library.
@@ -99,8 +107,38 @@ def _build(compiler: str) -> tuple[Path, str]:
     if done.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
         raise OSError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    _record(Path(tmp), _seal(library))
     os.replace(tmp, library)
+    if not _verified(library):  # another process replaced it meanwhile: its record follows
+        raise OSError(f"{library} changed while it was written; the next run rebuilds it")
     return library, key
+
+
+def _seal(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _fingerprint(path: Path) -> str:
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _record(built: Path, seal: Path) -> None:
+    """Write `built`'s size and hash to `seal` (through a temporary name: never half of one)."""
+    fd, tmp = tempfile.mkstemp(dir=seal.parent, prefix=".seal-")
+    with os.fdopen(fd, "w") as f:
+        f.write(_fingerprint(built))
+    os.replace(tmp, seal)
+
+
+def _verified(library: Path) -> bool:
+    """A regular file whose size and hash are the ones recorded when it was built."""
+    try:
+        if not library.is_file() or library.is_symlink():
+            return False
+        return _seal(library).read_text().strip() == _fingerprint(library)
+    except OSError:
+        return False
 
 
 @functools.cache
@@ -110,7 +148,9 @@ def _target() -> tuple[str | None, str]:
         return None, f"{ENV}={os.environ[ENV]}"
     compiler = _compiler()
     if compiler is None:
-        return None, "no C++ compiler found (set CXX, or install g++ / clang++)"
+        reason = "no C++ compiler found (set CXX, or install g++ / clang++)"
+        log.warning("the MXFP4 CPU kernel is not available, XLA's path runs instead: %s", reason)
+        return None, reason
     try:
         library, key = _build(compiler)
         handler = getattr(ctypes.CDLL(str(library)), SYMBOL)

@@ -108,7 +108,10 @@ def swap_in(
             f"{out} is not empty and was not written by this command (no {marker} in it); "
             "--force replaces only an earlier output or an empty folder: choose another OUT"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(out), dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(out), dir=out.parent))
+    except OSError as e:  # the user's folder, not the temporary name that was refused
+        raise FolderError(f"cannot write {out}: {e.strerror or e} in {out.parent}") from e
     try:
         try:
             build(tmp)

@@ -126,6 +126,12 @@ def test_sampling_values_beyond_the_steps_types_are_refused():
         (dict(presence_penalty=1e39), "presence_penalty"),
         (dict(stop_token_ids=(2**31,)), "stop_token_ids"),
         (dict(n=True), "n"),
+        (dict(n=10_000), "n must be at most 64"),  # as the server caps it
+        (dict(n=2, best_of=65), "best_of must be at most 64"),
+        (dict(temperature=True), "temperature"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(seed=True), "seed"),
+        (dict(temperature=float("nan")), "temperature must be a finite number"),
     ]:
         with pytest.raises(swajax.RequestError, match=needle):
             SamplingParams(**kwargs)

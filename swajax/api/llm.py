@@ -402,8 +402,9 @@ class LLM:
     @contextlib.contextmanager
     def _call(self):
         """One call's hold on the engine and its samples: whatever way the call ends (an
-        error, an abandoned stream), its unfinished samples are aborted and the engine is
-        left with nothing of it, ready for the next call."""
+        error, an abandoned stream, a KeyboardInterrupt at any instant), its unfinished samples
+        are aborted and the engine is left with nothing of it, ready for the next call (an
+        interrupt inside a step rebuilds the engine: `Engine.recover`)."""
         me = threading.get_ident()
         if self._holder == me:
             raise InputError(
@@ -416,11 +417,15 @@ class LLM:
             try:
                 yield samples
             finally:
-                for x in samples:
-                    if not self.engine.requests[x.rid].done:
-                        self.engine.abort(x.rid, "abort: the caller stopped reading")
-                self.engine.flush()
-                self._holder = None
+                try:
+                    if self.engine.damaged:  # interrupted inside a step: rebuilt now
+                        self.engine.recover()
+                    for x in samples:
+                        if not self.engine.requests[x.rid].done:
+                            self.engine.abort(x.rid, "abort: the caller stopped reading")
+                    self.engine.flush()
+                finally:  # a second interrupt in the clean-up: the next call recovers
+                    self._holder = None
 
     def _add(self, ids: list[list[int]], params: list[SamplingParams], samples: list) -> None:
         """Queue every prompt's samples into `samples` (the ones queued before an error stay

@@ -7,6 +7,8 @@ the same folder restores it (`swajax.api.state`): a restarted server serves warm
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import sys
 from pathlib import Path
@@ -56,7 +58,8 @@ def run_serve(args) -> int:
         timeout_graceful_shutdown=GRACE_SECONDS,
     )
     server = _server_class(uvicorn)(config, app.state.loop.abort_all, name, api_key is not None)
-    server.at_rest = (lambda: _save(llm, Path(args.state_dir))) if args.state_dir else None
+    loop = app.state.loop
+    server.at_rest = (lambda: _save(llm, Path(args.state_dir), loop)) if args.state_dir else None
     server.run()
     return 0
 
@@ -80,12 +83,20 @@ def _restore(llm, folder: Path) -> None:
     )
 
 
-def _save(llm, folder: Path) -> None:
+def _save(llm, folder: Path, loop) -> None:
     """Save the engine (its loop has stopped); a state that cannot be saved is said, not
     raised: the stop itself succeeded."""
     from swajax.api.state import save_state
     from swajax.errors import InputError
 
+    if loop.alive:
+        print(
+            "swajax serve: the state was not saved: the engine's step in progress had not "
+            f"ended; {folder} keeps the previous one",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     try:
         save_state(llm.engine, folder, force=True)
     except InputError as e:
@@ -107,6 +118,9 @@ def served_name(model: str) -> str:
 
 
 GRACE_SECONDS = 10  # after the aborts, how long a connection may take to read its answer
+# After a stop signal: how long new requests are still answered (503, Retry-After) while the
+# answers of those in flight go out, before the listening socket closes.
+DRAIN_SECONDS = 1.0
 
 
 def _server_class(uvicorn):
@@ -119,10 +133,22 @@ def _server_class(uvicorn):
             self.abort_all, self.model, self.keyed = abort_all, model, keyed
 
         at_rest = None  # called once the engine loop has stopped (`--state-dir`'s save)
+        draining = False  # a stop signal came: answering 503 until uvicorn stops
+        event_loop = None
 
         def handle_exit(self, sig, frame) -> None:
+            """The first stop signal answers every client in flight at once (`abort_all`)
+            and keeps listening for DRAIN_SECONDS, answering each new request 503 with
+            Retry-After, before uvicorn stops; a second one stops at once."""
+            if self.draining or self.should_exit:
+                return super().handle_exit(sig, frame)
+            self.draining = True
             self.abort_all()
-            super().handle_exit(sig, frame)
+            loop = self.event_loop
+            if loop is None:
+                return super().handle_exit(sig, frame)
+            stop = functools.partial(super().handle_exit, sig, frame)
+            loop.call_soon_threadsafe(loop.call_later, DRAIN_SECONDS, stop)
 
         async def shutdown(self, sockets=None) -> None:
             await super().shutdown(sockets)  # the app's lifespan stops the engine loop
@@ -130,6 +156,7 @@ def _server_class(uvicorn):
                 self.at_rest()
 
         async def startup(self, sockets=None) -> None:
+            self.event_loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if self.should_exit or not self.servers:
                 return

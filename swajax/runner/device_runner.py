@@ -70,16 +70,32 @@ class DeviceRunner:
         if model.fused_forward is None:
             raise ValueError("DeviceRunner needs a model with a fused forward; use HostRunner")
         self.model, self.window, self.draft = model, window, draft
-        full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
+        self.sizes, self._rows, self._context = sizes, max_running, max_context
         self.placement = model.state_sharding  # None: the default device
-        self.alloc = self._place(
-            A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
-        )
-        self.r2t = self._place(ReqToToken.init(max_running, max_context))
         # Batches pad to MIN_REQS rows (fewer programs as a batch grows) but never past what can
         # run at once: a single-stream engine decodes one row, not eight.
         self.min_reqs = min(MIN_REQS, bucket(max_running, 1))
-        self.pools = model.init_pools(sizes)
+        self.reset()
+        self._compiles0 = compilation_count()
+        # Compiled step programs kept on disk beside the compilation cache (a warm start does
+        # not trace them); a split model's programs compile through jit as usual.
+        folder = store_folder() if self.placement is None else None
+        self.programs = ProgramStore(folder, jax.devices()[0])
+        # Edit bucket high-water marks (see `_inputs`); a snapshot keeps them.
+        self.edit_buckets: dict[bool, int] = {}
+
+    def reset(self) -> None:
+        """The device state as made: every page free, empty pools, no token counts. What the
+        engine rebuilds from when a step was interrupted (its inputs may have been donated to
+        a program whose outputs were never taken)."""
+        sizes = self.sizes
+        full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
+        self.alloc = self._place(
+            A.init_allocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
+        )
+        self.r2t = self._place(ReqToToken.init(self._rows, self._context))
+        self.pools = None  # the old pools go first: two sets may not fit
+        self.pools = self.model.init_pools(sizes)
         # A prefix cache's host tier: the bytes.
         self.host_kv = None
         if sizes.host_full_tokens:
@@ -89,17 +105,10 @@ class DeviceRunner:
             )
         # The draft's KV sits at the same slots, in buffers of its own layers.
         self.draft_pools = None
-        if draft is not None:
-            self.draft_pools = draft.draft_state(sizes, max_running)
+        if self.draft is not None:
+            self.draft_pools = self.draft.draft_state(sizes, self._rows)
         # Per-row token counts for the penalties: allocated by the first step that needs them.
-        self.penalties, self._rows = None, max_running
-        self._compiles0 = compilation_count()
-        # Compiled step programs kept on disk beside the compilation cache (a warm start does
-        # not trace them); a split model's programs compile through jit as usual.
-        folder = store_folder() if self.placement is None else None
-        self.programs = ProgramStore(folder, jax.devices()[0])
-        # Edit bucket high-water marks (see `_inputs`); a snapshot keeps them.
-        self.edit_buckets: dict[bool, int] = {}
+        self.penalties = None
 
     def device_state(self, *, penalties: bool | None = None) -> dict:
         """What a snapshot saves of the device (`swajax.api.state`): the allocator, the request
@@ -218,7 +227,8 @@ class DeviceRunner:
         """A launched step whose result will not be taken (reading it failed): give back the
         pages it took, so the device state is as if it had only applied its releases (which
         the host counted). Steps launched after it are discarded first."""
-        self._roll_back(step.plan, step.out)
+        if not self.state_lost():  # else nothing to give back: the engine resets the state
+            self._roll_back(step.plan, step.out)
 
     def _split_releases(self, plan: StepPlan) -> Releases:
         """Apply what must run before the step's program: a host tier's copies (with loads,
@@ -275,10 +285,17 @@ class DeviceRunner:
             self.alloc, self.r2t, self.pools, self.draft_pools, pen = state
             if pen is not None:
                 self.penalties = pen
-        except Exception:  # raised before the program ran: the device state is untouched
-            self.apply_releases((last,))
+        except Exception:
+            if not self.state_lost():  # raised before the program ran: the state is untouched
+                self.apply_releases((last,))
             raise
         return Dispatched(plan, out, sampled)
+
+    def state_lost(self) -> bool:
+        """Whether a program took the device state (its inputs are donated) and its outputs
+        never reached the runner: only `reset` brings the state back."""
+        state = (self.alloc, self.r2t, self.pools, self.draft_pools, self.penalties)
+        return any(x.is_deleted() for x in jax.tree.leaves(state) if isinstance(x, jax.Array))
 
     def _penalties(self, plan: StepPlan):
         """The token counts if this step penalizes (made on first use), else None."""

@@ -35,7 +35,16 @@ class HostRunner:
             raise ValueError("HostRunner runs models that read no KV; use DeviceRunner")
         if draft is not None:
             raise ValueError("a speculative draft needs a model in the fused step")
-        self.model = model
+        self.model, self.sizes = model, sizes
+        self.reset()
+
+    def state_lost(self) -> bool:
+        """Never: the host allocator takes no donated inputs."""
+        return False
+
+    def reset(self) -> None:
+        """Every page free, as made (the engine's recovery from an interrupted step)."""
+        sizes = self.sizes
         full = sizes.swa_tokens if sizes.mode is PoolMode.ALL_SWA else sizes.full_tokens
         self.alloc = HostAllocator(full, sizes.swa_tokens, sizes.page_size, sizes.mode)
 

@@ -22,8 +22,15 @@ from starlette.exceptions import HTTPException
 
 from swajax.errors import InputError
 from swajax.server import responses as out
-from swajax.server.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
-from swajax.server.gate import Gate
+from swajax.server.engine_loop import (
+    STEP_BOUND_SECONDS,
+    EngineLoop,
+    Job,
+    QueueFull,
+    ShuttingDown,
+    TooLarge,
+)
+from swajax.server.gate import RETRY_AFTER_SECONDS, Gate
 from swajax.server.metrics import Metrics
 from swajax.server.protocol import (
     ChatCompletionRequest,
@@ -68,16 +75,21 @@ def make_app(
         for worker in templates.values():
             if worker is not None:
                 worker.close()
-        running = len(llm.engine.scheduler.running)
-        print(
-            f"swajax serve: stopped; {aborted} request(s) in flight aborted, {running} running",
-            file=sys.stderr,
-            flush=True,
-        )
+        if aborted is None:
+            line = (
+                f"stopped; the engine's step in progress outlived {STEP_BOUND_SECONDS:g} s "
+                "and was left (every client had its answer)"
+            )
+        else:
+            running = len(llm.engine.scheduler.running)
+            line = f"stopped; {aborted} request(s) in flight aborted, {running} running"
+        print(f"swajax serve: {line}", file=sys.stderr, flush=True)
 
     app = FastAPI(title="swajax", lifespan=lifespan)
     app.state.loop = loop
-    app.add_middleware(Gate, api_key=api_key, max_body=int(max_body_mib * 2**20))
+    app.add_middleware(
+        Gate, api_key=api_key, max_body=int(max_body_mib * 2**20), stopping=lambda: loop.stopping
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, exc: RequestValidationError):
@@ -159,9 +171,13 @@ def make_app(
                 (ids,) = await tokenize([body.prompt])
             else:
                 ids = await asyncio.to_thread(llm.tokenizer.encode_rendered, body.prompt)
+            limit = llm.engine.options.max_context
+            if len(ids) > limit:  # (and the answer stays small enough to encode on the loop)
+                raise InputError(
+                    f"the prompt is {len(ids)} tokens, more than the model's context ({limit})"
+                )
         except (InputError, ValueError) as e:
             return error(400, str(e))
-        limit = llm.engine.options.max_context
         return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize")
@@ -229,6 +245,12 @@ def make_app(
     return app
 
 
+def shutting_down() -> JSONResponse:
+    response = error(503, "the server is shutting down", "server_error")
+    response.headers["retry-after"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
 def _with_eos(llm, params, ignore_eos: bool):
     """The checkpoint's eos ids join the request's stop ids unless `ignore_eos`."""
     if ignore_eos or not llm.stop_token_ids:
@@ -244,9 +266,11 @@ async def _serve(loop: EngineLoop, job: Job, request: Request, shape, stream: bo
         return error(400, str(e))
     except QueueFull as e:
         return error(429, str(e), "rate_limit_error")
-    except ShuttingDown as e:
-        return error(503, str(e), "server_error")
+    except ShuttingDown:
+        return shutting_down()
     first = await job.queue.get()
+    if first[0] == "error" and isinstance(first[1], ShuttingDown):
+        return shutting_down()
     if first[0] == "error":
         return error(400, str(first[1]))
     if stream:

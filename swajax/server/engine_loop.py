@@ -21,6 +21,8 @@ from swajax.api.sample_stream import SampleStream, add_samples, prompt_logprobs
 from swajax.serving.sampling_params import SamplingParams
 
 LOG = logging.getLogger(__name__)
+# At shutdown, how long the step in progress may still run (every client was answered already).
+STEP_BOUND_SECONDS = 10.0
 
 
 class QueueFull(RuntimeError):
@@ -49,7 +51,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     samples: list[SampleStream] = dataclasses.field(default_factory=list)
-    ended: bool = False
+    accepted: bool = False  # its samples are queued in the engine ("accepted" was sent)
+    ended: bool = False  # its last message was sent ("done" or a refusal)
     created: float = dataclasses.field(default_factory=time.perf_counter)
     # Per sample: when its last token was handed out (the metrics' time between tokens).
     last_token_at: dict = dataclasses.field(default_factory=dict)
@@ -71,6 +74,7 @@ class EngineLoop:
         self._new: list[Job] = []
         self._cancelled: list[Job] = []
         self._active: list[Job] = []
+        self._jobs: set[Job] = set()  # submitted and not answered yet (under the lock)
         self._stopping = False
         self.step_seconds = 0.0  # the last step's wall time (metrics)
         self.aborted_at_shutdown = 0
@@ -99,8 +103,18 @@ class EngineLoop:
                     f"{self.max_waiting} (--max-waiting); retry later"
                 )
             self._new.append(job)
+            self._jobs.add(job)
         self._wake.set()
         return job
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread still runs (a step, or serving)."""
+        return self._thread.is_alive()
 
     def cancel(self, job: Job) -> None:
         """Abort a job's requests (its client went away); their KV goes back."""
@@ -108,22 +122,31 @@ class EngineLoop:
             self._cancelled.append(job)
         self._wake.set()
 
-    def abort_all(self) -> None:
+    def abort_all(self, reason: str = "abort: server shutting down") -> None:
         """Stop now (thread-safe; a signal handler calls it): new work is refused and every
-        request in flight ends as aborted, so its client gets its answer and disconnects
-        instead of the server waiting for it to finish."""
+        job in flight is answered at once, without waiting for the step the engine is in (a
+        compile may take a minute): a started one ends with `reason` (streamed as its last
+        event), one not started yet is refused as the server stops. The engine thread aborts
+        their requests, and their KV goes back, when its step ends."""
         with self._lock:
             self._stopping = True
+            jobs, self._jobs = self._jobs, set()
+            for job in jobs:
+                job.ended = True
+                if job.accepted:
+                    job.put("done", [(x, reason, None) for x in job.samples])
+                else:
+                    job.put("error", ShuttingDown("the server is shutting down"))
         self._wake.set()
 
-    def shutdown(self, timeout: float = 30.0) -> int:
-        """Refuse new work, abort everything in flight, flush the engine, stop the thread;
-        returns how many jobs were aborted."""
-        with self._lock:
-            self._stopping = True
-        self._wake.set()
+    def shutdown(self, timeout: float = STEP_BOUND_SECONDS) -> int | None:
+        """Refuse new work, answer everything in flight (`abort_all`), and wait at most
+        `timeout` seconds for the engine thread to end its step, abort the requests and flush;
+        returns how many jobs it aborted, or None if its step outlived the bound (the process
+        may then exit without it: the thread is a daemon)."""
+        self.abort_all()
         self._thread.join(timeout)
-        return self.aborted_at_shutdown
+        return None if self._thread.is_alive() else self.aborted_at_shutdown
 
     # ------------------------------------------------------------------------------------------
     # The loop thread
@@ -170,12 +193,22 @@ class EngineLoop:
         except Exception as error:  # noqa: BLE001 - bad input: the client's 400
             for x in job.samples:
                 self.engine.abort(x.rid)
-            job.put("error", error)
+            with self._lock:
+                if not job.ended:
+                    job.ended = True
+                    self._jobs.discard(job)
+                    job.put("error", error)
             return
+        with self._lock:
+            if job.ended:  # answered by abort_all meanwhile
+                for x in job.samples:
+                    self.engine.abort(x.rid, "abort: server shutting down")
+                return
+            job.accepted = True
+            job.put("accepted")
         self._active.append(job)
         if self.observer is not None:
             self.observer.admitted(sum(len(p) for p in job.prompts) * job.params.n)
-        job.put("accepted")
 
     def _end(self, job: Job, reason: str) -> None:
         for x in job.samples:
@@ -192,6 +225,8 @@ class EngineLoop:
 
     def _publish_job(self, job: Job) -> None:
         if job.ended:
+            if job in self._active:  # answered by abort_all
+                self._active.remove(job)
             return
         decode = self.llm.tokenizer.decode
         now = time.perf_counter()
@@ -201,9 +236,13 @@ class EngineLoop:
                 self._observe_tokens(job, x, len(events), now)
                 job.put("tokens", x, events)
         if all(self.engine.requests[x.rid].done for x in job.samples):
-            job.ended = True
             if job in self._active:
                 self._active.remove(job)
+            with self._lock:
+                if job.ended:
+                    return
+                job.ended = True
+                self._jobs.discard(job)
             top = job.params.logprobs
             ends = []
             for x in job.samples:

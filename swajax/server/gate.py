@@ -1,6 +1,7 @@
 """What a request must pass before any handler sees it (a pure ASGI middleware): the API key on
-the `/v1/` routes, and a bound on the body's bytes, counted as they arrive so that an oversized
-body is refused (413) without being read whole or parsed on the event loop.
+the `/v1/` routes and on `/tokenize` and `/detokenize`, and a bound on the body's bytes,
+counted as they arrive so that an oversized body is refused (413) without being read whole or
+parsed on the event loop.
 
 The key is compared in constant time; `/health` and `/metrics` stay open, as in vLLM, so load
 balancers and scrapers need no secret. Refusals are in OpenAI's error shape."""
@@ -10,7 +11,8 @@ from __future__ import annotations
 import hmac
 import json
 
-V1 = "/v1/"
+KEYED = ("/v1/", "/tokenize", "/detokenize")  # every route that does work for its caller
+RETRY_AFTER_SECONDS = 5  # a stopping server's 503: ask again (another replica, a restart)
 
 
 def error_body(status: int, message: str, kind: str, code=None) -> bytes:
@@ -20,16 +22,22 @@ def error_body(status: int, message: str, kind: str, code=None) -> bytes:
 
 
 class Gate:
-    """ASGI middleware: `api_key` (None: no key) on `/v1/*`, `max_body` bytes on every body."""
+    """ASGI middleware: `api_key` (None: no key) on the KEYED routes, `max_body` bytes on every
+    body."""
 
-    def __init__(self, app, *, api_key: str | None, max_body: int):
+    def __init__(self, app, *, api_key: str | None, max_body: int, stopping=lambda: False):
         self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.stopping = stopping  # () -> bool: the server stops; every new request gets 503
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.stopping():
+            retry = [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]
+            message = "the server is shutting down"
+            return await _reply(send, 503, message, "server_error", headers=retry)
         headers = dict(scope.get("headers") or [])
-        if self.api_key is not None and scope["path"].startswith(V1):
+        if self.api_key is not None and scope["path"].startswith(KEYED):
             given = headers.get(b"authorization", b"").decode("latin-1")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
@@ -66,8 +74,9 @@ class Gate:
         await _reply(send, 413, message, "invalid_request_error")
 
 
-async def _reply(send, status: int, message: str, kind: str, code=None) -> None:
+async def _reply(send, status: int, message: str, kind: str, code=None, headers=()) -> None:
     body = error_body(status, message, kind, code)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    length = str(len(body)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", length), *headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

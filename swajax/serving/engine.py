@@ -10,6 +10,7 @@ reads no KV, so production-size presets run on a CPU). The device half of a step
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 
@@ -65,6 +66,26 @@ class Engine:
         self.draft, self.runner, self.snapshots = draft, runner, snapshots
         # The cache takes the config's None for "no SWA component"; host arithmetic an int.
         self.window = engine_window(cfg, draft)
+        self._host_state()
+        self.overlap = options.overlap and runner.supports_overlap
+        # Set while a call that changes the engine's state runs; left set by one that did not
+        # finish (an interrupt, an exception out of a step): the state is then rebuilt.
+        self.damaged, self._changes = False, 0
+        self.launched_ahead = 0  # steps planned while the one before still ran
+        self.requests: dict[int, Request] = {}
+        self.metrics: list[StepMetrics] = []
+        self.errors: list[Exception] = []  # every step that raised, for logs and tests
+        # The next request id and the steps taken (a snapshot keeps both: serving/snapshot.py).
+        self.next_id = 0
+        self.steps = 0
+        # Unset sampling fields: the checkpoint's generation config (set by whoever knows the
+        # checkpoint: swajax.LLM), else SamplingParams.NEUTRAL; unset seeds: drawn in order.
+        self.sampling_defaults: dict = {}
+        self.seed_generator = np.random.default_rng(options.seed)
+
+    def _host_state(self) -> None:
+        """The ledger, prefix cache and scheduler, empty."""
+        sizes, options = self.sizes, self.options
         self.ledger = PoolLedger(sizes)
         policy = policy_of(options.cache_policy)
         host = (sizes.host_full_tokens, sizes.host_swa_tokens) if sizes.host_full_tokens else None
@@ -83,22 +104,39 @@ class Engine:
             pool_mode=sizes.mode,
             policy=policy,
             rebuild_reach=self._rebuild_reach(),
-            decode_steps=_decode_steps(options, runner, draft),
+            decode_steps=_decode_steps(options, self.runner, self.draft),
         )
         self.scheduler = Scheduler(layout, options, self.cache, self.ledger)
-        self.overlap = options.overlap and runner.supports_overlap
         self._launched = None  # a step launched but not read yet (overlap scheduling)
-        self.launched_ahead = 0  # steps planned while the one before still ran
-        self.requests: dict[int, Request] = {}
-        self.metrics: list[StepMetrics] = []
-        self.errors: list[Exception] = []  # every step that raised, for logs and tests
-        # The next request id and the steps taken (a snapshot keeps both: serving/snapshot.py).
-        self.next_id = 0
-        self.steps = 0
-        # Unset sampling fields: the checkpoint's generation config (set by whoever knows the
-        # checkpoint: swajax.LLM), else SamplingParams.NEUTRAL; unset seeds: drawn in order.
-        self.sampling_defaults: dict = {}
-        self.seed_generator = np.random.default_rng(options.seed)
+
+    @contextlib.contextmanager
+    def _changing(self):
+        """Around every call that changes the state: one that does not end normally (a
+        KeyboardInterrupt between a program's donation of its inputs and the runner taking
+        its outputs, an exception half way through the scheduler's bookkeeping) leaves the
+        engine marked damaged, and the next such call rebuilds it first (`recover`)."""
+        if self.damaged and not self._changes:
+            self.recover()
+        self._changes += 1  # nested: step inside run
+        self.damaged = True
+        try:
+            yield
+        finally:
+            self._changes -= 1
+        if not self._changes:
+            self.damaged = False
+
+    def recover(self, reason: str = "abort: the engine was interrupted") -> None:
+        """Rebuild a damaged engine: every unfinished request ends with `reason` (its KV is
+        gone with the pools), the prefix cache starts empty and the device state is made anew
+        (the old one may hold donated buffers). Requests added afterwards get exactly the
+        tokens a fresh engine gives them."""
+        for req in self.requests.values():
+            if not req.done:
+                req.abandon(reason)
+        self.runner.reset()
+        self._host_state()
+        self.damaged = False
 
     def _rebuild_reach(self) -> int | None:
         """The scheduler's tail-rebuild setting: only hybrid pools have tombstones that still
@@ -163,15 +201,16 @@ class Engine:
             )
         self._check_sampling(params)
         lead = self._lead(follows, prompt)
-        rid = self.next_id
-        self.next_id += 1
-        req = Request(
-            rid, prompt, params, keep_logits=keep_logits, follows=lead, cache_hits=cache_hits
-        )
-        if lead is not None:
-            lead.leads = True
-        self.requests[rid] = req
-        self.scheduler.waiting.append(req)
+        with self._changing():
+            rid = self.next_id
+            self.next_id += 1
+            req = Request(
+                rid, prompt, params, keep_logits=keep_logits, follows=lead, cache_hits=cache_hits
+            )
+            if lead is not None:
+                lead.leads = True
+            self.requests[rid] = req
+            self.scheduler.waiting.append(req)
         return rid
 
     def draw_seed(self) -> int:
@@ -217,7 +256,9 @@ class Engine:
 
     def abort(self, rid: int, reason: str = "aborted") -> None:
         """Abort request `rid` in any state (its KV goes back); a finished one is left as is."""
-        self.scheduler.abort(self._request(rid), reason)
+        req = self._request(rid)
+        with self._changing():
+            self.scheduler.abort(req, reason)
 
     def stop(self, rid: int, keep: int | None = None) -> None:
         """Finish request `rid` now with reason "stop" (a stop string the caller matched): a
@@ -225,12 +266,13 @@ class Engine:
         `keep`: the output tokens it keeps (those up to the one that completed the stop
         string); the rest, and their KV, go first."""
         req = self._request(rid)
-        if req.status is Status.RUNNING:
-            if keep is not None:
-                self.scheduler.truncate(req, keep)
-            self.scheduler.finish(req, "stop")
-        else:  # waiting (retracted) or ended: nothing of it is held
-            self.scheduler.abort(req, "stop")
+        with self._changing():
+            if req.status is Status.RUNNING:
+                if keep is not None:
+                    self.scheduler.truncate(req, keep)
+                self.scheduler.finish(req, "stop")
+            else:  # waiting (retracted) or ended: nothing of it is held
+                self.scheduler.abort(req, "stop")
 
     def _request(self, rid: int) -> Request:
         req = self.requests.get(rid) if is_int(rid) else None
@@ -268,6 +310,10 @@ class Engine:
         """One step; None only when nothing is in flight. A step that raises (the model, the
         sampler) is rolled back and its requests retried alone, then failed with the error;
         the engine keeps serving the others."""
+        with self._changing():
+            return self._step()
+
+    def _step(self) -> StepMetrics | None:
         if self._launched is not None:
             return self._take_launched()
         plan = self.scheduler.schedule()
@@ -318,6 +364,9 @@ class Engine:
         """A step that raised: the error is kept, its requests are retried alone (a suspect
         that fails alone is aborted with it); the device state was already rolled back."""
         self.errors.append(error)
+        if self.runner.state_lost():  # after the program took its inputs: nothing to roll back
+            self.recover(f"abort: the device state was lost ({type(error).__name__}: {error})")
+            return
         self.scheduler.step_failed(plan, error)
 
     def run(self, max_steps: int | None = None) -> None:
@@ -330,10 +379,12 @@ class Engine:
         """Apply releases still queued on the host (e.g. of requests that just finished), so the
         device pools match the ledger even when no further step runs. A step still launched is
         read first (its releases were counted with it)."""
-        while self._launched is not None:
-            self._take_launched(plan_ahead=False)
-        if self.ledger.has_pending:
-            self.runner.apply_releases(self.ledger.take_releases(), self.ledger.take_transfers())
+        with self._changing():
+            while self._launched is not None:
+                self._take_launched(plan_ahead=False)
+            if self.ledger.has_pending:
+                releases = self.ledger.take_releases()
+                self.runner.apply_releases(releases, self.ledger.take_transfers())
 
     def _record(self, plan: StepPlan) -> StepMetrics:
         self.steps += 1

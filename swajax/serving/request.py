@@ -157,3 +157,9 @@ class Request:
         self.logits = []
         self.kv_len = 0
         self.cache_protected_len = self.swa_evicted_seqlen = self.swa_evict_floor = 0
+
+    def abandon(self, reason: str) -> None:
+        """Ended with `reason` while its KV is lost with the pools (the engine's recovery):
+        nothing to give back."""
+        self.reset_kv()
+        self.status, self.finish_reason = Status.ABORTED, reason

@@ -21,6 +21,11 @@ INT32_MAX = 2**31 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+# Samples of one prompt (n, best_of): each is a running sequence, and one request should not
+# take every row (the server's bound, OpenAI's for n is 128).
+MAX_SAMPLES = 64
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
@@ -144,6 +149,12 @@ class SamplingParams:
             raise RequestError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
+        for name in ("n", "best_of"):
+            if (getattr(self, name) or 0) > MAX_SAMPLES:
+                raise RequestError(
+                    f"{name} must be at most {MAX_SAMPLES} (samples of one prompt), "
+                    f"got {getattr(self, name)}"
+                )
         if self.best_of is not None and self.best_of < self.n:
             raise RequestError(f"best_of ({self.best_of}) must be >= n ({self.n})")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))

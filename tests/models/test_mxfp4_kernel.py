@@ -7,6 +7,7 @@ import os
 import platform as platform_module
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -163,3 +164,67 @@ def test_the_portable_path_passes_the_same_tests():
         [*command, "-k", select], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]  # 5: none ran
+
+
+CHECK = """
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING)
+from swajax.kernels import mxfp4_cpu as k
+
+lib = Path(sys.argv[1])
+print(k.available(), k._verified(lib), k.unavailable_reason(), flush=True)
+"""
+
+
+def test_a_damaged_cached_kernel_is_rebuilt_never_loaded(tmp_path):
+    """Between runs, the cached library cut in half (loading it would kill the process with
+    SIGBUS), garbage, empty or another file: the next process rebuilds it and lives; a folder
+    in its place is refused with a warning naming it; `none` turns the kernel off. A stand-in
+    compiler copies the real build, so each rebuild is instant."""
+    real, _ = mxfp4_cpu._build(mxfp4_cpu._compiler())
+    fake = tmp_path / "fake-c++"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo fake 1; exit 0; fi\n'
+        'while [ "$#" -gt 1 ]; do if [ "$1" = -o ]; then cp "'
+        + str(real)
+        + '" "$2"; exit 0; fi; shift; done\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "CXX": str(fake)}
+    env.pop(mxfp4_cpu.ENV, None)
+
+    def run(lib, **extra):
+        done = subprocess.run(
+            [sys.executable, "-c", CHECK, str(lib)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1], done.stderr
+
+    folder = cache / "swajax" / "cpu-kernels"
+    line, _ = run(folder / "none-yet.so")
+    assert line.startswith("True")
+    (lib,) = folder.glob("*.so")
+    good = lib.read_bytes()
+    for kind, data in [
+        ("truncated", good[: len(good) // 2]),
+        ("garbage", os.urandom(len(good))),
+        ("empty", b""),
+        ("foreign", Path(np.__file__).read_bytes()),
+    ]:
+        lib.write_bytes(data)
+        line, err = run(lib)
+        assert line.startswith("True True"), (kind, line, err)
+        assert "does not match its recorded size and hash" in err and lib.read_bytes() == good
+    lib.unlink()
+    lib.mkdir()
+    line, err = run(lib)
+    assert line.startswith("False False") and str(lib) in line and str(lib) in err
+    line, _ = run(lib, **{mxfp4_cpu.ENV: "none"})
+    assert line == "False False SWAJAX_CPU_KERNELS=none"

@@ -166,11 +166,31 @@ def test_concurrent_streams_and_disconnects_leave_the_pools_free(server):
         ({"prompt": "x", "best_of_everything": 3}, "best_of_everything"),
         ({"max_tokens": 3}, "prompt"),
         ({"prompt": "x", "top_p": 0}, "top_p"),
+        # no coercion: true is not 1, and NaN is said to be what it is
+        ({"prompt": "x", "max_tokens": True}, "max_tokens: Input should be a valid integer"),
+        ({"prompt": "x", "n": True}, "n: Input should be a valid integer"),
+        ({"prompt": "x", "seed": True}, "seed: Input should be a valid integer"),
+        ({"prompt": "x", "temperature": True}, "temperature: Input should be a valid number"),
+        ({"prompt": "x", "n": 65}, "n: Input should be less than or equal to 64"),
     ],
 )
 def test_bad_requests_get_400_naming_the_field(server, body, field):
     status, text = http(f"{server}/v1/completions", body)
     assert status == 400 and field in json.loads(text)["error"]["message"]
+
+
+def test_nan_and_infinity_are_named(server):
+    for value in (b"NaN", b"Infinity", b"-Infinity"):
+        raw = b'{"prompt": "x", "temperature": ' + value + b"}"
+        status, text = http(f"{server}/v1/completions", raw=raw)
+        message = json.loads(text)["error"]["message"]
+        assert status == 400 and message == "temperature: Input should be a finite number"
+
+
+def test_tokenize_answers_no_more_than_the_context(server):
+    status, text = http(f"{server}/tokenize", {"prompt": "x" * 2000})
+    message = json.loads(text)["error"]["message"]
+    assert status == 400 and "2000 tokens, more than the model's context (512)" in message
 
 
 def test_malformed_json_and_limits_are_400(server):

@@ -71,6 +71,28 @@ def test_the_ready_line_names_the_address_the_model_and_the_key(server):
     assert f"ready on {base}" in line and "model demo" in line and "API key required" in line
 
 
+def test_tokenize_needs_the_key_and_a_huge_prompt_stalls_no_one(server):
+    base, _, _ = server
+    for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [120]})):
+        assert call(f"{base}{path}", body, key=None)[0] == 401
+        assert call(f"{base}{path}", body)[0] == 200
+    # ~1M characters (under this server's 1 MiB body limit): a 400 naming the context, while
+    # /health keeps answering (a ceiling only a stalled event loop reaches).
+    answer = {}
+    huge = {"prompt": "x" * 1_000_000}
+    worker = threading.Thread(target=lambda: answer.update(r=call(f"{base}/tokenize", huge)))
+    worker.start()
+    slowest = 0.0
+    while worker.is_alive():
+        start = time.perf_counter()
+        assert call(f"{base}/health", key=None)[0] == 200
+        slowest = max(slowest, time.perf_counter() - start)
+    worker.join()
+    status, body = answer["r"]
+    assert status == 400 and "more than the model's context" in body["error"]["message"]
+    assert slowest < 5.0
+
+
 def test_a_key_is_required_on_v1_and_checked(server):
     base, _, _ = server
     body = {"prompt": "x", "max_tokens": 2}
@@ -200,25 +222,69 @@ def test_a_runaway_chat_template_is_stopped_and_the_server_goes_on(server):
     assert status == 200 and body["choices"][0]["message"]["content"] is not None
 
 
-def test_sigterm_aborts_the_requests_in_flight(server):
-    """Last: it stops the module's server. A long generation is in flight; SIGTERM ends it at
-    once with the reason, and the process exits well before the generation would have."""
+def _stream(base, body, events, started):
+    """A streamed completion read line by line: every data event into `events`, `started` set
+    once the first token arrived."""
+    req = urllib.request.Request(
+        f"{base}/v1/completions",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+                started.set()
+
+
+def _running(base) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=60) as r:
+        text = r.read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("swajax:num_requests_running{"))
+    return float(line.split()[-1])
+
+
+def test_sigterm_answers_every_client(server):
+    """Last: it stops the module's server. Two streams and a plain request are in flight (each
+    seen producing tokens, not slept for); SIGTERM answers all three at once with the reason,
+    a request arriving meanwhile gets 503 with Retry-After, and the process exits. No bound in
+    seconds but ceilings only a hang reaches."""
     base, proc, log = server
-    result = {}
-
-    def long_request():
-        result["r"] = call(
-            f"{base}/v1/completions", {"prompt": "x", "max_tokens": 500, "ignore_eos": True}
-        )
-
-    thread = threading.Thread(target=long_request)
-    thread.start()
-    time.sleep(1.5)  # admitted and decoding
-    start = time.perf_counter()
+    body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True}
+    streams = [([], threading.Event()) for _ in range(2)]
+    threads = [
+        threading.Thread(target=_stream, args=(base, body, events, started))
+        for events, started in streams
+    ]
+    plain = {}
+    threads.append(
+        threading.Thread(target=lambda: plain.update(r=call(f"{base}/v1/completions", body)))
+    )
+    for t in threads:
+        t.start()
+    for _, started in streams:
+        assert started.wait(120)
+    while _running(base) < 3:  # the plain one admitted too
+        assert not plain, plain
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(30)
-    thread.join(30)
-    assert time.perf_counter() - start < 15
-    status, error = result["r"]
+    late = urllib.request.Request(
+        f"{base}/v1/completions",
+        data=json.dumps({"prompt": "x", "max_tokens": 2}).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(late, timeout=60)
+    assert refused.value.code == 503 and refused.value.headers["retry-after"]
+    refused.value.close()
+    for t in threads:
+        t.join(120)
+    for events, _ in streams:
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert "server shutting down" in error["message"]
+    status, error = plain["r"]
     assert status == 500 and "server shutting down" in error["error"]["message"]
-    assert "stopped; 1 request(s) in flight aborted, 0 running" in log.read_text()
+    proc.wait(120)
+    assert "stopped; 3 request(s) in flight aborted, 0 running" in log.read_text()
