@@ -11,9 +11,11 @@ folder back. Either way the next run deletes the temporaries a killed run left. 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import glob
 import os
 import shutil
@@ -99,6 +101,23 @@ def swap_in(
         _check_apart(Path(source), out)
     if not out.parent.is_dir():
         raise FolderError(f"folder {out.parent} does not exist")
+    with _turn(out):
+        _swap_in(out, build, force=force, marker=marker)
+
+
+@contextlib.contextmanager
+def _turn(out: Path):
+    """One writer of `out` at a time, across processes: an exclusive lock on its parent folder
+    (no file of ours is left there); a second writer waits for the first to finish."""
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _swap_in(out: Path, build, *, force: bool, marker: str | None) -> None:
     recover(out)
     occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
     if occupied and not force:

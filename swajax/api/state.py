@@ -37,8 +37,8 @@ from swajax.api.resize import resizable, restore_resized, saved_template
 from swajax.errors import InputError
 from swajax.folder_swap import swap_in
 from swajax.prefix_cache.radix import RadixCache
-from swajax.prefix_cache.state import load_tree_state, tree_order, tree_state
-from swajax.serving.snapshot import engine_state, load_engine_state
+from swajax.prefix_cache.state import check_tree_state, load_tree_state, tree_order, tree_state
+from swajax.serving.snapshot import check_engine_state, engine_state, load_engine_state
 from swajax.version import __version__
 
 FORMAT = 2
@@ -176,11 +176,13 @@ def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
     path = folder / HEADER
     if not path.is_file():
         raise InputError(f"{folder} holds no swajax snapshot (no {HEADER})")
-    header = json.loads(path.read_text())
-    if header.get("format") != FORMAT:
-        raise InputError(
-            f"{path}: snapshot format {header.get('format')}, this swajax reads {FORMAT}"
-        )
+    try:
+        header = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise InputError(f"{path} is not a snapshot header: {e}") from None
+    found = header.get("format") if isinstance(header, dict) else header
+    if found != FORMAT:
+        raise InputError(f"{path}: snapshot format {found!r}, this swajax reads {FORMAT}")
     _fresh(engine)
     ours = identity(engine)
     diff = [k for k in ours if header["of"].get(k) != ours[k]]
@@ -191,6 +193,46 @@ def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
         raise InputError(f"the snapshot in {folder} is of another engine: {named}")
     if isinstance(engine.cache, RadixCache) != ("tree" in header):
         raise InputError("the snapshot and this engine differ in having a prefix cache")
+    try:
+        _check(engine, folder, header)
+        _load(engine, folder, header)
+    except Exception as e:  # the engine stays as it was: fresh
+        engine.recover("abort: a snapshot failed to load")
+        if isinstance(e, InputError):
+            raise
+        raise InputError(f"the snapshot in {folder} is damaged: {type(e).__name__}: {e}") from e
+    tree = header.get("tree")
+    live = [r for r in engine.requests.values() if not r.done]
+    if not requests:
+        drop_requests(engine)
+    saved = tree["nodes"] if tree else []
+    return dict(
+        nodes=len(saved),
+        tokens=sum(len(n["key"]) for n in saved),
+        requests=len(live) if requests else 0,
+        dropped_requests=0 if requests else len(live),
+    )
+
+
+def _check(engine, folder: Path, header: dict) -> None:
+    """Every index and size of the snapshot against this engine, before anything is loaded."""
+    slots = (engine.ledger.primary_pages + 1) * engine.sizes.page_size  # page 0: the dummy
+    tree = header.get("tree")
+    if tree is not None:
+        check_tree_state(tree, slots)
+    with np.load(folder / REQUESTS) as arrays:
+        check_engine_state(
+            header["engine"],
+            arrays,
+            rows=engine.options.max_running,
+            context=engine.options.max_context,
+            slots=slots,
+            vocab=engine.model.vocab_size,
+            nodes=None if tree is None else len(tree["nodes"]) + 1,
+        )
+
+
+def _load(engine, folder: Path, header: dict) -> None:
     runner = engine.runner
     device = _read_device(folder, runner.device_state(penalties=header["penalties"]))
     with np.load(folder / LEDGER) as ledger:
@@ -205,16 +247,6 @@ def restore_state(engine, folder: str | Path, *, requests: bool = True) -> dict:
             _load_host_pages(engine, dict(saved))
     with np.load(folder / REQUESTS) as arrays:
         load_engine_state(engine, header["engine"], arrays, nodes)
-    live = [r for r in engine.requests.values() if not r.done]
-    if not requests:
-        drop_requests(engine)
-    saved = tree["nodes"] if tree else []
-    return dict(
-        nodes=len(saved),
-        tokens=sum(len(n["key"]) for n in saved),
-        requests=len(live) if requests else 0,
-        dropped_requests=0 if requests else len(live),
-    )
 
 
 def _restore_resized(engine, folder: Path, header: dict) -> dict:

@@ -61,7 +61,7 @@ def run_serve(args) -> int:
     loop = app.state.loop
     server.at_rest = (lambda: _save(llm, Path(args.state_dir), loop)) if args.state_dir else None
     server.run()
-    return 0
+    return 0 if server.saved else 1
 
 
 def _restore(llm, folder: Path) -> None:
@@ -83,26 +83,29 @@ def _restore(llm, folder: Path) -> None:
     )
 
 
-def _save(llm, folder: Path, loop) -> None:
-    """Save the engine (its loop has stopped); a state that cannot be saved is said, not
-    raised: the stop itself succeeded."""
+def _save(llm, folder: Path, loop) -> bool:
+    """Save the engine (its loop has stopped); a state that cannot be saved is one line, not
+    a traceback, and `serve` then exits with status 1 (the save was asked for)."""
     from swajax.api.state import save_state
     from swajax.errors import InputError
 
     if loop.alive:
-        print(
-            "swajax serve: the state was not saved: the engine's step in progress had not "
-            f"ended; {folder} keeps the previous one",
-            file=sys.stderr,
-            flush=True,
+        return _not_saved(
+            f"the engine's step in progress had not ended; {folder} keeps the previous one"
         )
-        return
     try:
         save_state(llm.engine, folder, force=True)
     except InputError as e:
-        print(f"swajax serve: the state was not saved: {e}", file=sys.stderr, flush=True)
-        return
+        return _not_saved(str(e))
+    except Exception as e:  # noqa: BLE001 - a full disk in orbax, ...: one line, not a traceback
+        return _not_saved(f"{type(e).__name__}: {e}; {folder} keeps the previous snapshot")
     print(f"swajax serve: saved the prefix cache to {folder}", file=sys.stderr, flush=True)
+    return True
+
+
+def _not_saved(why: str) -> bool:
+    print(f"swajax serve: the state was not saved: {why}", file=sys.stderr, flush=True)
+    return False
 
 
 def served_name(model: str) -> str:
@@ -134,6 +137,7 @@ def _server_class(uvicorn):
 
         at_rest = None  # called once the engine loop has stopped (`--state-dir`'s save)
         draining = False  # a stop signal came: answering 503 until uvicorn stops
+        saved = True  # False: `--state-dir`'s save failed (the exit status says so)
         event_loop = None
 
         def handle_exit(self, sig, frame) -> None:
@@ -153,7 +157,7 @@ def _server_class(uvicorn):
         async def shutdown(self, sockets=None) -> None:
             await super().shutdown(sockets)  # the app's lifespan stops the engine loop
             if self.at_rest is not None:  # before uvicorn re-raises the stop signal
-                self.at_rest()
+                self.saved = self.at_rest()
 
         async def startup(self, sockets=None) -> None:
             self.event_loop = asyncio.get_running_loop()

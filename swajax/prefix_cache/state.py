@@ -139,3 +139,31 @@ def load_tree_state(cache: RadixCache, state: dict) -> list[Node]:
             tier.lru.add(order[i])
         tier.saved, tier.loaded = list(host["saved"]), list(host["loaded"])
     return order
+
+
+def check_tree_state(state: dict, slots: int) -> None:
+    """Refuse (InputError naming the field) a saved tree that this engine cannot hold: a node
+    whose parent is not saved before it, a key and value of different lengths, full slots
+    outside [0, slots), node numbers in the locks and lists past the nodes saved."""
+
+    def bad(field: str, value, limit: str):
+        raise InputError(f"the snapshot's tree.{field} is {value!r}, outside {limit}")
+
+    nodes = state["nodes"]
+    for i, spec in enumerate(nodes, start=1):
+        parent = spec["parent"]
+        if not isinstance(parent, int) or not 0 <= parent < i:
+            bad(f"nodes[{i - 1}].parent", parent, f"[0, {i})")
+        value = np.asarray(spec["value"])
+        if value.ndim != 1 or len(value) != len(spec["key"]) or not len(value):
+            bad(f"nodes[{i - 1}].value", f"{value.shape} slots", f"{len(spec['key'])} tokens")
+        if value.min() < 0 or value.max() >= slots:
+            bad(f"nodes[{i - 1}].value", int(value.max()), f"the full pool [0, {slots})")
+    numbered = len(nodes)
+    for name in ("full_lru", "swa_lru", "last_access"):
+        for i in state[name]:
+            if not isinstance(i, int) or not 1 <= i <= numbered:
+                bad(name, i, f"[1, {numbered}]")
+    for entry in state["locks"]:
+        if not isinstance(entry[0], int) or not 0 <= entry[0] <= numbered:
+            bad("locks", entry[0], f"[0, {numbered}]")

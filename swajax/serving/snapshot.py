@@ -220,3 +220,89 @@ def _plain(name: str, value):
     if value is None or isinstance(value, int | float | str | bool):
         return value
     raise TypeError(f"Request.{name} = {value!r} is not a plain value (serving/snapshot.py)")
+
+
+def check_engine_state(
+    state: dict,
+    arrays,
+    *,
+    rows: int,
+    context: int,
+    slots: int,
+    vocab: int | None,
+    nodes: int | None,
+) -> None:
+    """Refuse (InputError naming the field) a saved engine state whose indices or sizes this
+    engine cannot hold: request rows outside [0, rows), lengths past `context`, full slots
+    outside [0, slots), token ids outside the vocabulary, tree node numbers past `nodes`,
+    queues naming unknown requests. Called before anything is loaded."""
+
+    def bad(field: str, value, limit: str):
+        raise InputError(f"the snapshot's {field} is {value!r}, outside {limit}")
+
+    def count(field: str, value, hi: int | None = None):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            bad(field, value, "the non-negative integers")
+        if hi is not None and value > hi:
+            bad(field, value, f"[0, {hi}]")
+
+    def tokens(field: str, values):
+        if not isinstance(values, list) or len(values) > context:
+            bad(
+                field,
+                f"{len(values)} tokens" if isinstance(values, list) else values,
+                f"the context ({context})",
+            )
+        for t in values:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0 or (vocab and t >= vocab):
+                bad(field, t, f"[0, {vocab})")
+
+    requests = state["requests"]
+    if not isinstance(requests, list):
+        bad("requests", type(requests).__name__, "a list")
+    rids = set()
+    for i, s in enumerate(requests):
+        where = f"requests[{i}]"
+        count(f"{where}.rid", s["rid"])
+        if s["rid"] in rids:
+            bad(f"{where}.rid", s["rid"], "unique ids")
+        rids.add(s["rid"])
+        tokens(f"{where}.prompt", s["prompt"])
+        tokens(f"{where}.output", s["output"])
+        length = len(s["prompt"]) + len(s["output"])
+        if s["row"] is not None:
+            count(f"{where}.row", s["row"], rows - 1)
+        for name in ("kv_len", "cache_protected_len", "swa_evicted_seqlen", "swa_evict_floor"):
+            count(f"{where}.{name}", s.get(name, 0), length)
+        for name in ("retractions", "cached_tokens", "spec_drafted", "spec_accepted"):
+            count(f"{where}.{name}", s.get(name, 0))
+        try:
+            Status(s["status"])
+        except ValueError:
+            bad(f"{where}.status", s["status"], str([x.value for x in Status]))
+        held = np.asarray(arrays[f"slots_{s['rid']}"])
+        if held.ndim != 1 or len(held) != s["kv_len"]:
+            bad(f"slots_{s['rid']}", f"{held.shape} slots", f"the kv_len {s['kv_len']}")
+        if held.size and (held.min() < 0 or held.max() >= slots):
+            bad(
+                f"slots_{s['rid']}",
+                int(held.max() if held.max() >= slots else held.min()),
+                f"the full pool [0, {slots})",
+            )
+        if s["handle"] is not None:
+            if nodes is None:
+                bad(f"{where}.handle", s["handle"], "a snapshot without a prefix cache")
+            count(f"{where}.handle node", s["handle"][0], nodes - 1)
+        if s["follows"] is not None and s["follows"] not in rids:
+            bad(f"{where}.follows", s["follows"], "the requests saved before it")
+    for queue in ("waiting", "running"):
+        for rid in state[queue]:
+            if rid not in rids:
+                bad(queue, rid, "the saved requests")
+    for row in state["free_rows"]:
+        count("free_rows", row, rows - 1)
+    if len(set(state["free_rows"])) != len(state["free_rows"]):
+        bad("free_rows", state["free_rows"], "distinct rows")
+    count("next_id", state["next_id"])
+    if rids and state["next_id"] <= max(rids):
+        bad("next_id", state["next_id"], f"(the largest request id {max(rids)}, ...)")
