@@ -93,6 +93,11 @@ class Tokenizer:
             raise ValueError(f"{self.missing} has no tokenizer.json: give token ids (--prompt-ids)")
         return list(text.encode("utf-8"))
 
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound of the tokens `text` encodes to, known without encoding it: the
+        built-in byte tokenizer's exact count; 0 for a tokenizer.json (its merges decide)."""
+        return len(text.encode("utf-8")) if self.hf is None and self.missing is None else 0
+
     def encode_rendered(self, text: str) -> list[int]:
         """Text a chat template rendered: its special tokens are in the text already."""
         if self.hf is None:

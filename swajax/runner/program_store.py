@@ -34,6 +34,7 @@ import re
 import tempfile
 import typing
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -164,6 +165,10 @@ class ProgramStore:
         self.folder, self.device = folder, device
         self.programs: dict = {}
         self.loaded = self.saved = 0  # programs read from / written to the folder
+        # Per program (the jitted function's name): how many were compiled in this process and
+        # how many were loaded from the folder instead (/metrics: "compilations").
+        self.compiled: Counter[str] = Counter()
+        self.reused: Counter[str] = Counter()
         self._described: dict[int, tuple[object, str]] = {}  # id(static) -> (it, its text)
 
     def call(self, fn, args: tuple, statics: dict):
@@ -177,7 +182,10 @@ class ProgramStore:
         key = (fn, *statics.items(), *(a is None for a in args))
         program = self.programs.get(key)
         if program is None:
+            self._made_here = True
             program = self.programs[key] = self._program(fn, args, statics)
+            name = getattr(fn, "__name__", type(fn).__name__)
+            (self.compiled if self._made_here else self.reused)[name] += 1
         return program(*args)
 
     def _program(self, fn, args: tuple, statics: dict):
@@ -187,11 +195,13 @@ class ProgramStore:
         if key is None:  # a static argument without a stable text: not stored
             return functools.partial(fn, **statics)
         program = _IN_USE.get(key)
-        if program is not None:
+        if program is not None:  # another runner of this process made it
+            self._made_here = False
             return program
         path = self.folder / f"{key}.bin"
         program = self._load(path)
         if program is not None:
+            self._made_here = False
             self.loaded += 1
         else:
             program = compile_uncached(fn.lower(*args, **statics))

@@ -88,7 +88,12 @@ def make_app(
     app = FastAPI(title="swajax", lifespan=lifespan)
     app.state.loop = loop
     app.add_middleware(
-        Gate, api_key=api_key, max_body=int(max_body_mib * 2**20), stopping=lambda: loop.stopping
+        Gate,
+        api_key=api_key,
+        max_body=int(max_body_mib * 2**20),
+        # every token a request can queue (plus its other fields' values)
+        max_values=max_waiting * llm.engine.options.max_context + 4096,
+        stopping=lambda: loop.stopping,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -107,7 +112,18 @@ def make_app(
     async def server_error(_request, exc: Exception):
         return error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
+    def check_length(text: str) -> None:
+        """Refuse a text sure to exceed the context before tokenizing it (a few megabytes of
+        text make millions of ids, built while holding the GIL)."""
+        limit = llm.engine.options.max_context
+        if (least := llm.tokenizer.fewest_tokens(text)) > limit:
+            raise InputError(f"the prompt is {least} tokens, over the context limit {limit}")
+
     async def tokenize(texts: list) -> list[list[int]]:
+        for text in texts:
+            if isinstance(text, str):
+                check_length(text)
+
         def encode():
             return [llm.tokenizer.encode(p) if isinstance(p, str) else p for p in texts]
 
@@ -170,12 +186,11 @@ def make_app(
             elif body.add_special_tokens:
                 (ids,) = await tokenize([body.prompt])
             else:
+                check_length(body.prompt)
                 ids = await asyncio.to_thread(llm.tokenizer.encode_rendered, body.prompt)
             limit = llm.engine.options.max_context
             if len(ids) > limit:  # (and the answer stays small enough to encode on the loop)
-                raise InputError(
-                    f"the prompt is {len(ids)} tokens, more than the model's context ({limit})"
-                )
+                raise InputError(f"the prompt is {len(ids)} tokens, over the context limit {limit}")
         except (InputError, ValueError) as e:
             return error(400, str(e))
         return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}

@@ -25,8 +25,17 @@ class Gate:
     """ASGI middleware: `api_key` (None: no key) on the KEYED routes, `max_body` bytes on every
     body."""
 
-    def __init__(self, app, *, api_key: str | None, max_body: int, stopping=lambda: False):
+    def __init__(
+        self,
+        app,
+        *,
+        api_key: str | None,
+        max_body: int,
+        max_values: int | None = None,
+        stopping=lambda: False,
+    ):
         self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.max_values = max_values  # a body with more commas is refused before parsing
         self.stopping = stopping  # () -> bool: the server stops; every new request gets 503
 
     async def __call__(self, scope, receive, send):
@@ -55,6 +64,14 @@ class Gate:
             more = message.get("more_body", False)
             if len(body) > self.max_body:
                 return await self._too_large(send, None)
+        if self.max_values is not None and body.count(b",") > self.max_values:
+            # Parsing a few million numbers holds the event loop (and the GIL) for a quarter of a
+            # second; no request can use more tokens than this, so it is refused unread.
+            message = (
+                f"the request body holds over {self.max_values:,} values; one request takes at "
+                "most --max-waiting sequences of the model's context"
+            )
+            return await _reply(send, 400, message, "invalid_request_error")
         replayed = False
 
         async def replay():

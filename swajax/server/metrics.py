@@ -112,6 +112,11 @@ STATE = {
     "tail_rebuilt_tokens": "counter",
     "engine_steps": "counter",
     "engine_step_seconds": "gauge",
+    # Programs compiled in this process, and loaded from the program store instead, labelled
+    # by program (fused_step, fused_round, ...): after the warm-up, a compile in the serving
+    # loop shows here.
+    "compilations": "counter",
+    "programs_loaded": "counter",
     # Speculative decoding, vLLM's four (a draft is one request's proposals in one round),
     # and the tokens a request gains per round as a histogram (swajax's).
     "spec_decode_num_drafts": "counter",
@@ -215,6 +220,18 @@ class _EngineCollector:
         yield counter("engine_steps", "engine steps run", self.loop.steps)
         yield gauge("engine_step_seconds", "wall time of the last step", self.loop.step_seconds)
         yield from self._speculative(sched, counter)
+        yield from self._programs()
+
+    def _programs(self):
+        store = getattr(self.engine.runner, "programs", None)  # none on the host runner
+        for name, doc, counts in (
+            ("compilations", "step programs compiled in this process", "compiled"),
+            ("programs_loaded", "step programs loaded from the program store", "reused"),
+        ):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name", "program"])
+            for program, n in sorted(getattr(store, counts, {}).items()):
+                family.add_metric([self.model, program], float(n))
+            yield family
 
     def _speculative(self, sched, counter):
         """From the scheduler's request-rounds by proposals accepted (all zero without a

@@ -187,10 +187,18 @@ def test_nan_and_infinity_are_named(server):
         assert status == 400 and message == "temperature: Input should be a finite number"
 
 
+def test_more_ids_than_any_request_can_use_are_refused_unparsed(server):
+    status, text = http(f"{server}/v1/completions", {"prompt": [7] * 40_000, "max_tokens": 1})
+    message = json.loads(text)["error"]["message"]
+    assert status == 400 and "holds over 36,864 values" in message  # 64 x 512 + 4,096
+    status, text = http(f"{server}/v1/completions", {"prompt": [7] * 600, "max_tokens": 1})
+    assert status == 400 and "context limit 512" in json.loads(text)["error"]["message"]
+
+
 def test_tokenize_answers_no_more_than_the_context(server):
     status, text = http(f"{server}/tokenize", {"prompt": "x" * 2000})
     message = json.loads(text)["error"]["message"]
-    assert status == 400 and "2000 tokens, more than the model's context (512)" in message
+    assert status == 400 and "2000 tokens, over the context limit 512" in message
 
 
 def test_malformed_json_and_limits_are_400(server):
