@@ -51,6 +51,12 @@ _log = logging.getLogger(__name__)
 # model reuses them as jit's own cache would. Weak: a program goes when its runners do (the
 # test suite drops compiled programs between modules to stay within LLVM's memory maps).
 _IN_USE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# Compiled programs a runner keeps alive at once, the least recently used going first. Every
+# XLA:CPU executable holds hundreds of memory maps; a server whose mixed load reached 112 step
+# programs died when LLVM could map no more (vm.max_map_count, 65,530 by default: "LLVM
+# compilation error: Cannot allocate memory", then SIGSEGV). A program dropped here is read
+# back from the folder when it is needed again (milliseconds), not compiled.
+MAX_LIVE_PROGRAMS = 32
 
 
 def source_files() -> list[tuple[Path, Path]]:
@@ -161,9 +167,9 @@ def recording_now() -> bool:
 class ProgramStore:
     """The compiled programs of one runner, loaded from `folder` or compiled and saved there."""
 
-    def __init__(self, folder: Path | None, device):
-        self.folder, self.device = folder, device
-        self.programs: dict = {}
+    def __init__(self, folder: Path | None, device, max_live: int = MAX_LIVE_PROGRAMS):
+        self.folder, self.device, self.max_live = folder, device, max_live
+        self.programs: dict = {}  # in use order: the least recently used first
         self.loaded = self.saved = 0  # programs read from / written to the folder
         # Per program (the jitted function's name): how many were compiled in this process and
         # how many were loaded from the folder instead (/metrics: "compilations").
@@ -180,8 +186,12 @@ class ProgramStore:
             out = _placed_like(jax.eval_shape(lambda *a: fn(*a, **statics), *args), args)
             return jax.tree.map(_stand_in, out)
         key = (fn, *statics.items(), *(a is None for a in args))
-        program = self.programs.get(key)
-        if program is None:
+        program = self.programs.pop(key, None)
+        if program is not None:
+            self.programs[key] = program  # the most recently used, last
+        else:
+            while len(self.programs) >= self.max_live:
+                del self.programs[next(iter(self.programs))]
             self._made_here = True
             program = self.programs[key] = self._program(fn, args, statics)
             name = getattr(fn, "__name__", type(fn).__name__)

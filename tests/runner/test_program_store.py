@@ -70,6 +70,21 @@ def test_an_entry_that_does_not_load_is_compiled_again_and_replaced(tmp_path):
     assert again.loaded == 0 and again.saved == 1 and entry.read_bytes() != b"not a program"
 
 
+def test_programs_past_the_live_limit_are_dropped_and_read_back_not_compiled(tmp_path):
+    """Compiled executables hold memory maps (a server's mixed load ran out of them): a store
+    keeps `max_live` alive, the least recently used going first, and reads a dropped one back
+    from its folder."""
+    store = ProgramStore(tmp_path, jax.devices()[0], max_live=2)
+    for power in (2, 3, 2, 4):  # 2 is used again before 4 comes: 3 goes
+        store.call(_step, _args(), dict(power=power))
+    assert [k[1][1] for k in store.programs] == [2, 4]
+    program_store._IN_USE.clear()  # nothing else holds the dropped one
+    out, _ = store.call(_step, _args(), dict(power=3))
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 9, 28])
+    assert store.compiled["_step"] == 3 and store.reused["_step"] == 1 and store.loaded == 1
+    assert [k[1][1] for k in store.programs] == [4, 3]
+
+
 def test_without_a_folder_programs_are_plain_jit_calls():
     store = _store(None)
     out, total = store.call(_step, _args(), dict(power=2))
