@@ -1,7 +1,7 @@
 """A fresh `swajax serve --model tiny` under a mixed load of many clients: what every good request
 waits, whether the server compiles while it serves, and whether the pools are whole after.
 
-    python benchmarks/soak.py [--requests 2000] [--clients 24] [--no-warmup] [--seed 0]
+    python benchmarks/soak.py [--requests 2000] [--clients 24] [--seed 0]
 
 The mix, drawn per request: completions (plain or streamed, 10% of streams cut off after their
 first chunk), chat, and bad parameters (a 400 expected); n from 1 to 3, a stop string on a
@@ -32,6 +32,7 @@ WORDS = "def fibonacci ( n ) : return if else for in range while import numpy as
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, float]:
+    """A fresh `swajax serve` (the demo), once it says it is ready; and how long that took."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -69,7 +70,7 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
-def draw(rng: random.Random) -> tuple[str, dict, bool, bool]:
+def draw(rng: random.Random) -> tuple[str, dict, bool, bool, bool]:
     """(route, body, streamed, cut off early, a 400 expected)."""
     prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))[:300]
     body = dict(model="tiny", max_tokens=rng.randint(1, 64), n=rng.randint(1, 3))
@@ -136,12 +137,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=24)
-    ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     jobs = [draw(rng) for _ in range(args.requests)]
-    proc, base, ready = start_server(["--no-warmup"] if args.no_warmup else [])
+    proc, base, ready = start_server([])
     try:
         before = metrics(base)
         results: list = []
@@ -175,7 +175,7 @@ def main(argv=None) -> None:
         and after["full_cached_locked_tokens"] == 0
     )
     five = sum(n for k, n in outcomes.items() if "status 5" in k or "answered 5" in k)
-    print(f"ready after {ready:.1f} s ({'no ' if args.no_warmup else ''}warm-up)")
+    print(f"ready after {ready:.1f} s")
     print(f"{args.requests} requests, {args.clients} clients, {wall:.1f} s: {json.dumps(outcomes)}")
     if good:
         p50, p99 = np.percentile(good, 50), np.percentile(good, 99)
