@@ -5,6 +5,7 @@ chat template (through `jinja2`); bytes for the embedded model. Both packages co
 from __future__ import annotations
 
 import codecs
+import datetime
 import json
 from pathlib import Path
 
@@ -47,21 +48,62 @@ class ChatTemplate:
                 f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json's "
                 "'chat_template'): drop --chat"
             )
-        try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as e:
-            raise RuntimeError(f"chat templates need jinja2: {HF_EXTRA}") from e
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        self.template = env.from_string(source)
-        self.tokens = {k: _special(config, k) for k in ("bos_token", "eos_token")}
+        self.template = template_environment().from_string(source)
+        self.tokens = {k: _special(config, k) for k in SPECIAL_TOKENS if _special(config, k)}
 
     def render(self, prompt: str) -> str:
         return self.render_messages([{"role": "user", "content": prompt}])
 
-    def render_messages(self, messages: list[dict]) -> str:
-        """A conversation (OpenAI-style role / content dicts) with the generation prompt."""
-        return self.template.render(messages=messages, add_generation_prompt=True, **self.tokens)
+    def render_messages(self, messages: list[dict], **kwargs) -> str:
+        """A conversation (OpenAI-style role / content dicts) with the generation prompt, as
+        transformers' `apply_chat_template` renders it (`tools` and `documents` None unless
+        given; `kwargs` reach the template as variables)."""
+        context = dict(tools=None, documents=None, add_generation_prompt=True, **self.tokens)
+        return self.template.render(messages=messages, **{**context, **kwargs})
+
+
+# The special tokens a template may name, from tokenizer_config.json (transformers passes them).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+
+
+def template_environment():
+    """A sandbox that renders hub chat templates as transformers does: blocks trimmed, loop
+    controls (`{% break %}`, `{% continue %}`), the `{% generation %}` tag (its body rendered
+    as is), `tojson` without HTML escaping or key sorting (non-ASCII kept; `indent`,
+    `separators`, `sort_keys` and `ensure_ascii` as `json.dumps` takes them), and the globals
+    `raise_exception` and `strftime_now` (gpt-oss's template dates every system message)."""
+    try:
+        from jinja2 import nodes
+        from jinja2.ext import Extension, loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as e:
+        raise RuntimeError(f"chat templates need jinja2: {HF_EXTRA}") from e
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise(message: str):
