@@ -339,3 +339,24 @@ def test_a_cache_snapshot_is_served_under_its_hub_id(tmp_path):
     assert served_name(str(snapshot)) == "org/model-7b"
     assert served_name(str(FIXTURES / "qwen3")) == "qwen3"
     assert served_name("org/model-7b") == "org/model-7b" and served_name("tiny") == "tiny"
+
+
+def test_settings_that_exceed_the_model_or_do_nothing_are_said(caplog):
+    """A context past the model's positions, and a pool ratio with one pool, are warned about
+    by name (SGLang's and vLLM's launch lines carry both), never taken in silence."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        swajax.LLM("tiny", max_model_len=8192, kv_budget_gib=0.01)
+    assert "context limit 8192 is longer than the model's positions" in caplog.text
+    assert "max_position_embeddings 4096" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        swajax.LLM(
+            "tiny", swa_full_tokens_ratio=0.3, disable_hybrid_swa_memory=True, kv_budget_gib=0.01
+        )
+    assert "swa_full_tokens_ratio 0.3 has no effect: the hybrid SWA memory is off" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        swajax.LLM("tiny", max_model_len=1024, swa_full_tokens_ratio=0.3, kv_budget_gib=0.01)
+    assert "no effect" not in caplog.text and "longer than" not in caplog.text

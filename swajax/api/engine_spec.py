@@ -208,7 +208,17 @@ def _options(decoder: Decoder, spec: EngineSpec, sizes: PoolSizes) -> EngineOpti
     """The spec's options with the context limit made concrete: the given one, else the
     model's own capped by one request's share of the pools."""
     options = spec.options
+    own = decoder.spec.max_position
     if options.max_context is not None:
+        if own is not None and options.max_context > own:
+            logging.getLogger(__name__).warning(
+                "the context limit %d is longer than the model's positions "
+                "(max_position_embeddings %d, its RoPE scaling included): positions past %d "
+                "were never trained and its output there is not to be trusted",
+                options.max_context,
+                own,
+                own,
+            )
         return options
     hold = resolve_context(options, sizes).max_context
     own = decoder.spec.max_position or DEFAULT_CONTEXT
@@ -317,6 +327,17 @@ def make_engine(
     elif draft is not None:
         draft_lm = HybridLM(draft, consume=consume, **lm)
     options = _options(decoder, spec, sizes)
+    if spec.ratio is not None and not hybrid:
+        why = (
+            "the hybrid SWA memory is off (--disable-hybrid-swa-memory)"
+            if not spec.hybrid_memory
+            else "the model has no sliding-window layers"
+        )
+        logging.getLogger(__name__).warning(
+            "swa_full_tokens_ratio %g has no effect: %s, so one pool holds every layer's KV",
+            spec.ratio,
+            why,
+        )
     logging.getLogger(__name__).info(
         "pools: %d full + %d SWA tokens (%s, page %d, %s KV); context limit %d",
         sizes.full_tokens,
