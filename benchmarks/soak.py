@@ -44,7 +44,9 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, float]:
         sys.stderr.write(line)
         if "ready on" in line:
             break
-    threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()
+    drain = threading.Thread(target=_drain, args=(proc.stderr,), daemon=True)
+    drain.start()
+    proc.drain = drain  # joined once the server has stopped (its pipe is then closed)
     return proc, f"http://127.0.0.1:{port}", time.perf_counter() - start
 
 
@@ -53,7 +55,7 @@ def _drain(pipe) -> None:
     import os
 
     path = os.environ.get("SOAK_SERVER_LOG")
-    with open(path or os.devnull, "w") as out:
+    with pipe, open(path or os.devnull, "w") as out:
         for line in pipe:
             out.write(line)
 
@@ -138,7 +140,10 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="6 requests, 2 clients (tests)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.requests, args.clients = 6, 2
     rng = random.Random(args.seed)
     jobs = [draw(rng) for _ in range(args.requests)]
     proc, base, ready = start_server([])
@@ -164,6 +169,7 @@ def main(argv=None) -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+        proc.drain.join(60)
     outcomes: dict[str, int] = {}
     for kind, *_ in results:
         outcomes[kind] = outcomes.get(kind, 0) + 1

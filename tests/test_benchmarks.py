@@ -27,6 +27,7 @@ SLOW = {
     "scan_layers",
     "server",
     "server_health",
+    "soak",
     "speculative",
     "startup",
 }
