@@ -4,10 +4,11 @@ namespaces, special tokens, tools, `raise_exception`), each rendered by transfor
 `render_jinja_template` for a few conversations. The tests render the same with swajax's
 environment and compare strings; today's date is written as <DATE> on both sides.
 
-Run in an environment with transformers 5.24.0 (no torch needed):
+Run in an environment of its own with transformers 5.24.0 (no torch needed), from the
+repository root:
 
-    python -m venv /tmp/hfenv && /tmp/hfenv/bin/pip install transformers==5.24.0 jinja2
-    /tmp/hfenv/bin/python tools/make_chat_template_fixtures.py
+    python3 -m venv hf-env && hf-env/bin/pip install transformers==5.24.0 jinja2
+    hf-env/bin/python tools/make_chat_template_fixtures.py
 """
 
 import datetime

@@ -192,10 +192,10 @@ class ProgramStore:
         else:
             if len(self.programs) >= self.max_live:
                 self._drop_oldest()
-            self._made_here = True
-            program = self.programs[key] = self._program(fn, args, statics)
+            program, made = self._program(fn, args, statics)
+            self.programs[key] = program
             name = getattr(fn, "__name__", type(fn).__name__)
-            (self.compiled if self._made_here else self.reused)[name] += 1
+            (self.compiled if made else self.reused)[name] += 1
         return program(*args)
 
     def _drop_oldest(self) -> None:
@@ -208,25 +208,26 @@ class ProgramStore:
         jax.clear_caches()
 
     def _program(self, fn, args: tuple, statics: dict):
+        """(the program, whether this call compiled it: False when it was loaded from the
+        folder or another runner of this process had it)."""
         if self.folder is None:
-            return functools.partial(fn, **statics)
+            return functools.partial(fn, **statics), True
         key = self._disk_key(fn, args, statics)
         if key is None:  # a static argument without a stable text: not stored
-            return functools.partial(fn, **statics)
+            return functools.partial(fn, **statics), True
         program = _IN_USE.get(key)
         if program is not None:  # another runner of this process made it
-            self._made_here = False
-            return program
+            return program, False
         path = self.folder / f"{key}.bin"
         program = self._load(path)
-        if program is not None:
-            self._made_here = False
-            self.loaded += 1
-        else:
+        made = program is None
+        if made:
             program = compile_uncached(fn.lower(*args, **statics))
             self._save(path, program)
+        else:
+            self.loaded += 1
         _IN_USE[key] = program
-        return program
+        return program, made
 
     def _describe(self, value) -> str:
         """A static argument as text that is the same in every process. A model's forward (an
