@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -61,6 +62,7 @@ PASSED = (
     "eviction_interval",
     "max_logprobs",
     "num_speculative_tokens",
+    "warmup",
 )
 OWN = (
     "dtype",
@@ -237,6 +239,13 @@ class LLM:
         # The LLM owns the decoder: its layers' arrays are freed as they are restacked.
         self.engine: Engine = make_engine(decoder, spec, draft, consume=True)
         del decoder, draft
+        # Before the first request (`warmup=True`, serve's default): (step programs made
+        # ready, of which compiled here, seconds).
+        self.warmed_up: tuple[int, int, float] | None = None
+        if spec.options.warmup:
+            start = time.perf_counter()
+            ready, compiled = self.engine.warm_up()
+            self.warmed_up = (ready, compiled, time.perf_counter() - start)
         self.stop_token_ids = stop_token_ids(self.folder)
         if generation_config == "auto":
             self.engine.sampling_defaults = sampling_defaults(self.folder)

@@ -100,6 +100,13 @@ def shape_of(meta, window: int) -> MetadataShape:
 MIN_CONTEXT = 256
 
 
+def full_pages_bucket(seq_max: int, page_size: int) -> int:
+    """The full page table's width for a longest sequence of `seq_max` tokens: at least
+    MIN_CONTEXT tokens' worth, so a short generation keeps one decode program throughout
+    instead of recompiling each time its longest request crosses a power of two."""
+    return bucket(ceil_div(seq_max, page_size), max(4, ceil_div(MIN_CONTEXT, page_size)))
+
+
 def metadata_shape(
     prefix_lens, seq_lens, *, page_size: int, window: int, block_q=None, min_tokens: int = 1
 ):
@@ -117,9 +124,7 @@ def metadata_shape(
         window=window,
         block_q=block_q,
         num_tokens=bucket(int(extend.sum()), min_tokens),
-        # At least 256 tokens' worth: a short generation keeps one decode program throughout
-        # instead of recompiling each time its longest request crosses a power of two.
-        full_pages=bucket(int(ceil_div(seq.max(), ps)), max(4, ceil_div(MIN_CONTEXT, ps))),
+        full_pages=full_pages_bucket(int(seq.max()), ps),
         # At least what a decode step's window spans, so every decode shares one width.
         swa_pages=bucket(
             int(((seq - 1) // ps - first + 1).max()), bucket((window + ps - 1) // ps + 1, 2)

@@ -30,13 +30,21 @@ def run_serve(args) -> int:
 
     llm = LLM.from_spec(
         args.model,
-        EngineSpec.of(**engine_fields(args)),
+        EngineSpec.of(**engine_fields(args), warmup=not args.no_warmup),
         revision=args.revision,
         generation_config=args.generation_config,
         draft_model=speculative(args)[0],
         dequantize_weights=args.dequantize_weights,
         flags=("--model", "--draft-model"),
     )
+    if llm.warmed_up is not None:
+        ready, compiled, seconds = llm.warmed_up
+        print(
+            f"swajax serve: warm-up: {ready} step programs ready ({compiled} compiled, "
+            f"{ready - compiled} from the program store) in {seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.state_dir is not None:
         _restore(llm, Path(args.state_dir))
     folder = None if args.model == "tiny" else llm.folder
@@ -216,6 +224,14 @@ def register(sub) -> None:
     )
     add_decode_steps(p)  # streams then come up to N tokens at a time; 1 for each as made
     add_speculative(p)
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the warm-up: by default every program a step can need is compiled (or "
+        "loaded from the program store) before the server says it is ready, with step shapes "
+        "fixed so that the set is small, and none compiles while it serves; without it, "
+        "shapes follow each batch and a new one compiles when first met",
+    )
     p.add_argument(
         "--state-dir",
         help="keep the prefix cache across restarts: restore it from this folder at start (if "

@@ -115,3 +115,10 @@ def apply_releases(alloc, free_swa, free_full, move_dst, move_src):
     """Releases that must precede a move (or a move itself), outside a step's commit."""
     alloc = A.release_core(alloc, free_swa, free_full)
     return A.move_swa_core(alloc, move_dst, move_src)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def repoint(r2t: ReqToToken, rows, positions, slots):
+    """Re-pointed `req_to_token` entries a step could not carry (a server's fixed shapes),
+    written before it: the same writes as the step's own (rows past the table: dropped)."""
+    return ReqToToken(r2t.table.at[rows, positions].set(slots, mode="drop"))

@@ -185,18 +185,36 @@ class ProgramStore:
             calls.append(Recorded(fn, args, statics))
             out = _placed_like(jax.eval_shape(lambda *a: fn(*a, **statics), *args), args)
             return jax.tree.map(_stand_in, out)
-        key = (fn, *statics.items(), *(a is None for a in args))
+        key = self.key(fn, args, statics)
         program = self.programs.pop(key, None)
         if program is not None:
             self.programs[key] = program  # the most recently used, last
         else:
-            if len(self.programs) >= self.max_live:
-                self._drop_oldest()
-            program, made = self._program(fn, args, statics)
-            self.programs[key] = program
-            name = getattr(fn, "__name__", type(fn).__name__)
-            (self.compiled if made else self.reused)[name] += 1
+            self._make(key, fn, args, statics)
+            program = self.programs[key]
         return program(*args)
+
+    def prepare(self, fn, args: tuple, statics: dict) -> bool:
+        """Make `fn`'s program for these arguments ready without running it (a server's
+        warm-up): compiled, or loaded from the folder. Returns whether it was compiled."""
+        key = self.key(fn, args, statics)
+        if key in self.programs:
+            return False
+        return self._make(key, fn, args, statics, ahead=True)
+
+    @staticmethod
+    def key(fn, args: tuple, statics: dict):
+        """A program's key within one runner (its inputs' shapes are fixed: module doc)."""
+        return (fn, *statics.items(), *(a is None for a in args))
+
+    def _make(self, key, fn, args: tuple, statics: dict, ahead: bool = False) -> bool:
+        if len(self.programs) >= self.max_live:
+            self._drop_oldest()
+        program, made = self._program(fn, args, statics, ahead)
+        self.programs[key] = program
+        name = getattr(fn, "__name__", type(fn).__name__)
+        (self.compiled if made else self.reused)[name] += 1
+        return made
 
     def _drop_oldest(self) -> None:
         """Drop the least recently used half, then JAX's own caches: `.compile()` keeps every
@@ -207,13 +225,18 @@ class ProgramStore:
             del self.programs[key]
         jax.clear_caches()
 
-    def _program(self, fn, args: tuple, statics: dict):
+    def _program(self, fn, args: tuple, statics: dict, ahead: bool = False):
         """(the program, whether this call compiled it: False when it was loaded from the
-        folder or another runner of this process had it)."""
+        folder or another runner of this process had it). `ahead`: compiled now even where
+        no folder keeps it (jit would compile it at its first call)."""
         if self.folder is None:
+            if ahead:
+                return fn.lower(*args, **statics).compile(), True
             return functools.partial(fn, **statics), True
         key = self._disk_key(fn, args, statics)
         if key is None:  # a static argument without a stable text: not stored
+            if ahead:
+                return fn.lower(*args, **statics).compile(), True
             return functools.partial(fn, **statics), True
         program = _IN_USE.get(key)
         if program is not None:  # another runner of this process made it

@@ -223,7 +223,15 @@ class _EngineCollector:
         yield from self._programs()
 
     def _programs(self):
-        store = getattr(self.engine.runner, "programs", None)  # none on the host runner
+        runner = self.engine.runner
+        store = getattr(runner, "programs", None)  # none on the host runner
+        if store is not None:
+            yield CounterMetricFamily(
+                PREFIX + "xla_compilations",
+                "XLA programs compiled in this process since the engine started (its step "
+                "programs and the small ones beside them; loads from a cache excluded)",
+                value=float(runner.compilations()),
+            )
         for name, doc, counts in (
             ("compilations", "step programs compiled in this process", "compiled"),
             ("programs_loaded", "step programs loaded from the program store", "reused"),

@@ -68,6 +68,13 @@ class Engine:
         self.window = engine_window(cfg, draft)
         self._host_state()
         self.overlap = options.overlap and runner.supports_overlap
+        if options.warmup and hasattr(runner, "fix_shapes"):  # (the host runner compiles none)
+            runner.fix_shapes(
+                chunk_tokens=options.chunk_size or options.max_context,
+                max_logprobs=options.max_logprobs,
+                decode_steps=_decode_steps(options, runner, draft),
+                draft_tokens=options.num_speculative_tokens,
+            )
         # Set while a call that changes the engine's state runs; left set by one that did not
         # finish (an interrupt, an exception out of a step): the state is then rebuilt.
         self.damaged, self._changes = False, 0
@@ -137,6 +144,16 @@ class Engine:
         self.runner.reset()
         self._host_state()
         self.damaged = False
+
+    def warm_up(self) -> tuple[int, int]:
+        """Make every step program ready before the first request (`EngineOptions.warmup`):
+        returns (programs made ready, of which compiled in this process: the rest came from
+        the program store); (0, 0) where nothing compiles (the host runner) or the option is
+        off."""
+        if not self.options.warmup or not hasattr(self.runner, "warm_up"):
+            return 0, 0
+        with self._changing():
+            return self.runner.warm_up()
 
     def _rebuild_reach(self) -> int | None:
         """The scheduler's tail-rebuild setting: only hybrid pools have tombstones that still

@@ -47,6 +47,11 @@ class EngineOptions:
     max_logprobs: int = 20
     # Seeds requests whose SamplingParams leave `seed` unset draw from (vLLM's `LLM(seed=)`).
     seed: int = 0
+    # A server's step shapes (runner/step_shapes.py): every program a step can need is
+    # compiled by `Engine.warm_up` before the first request, none in the serving loop. Each
+    # step then pays for the largest of its sampling features; off (the offline default),
+    # shapes follow each batch and a new one compiles when first met.
+    warmup: bool = False
 
     def __post_init__(self):
         policy_of(self.cache_policy)  # a ValueError naming the profiles
@@ -66,7 +71,7 @@ class EngineOptions:
             if not is_int(value) or value < lo:
                 more = " or None" if optional else ""
                 raise RequestError(f"{name} must be an integer >= {lo}{more}, got {value!r}")
-        for name in ("prefix_cache", "tail_rebuild", "overlap"):
+        for name in ("prefix_cache", "tail_rebuild", "overlap", "warmup"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -87,15 +87,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(model, args, log, env=None):
+def serve(model, args, log, env=None, warmup=False):
     """A `swajax serve --model model *args` process writing to `log`, once it says it is ready:
-    (process, base URL). Raises with the log if it exits or is not ready in two minutes."""
+    (process, base URL). Raises with the log if it exits, or if it hangs (not ready in ten
+    minutes). Without `warmup` the server skips its warm-up (`--no-warmup`): the tests of what
+    it answers start it in seconds; tests/server/test_warmup_server.py serves warmed up."""
     port = free_port()
     main = "import sys; from swajax.cli.main import main; sys.exit(main())"
     cmd = [sys.executable, "-c", main, "serve", "--model", str(model), "--port", str(port)]
+    cmd += [] if warmup else ["--no-warmup"]
     with open(log, "w") as out:
         proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while "ready on" not in log.read_text():
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
