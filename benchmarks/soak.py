@@ -1,5 +1,6 @@
-"""A fresh `swajax serve --model tiny` under a mixed load of many clients: what every good request
-waits, whether the server compiles while it serves, and whether the pools are whole after.
+"""A fresh `swajax serve` of the demo model under a mixed load of many clients: what every good
+request waits, whether the server compiles while it serves, and whether the pools are whole
+after.
 
     python benchmarks/soak.py [--requests 2000] [--clients 24] [--seed 0]
 
@@ -20,9 +21,11 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 
@@ -31,13 +34,15 @@ SETTINGS += ["--context-length", "512", "--max-waiting", "256"]
 WORDS = "def fibonacci ( n ) : return if else for in range while import numpy as np x".split()
 
 
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, float]:
-    """A fresh `swajax serve` (the demo), once it says it is ready; and how long that took."""
+def start_server(folder: Path, extra: list[str]) -> tuple[subprocess.Popen, str, float]:
+    """A fresh `swajax serve` of the demo model in `folder`, once it says it is ready; and how
+    long that took."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     main = "import sys; from swajax.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", main, "serve", "--port", str(port), *SETTINGS, *extra]
+    cmd = [sys.executable, "-c", main, "serve", "--model", str(folder), "--port", str(port)]
+    cmd += [*SETTINGS, *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
@@ -75,7 +80,7 @@ def metrics(base: str) -> dict[str, float]:
 def draw(rng: random.Random) -> tuple[str, dict, bool, bool, bool]:
     """(route, body, streamed, cut off early, a 400 expected)."""
     prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))[:300]
-    body = dict(model="tiny", max_tokens=rng.randint(1, 64), n=rng.randint(1, 3))
+    body = dict(model="demo", max_tokens=rng.randint(1, 64), n=rng.randint(1, 3))
     if rng.random() < 0.5:
         body.update(temperature=rng.choice([0.7, 1.0]), seed=rng.randrange(1 << 20))
     else:
@@ -119,8 +124,9 @@ def client(base: str, jobs: list, results: list) -> None:
             status = r.status
             if cut:
                 r.readline()  # the first chunk, then the client goes away
+                answer = b""
             else:
-                r.read()
+                answer = r.read()
         except OSError as e:
             results.append(("transport", repr(e), 0.0))
             continue
@@ -132,7 +138,8 @@ def client(base: str, jobs: list, results: list) -> None:
         elif cut:
             results.append(("cut", status, took))
         else:
-            results.append(("good" if status == 200 else f"status {status}", "", took))
+            why = "" if status == 200 else answer.decode(errors="replace")[:300]
+            results.append(("good" if status == 200 else f"status {status}", why, took))
 
 
 def main(argv=None) -> None:
@@ -141,12 +148,20 @@ def main(argv=None) -> None:
     ap.add_argument("--clients", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="6 requests, 2 clients (tests)")
+    ap.add_argument(
+        "--no-warmup", action="store_true", help="serve without the warm-up (shapes per batch)"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.requests, args.clients = 6, 2
     rng = random.Random(args.seed)
     jobs = [draw(rng) for _ in range(args.requests)]
-    proc, base, ready = start_server([])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.helpers.server import demo_folder  # a byte-level tokenizer and a chat template
+
+    scratch = tempfile.TemporaryDirectory(prefix="soak-")
+    folder = demo_folder(Path(scratch.name) / "demo")
+    proc, base, ready = start_server(folder, ["--no-warmup"] if args.no_warmup else [])
     try:
         before = metrics(base)
         results: list = []
@@ -170,11 +185,13 @@ def main(argv=None) -> None:
         proc.terminate()
         proc.wait(60)
         proc.drain.join(60)
+        scratch.cleanup()
     outcomes: dict[str, int] = {}
     for kind, *_ in results:
         outcomes[kind] = outcomes.get(kind, 0) + 1
     good = [t for kind, _, t in results if kind == "good"]
     compiled = after.get("compilations_total", 0) - before.get("compilations_total", 0)
+    xla = after.get("xla_compilations_total", 0) - before.get("xla_compilations_total", 0)
     whole = (
         after["full_pool_free_tokens"] + after["full_cached_evictable_tokens"]
         == after["full_pool_tokens"]
@@ -182,11 +199,16 @@ def main(argv=None) -> None:
     )
     five = sum(n for k, n in outcomes.items() if "status 5" in k or "answered 5" in k)
     print(f"ready after {ready:.1f} s")
+    for why in sorted({why for kind, why, _ in results if kind.startswith("status")})[:5]:
+        print(f"  a good request was refused: {why}")
     print(f"{args.requests} requests, {args.clients} clients, {wall:.1f} s: {json.dumps(outcomes)}")
     if good:
         p50, p99 = np.percentile(good, 50), np.percentile(good, 99)
         print(f"good requests: {len(good)}, latency p50 {p50:.2f} s, p99 {p99:.2f} s")
-    print(f"programs compiled after ready: {compiled:g}; 5xx: {five}; pools whole: {whole}")
+    print(
+        f"step programs compiled after ready: {compiled:g} (XLA programs of any kind: {xla:g}); "
+        f"5xx: {five}; pools whole: {whole}"
+    )
 
 
 if __name__ == "__main__":
