@@ -89,7 +89,30 @@ def engine_fields(args) -> dict:
         dtype=args.dtype,
         kv_dtype=args.kv_cache_dtype,
         host_cache_gib=args.host_cache_gib,
+        max_logprobs=args.max_logprobs,
     )
+
+
+# vLLM's and SGLang's spellings of the dtypes (`--dtype half`, `--kv-cache-dtype fp8`).
+DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KV_SPELLINGS = {
+    "auto": None,
+    "fp8": "fp8_e4m3",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
+
+
+def spelled(spellings: dict):
+    """An argparse type taking another project's spelling of a value as swajax's."""
+
+    def parse(text: str):
+        return spellings.get(text.lower(), text)
+
+    return parse
 
 
 def _speculative_tokens(args) -> int:
@@ -314,6 +337,7 @@ def run_logits(args) -> int:
 def add_model_args(p, prompts: bool = True) -> None:
     p.add_argument(
         "--model",
+        "--model-path",
         default="tiny",
         help="'tiny' (embedded), a checkpoint folder, or a hub id in the local Hugging Face cache",
     )
@@ -349,6 +373,7 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument(
         "--dtype",
+        type=spelled(DTYPE_SPELLINGS),
         choices=("auto", *KV_DTYPE),
         default="auto",
         help="parameters and activations (norms, softmax, routers stay float32); auto: the "
@@ -356,9 +381,17 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument(
         "--kv-cache-dtype",
-        choices=(*KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
-        help="KV pools (default: the same as --dtype); fp8_*: one byte per value, "
-        "scaled by the checkpoint's k_scale / v_scale where it has them",
+        type=spelled(KV_SPELLINGS),
+        choices=(None, *KV_DTYPE.values(), "fp8_e4m3", "fp8_e5m2"),
+        metavar="{auto,bf16,fp16,fp32,fp8,fp8_e4m3,fp8_e5m2}",
+        help="KV pools (default, or auto: the same as --dtype); fp8_* (fp8: e4m3): one byte "
+        "per value, scaled by the checkpoint's k_scale / v_scale where it has them",
+    )
+    p.add_argument(
+        "--max-logprobs",
+        type=args_lib.int_at_least(0, 1 << 16),
+        default=SPEC_OPTIONS.max_logprobs,
+        help="the most top-N logprobs a request may ask for",
     )
     p.add_argument(
         "--dequantize-weights",
@@ -391,6 +424,7 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument(
         "--max-running-requests",
+        "--max-num-seqs",
         type=args_lib.int_at_least(1, 4096),
         default=16,
         help="requests decoded together",
@@ -403,12 +437,14 @@ def add_model_args(p, prompts: bool = True) -> None:
     )
     p.add_argument(
         "--page-size",
+        "--block-size",
         type=args_lib.PAGE_SIZE,
         default=None,
         help="tokens per KV page (default 4, 16 on Hopper GPUs; DeepSeek-V4: 64)",
     )
     p.add_argument(
         "--chunked-prefill-size",
+        "--max-num-batched-tokens",
         type=args_lib.int_at_least(1, 1 << 20),
         default=SPEC_OPTIONS.chunk_size,
         help="prompt tokens computed per step and request (chunked prefill)",
@@ -426,6 +462,8 @@ def add_model_args(p, prompts: bool = True) -> None:
     p.add_argument(
         "--tp-size",
         "--tensor-parallel-size",
+        "--tp",
+        "-tp",
         dest="tp_size",
         type=args_lib.int_at_least(1, 1 << 16),
         metavar="N",
@@ -496,7 +534,7 @@ def _add_sampling_args(p) -> None:
         default=0,
         help="with --json: the N likeliest tokens' logprobs per position",
     )
-    p.add_argument("--seed", type=args_lib.SEED, default=0)
+    p.add_argument("--seed", "--random-seed", type=args_lib.SEED, default=0)
 
 
 def add_speculative(p) -> None:

@@ -21,6 +21,7 @@ from swajax.cli import (
     compile_check,
     conformance,
     generate,
+    launch_flags,
     launch_local,
     plan,
     serve,
@@ -229,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.register(sub)
     launch_local.register(sub)
     compile_check.register(sub)
+    for name in ("generate", "serve"):  # SGLang's and vLLM's launch lines as written
+        launch_flags.add_to(sub.choices[name])
     for command in sub.choices.values():  # the global flags after the command too
         _global_flags(command)
     args_lib.fill_help(parser)
@@ -290,6 +293,20 @@ def _native_output_to_stderr() -> None:
     sys.stdout = os.fdopen(results, "w", buffering=1)
 
 
+def _command(argv: list[str], parser) -> str | None:
+    """The command a line runs (its first word that names one)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next((a for a in argv if a in commands.choices), None)
+
+
+def _take_model_tag(args, argv: list[str]) -> None:
+    """`swajax serve MODEL`, as `vllm serve MODEL`: the same as --model (both: the same one)."""
+    given = {"--model", "--model-path"} & {a.partition("=")[0] for a in argv}
+    if given and args.model != args.model_tag:
+        raise UsageError(f"the model is given twice: {args.model_tag!r} and --model {args.model!r}")
+    args.model = args.model_tag
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -297,9 +314,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if _command(argv, parser) in ("generate", "serve"):
+            argv = launch_flags.normalize(argv)
         args = parser.parse_args(argv)
     except SystemExit as e:  # a bad argument (one line already printed), or --help
         return e.code if isinstance(e.code, int) else 2
+    except UsageError as e:  # an unreadable --config
+        print(f"swajax: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.command in ("generate", "serve"):
+            launch_flags.apply(
+                args, lambda m: print(f"swajax {args.command}: {m}", file=sys.stderr)
+            )
+            if getattr(args, "model_tag", None) is not None:
+                _take_model_tag(args, argv)
+    except UsageError as e:
+        print(f"swajax {args.command}: error: {e}", file=sys.stderr)
+        return 2
     _configure_logging(args.verbose, args.quiet)
     try:
         joined = None

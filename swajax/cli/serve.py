@@ -48,7 +48,7 @@ def run_serve(args) -> int:
     if args.state_dir is not None:
         _restore(llm, Path(args.state_dir))
     folder = None if args.model == "tiny" else llm.folder
-    name = args.served_model_name or served_name(args.model)
+    name, *aliases = args.served_model_name or [served_name(args.model)]
     api_key = args.api_key or os.environ.get("SWAJAX_API_KEY") or None
     app = make_app(
         llm,
@@ -57,12 +57,13 @@ def run_serve(args) -> int:
         max_waiting=args.max_waiting,
         api_key=api_key,
         max_body_mib=args.max_body_mib,
+        aliases=tuple(aliases),
     )
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
-        log_level="warning",
+        log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=GRACE_SECONDS,
     )
     server = _server_class(uvicorn)(config, app.state.loop.abort_all, name, api_key is not None)
@@ -202,7 +203,26 @@ def register(sub) -> None:
         default=8000,
         help="port to listen on (0: any free one)",
     )
-    p.add_argument("--served-model-name", help="the model's name in the API (default: folder)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        help="the model's name in the API (default: the hub id or the folder's name); more "
+        "names: requests may give any of them",
+    )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it (the same as --model)",
+    )
+    p.add_argument(
+        "--seed",
+        "--random-seed",
+        type=args_lib.SEED,
+        default=0,
+        help="the seed of requests that give none (vLLM's and SGLang's engine seed)",
+    )
+    p.set_defaults(uvicorn_log_level="warning")
     p.add_argument(
         "--max-waiting",
         type=args_lib.int_at_least(1),

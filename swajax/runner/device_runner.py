@@ -219,7 +219,7 @@ class DeviceRunner:
                 self.host_kv.save(self.alloc, self.pools, run)
 
     def _inputs(self, plan: StepPlan, last: Releases) -> dict[str, np.ndarray]:
-        r = bucket(len(plan.requests), self.min_reqs)
+        r = self._request_rows(plan)
         rows, pos, slots = _repointed(plan)
         if self.fixed is not None:  # what the step cannot carry is written first
             e = self.fixed.edits
@@ -371,8 +371,7 @@ class DeviceRunner:
     def _decode_shape(self, plan: StepPlan):
         """The metadata shape of a round's single-token forwards."""
         if self.fixed is not None:
-            r = bucket(len(plan.requests), self.min_reqs)
-            return self.fixed.decode(r, self._full_pages(plan))
+            return self.fixed.decode(self._request_rows(plan), self._full_pages(plan))
         return round_shape(
             plan.prefix_lens,
             plan.seq_lens,
@@ -380,6 +379,14 @@ class DeviceRunner:
             window=self.window,
             min_tokens=self.min_reqs,
         )
+
+    def _request_rows(self, plan: StepPlan) -> int:
+        """The rows a step's per-request arrays pad to; with fixed shapes an extend pads to
+        the most running requests (one row count: the extends' programs are then one per
+        token and page bucket)."""
+        if self.fixed is not None and plan.kind is StepKind.EXTEND:
+            return self.fixed.request_rows(self.fixed.max_running)
+        return bucket(len(plan.requests), self.min_reqs)
 
     def _full_pages(self, plan: StepPlan) -> int:
         return full_pages_bucket(int(np.max(plan.seq_lens)), self.alloc.page_size)
@@ -519,7 +526,7 @@ class DeviceRunner:
     def _fixed_forward(self, plan: StepPlan, decode: bool):
         """(metadata shape, padded forward inputs) of a step under fixed shapes: every size
         from the request rows r, an extend's tokens t and the full pages f."""
-        fixed, r, f = self.fixed, bucket(len(plan.requests), self.min_reqs), self._full_pages(plan)
+        fixed, r, f = self.fixed, self._request_rows(plan), self._full_pages(plan)
         if decode:
             shape = fixed.decode(r, f)
         elif plan.round.lookahead:
@@ -542,21 +549,18 @@ class DeviceRunner:
 
 def _synthetic_plan(fixed: FixedShapes, kind: str, r: int, t: int, f: int, logits: bool):
     """A plan whose shapes are the key's (its requests, lengths and inputs stand-ins: only
-    their sizes reach the program), or None when no batch has them: fewer requests than half
-    the rows (or one, at the fewest rows), sequences as long as the pages allow (one of them
-    exactly), the extend's tokens spread over them."""
-    n = 1 if r == fixed.min_reqs else r // 2 + 1
+    their sizes reach the program), or None when no batch has them: sequences as long as the
+    pages allow, a decode step's requests more than half the rows (one at the fewest rows),
+    an extend's as few as hold its tokens."""
     longest = min(f * fixed.page_size, fixed.max_context)
-    if kind == "extend":
-        if n > t or t > n * longest:
+    if kind == "extend":  # (its rows are the most whatever its requests: as few as hold t)
+        n = -(-t // longest)
+        if n > r:
             return None
-        lens = [min(longest, t - (n - 1))] + [0] * (n - 1)
-        rest = t - lens[0]
-        for i in range(1, n):
-            lens[i] = min(longest, rest - (n - 1 - i))
-            rest -= lens[i]
-        seq = np.asarray([longest] + lens[1:], np.int32)
+        lens = [longest] * (n - 1) + [t - longest * (n - 1)]
+        seq = np.full(n, longest, np.int32)
     else:
+        n = 1 if r == fixed.min_reqs else r // 2 + 1
         lens = [fixed.round_len if kind == "round" else 1] * n
         seq = np.full(n, longest, np.int32)
     prefix = seq - np.asarray(lens, np.int32)

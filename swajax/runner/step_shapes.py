@@ -8,7 +8,8 @@ all those choices: a fresh server compiled 39 step programs inside its serving l
 stall of every client. Here the step's sizes depend on four enumerated values only, the step's
 kind and, per kind:
 
-- `r`: the request rows, a power of two from the runner's minimum to the most running requests;
+- `r`: the request rows of a decode step or round, a power of two from the runner's minimum to
+  the most running requests (an extend's are always the most);
 - `t`: an extend's new tokens, a power of two from 64 to the per-step chunk budget;
 - `f`: the full pages of the longest request, the buckets `metadata_shape` uses, up to the
   context;
@@ -112,8 +113,8 @@ class FixedShapes:
         """Every (kind, r, t, f, keeps logits) a server can reach: kind "extend", "decode", or
         "round" (multi-step or speculative); t is 0 but for an extend."""
         rs, fs = self.row_sizes(), self.page_sizes()
-        for r, t, f, logits in itertools.product(rs, self.token_sizes(), fs, (False, True)):
-            yield "extend", r, t, f, logits
+        for t, f, logits in itertools.product(self.token_sizes(), fs, (False, True)):
+            yield "extend", rs[-1], t, f, logits  # (an extend pads to the most rows)
         for r, f, logits in itertools.product(rs, fs, (False, True)):
             yield "decode", r, 0, f, logits
         if self.round_len > 1:

@@ -59,10 +59,12 @@ def make_app(
     max_waiting: int = 256,
     api_key: str | None = None,
     max_body_mib: float = MAX_BODY_MIB,
+    aliases: tuple[str, ...] = (),
 ) -> FastAPI:
     """The application over `llm` (a `swajax.LLM`); `folder`: its checkpoint folder (for the
     chat template), None for the embedded model; `api_key`: required on `/v1/*` as a bearer
-    token (None: open); `max_body_mib`: the largest request body read."""
+    token (None: open); `max_body_mib`: the largest request body read; `aliases`: other names
+    requests may give the model (vLLM's `--served-model-name A B`)."""
     loop = EngineLoop(llm, max_waiting=max_waiting)
     metrics = Metrics(llm.engine, loop, model_name)
     templates = {}
@@ -157,7 +159,7 @@ def make_app(
 
     def unknown_model(name: str | None):
         """A request naming another model is refused, as OpenAI's and vLLM's servers do."""
-        if name is None or name == model_name:
+        if name is None or name == model_name or name in aliases:
             return None
         return error(
             404,
@@ -209,7 +211,10 @@ def make_app(
     async def models():
         return {
             "object": "list",
-            "data": [{"id": model_name, "object": "model", "owned_by": "swajax"}],
+            "data": [
+                {"id": name, "object": "model", "owned_by": "swajax"}
+                for name in (model_name, *aliases)
+            ],
         }
 
     @app.get("/metrics")

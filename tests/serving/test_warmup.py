@@ -23,7 +23,7 @@ def test_the_program_set_is_enumerated_and_bounded():
     assert fixed.token_sizes() == [64, 128, 256]
     assert fixed.page_sizes() == [64, 128]  # 256 tokens' worth at least, up to the context
     keys = list(fixed.keys())
-    assert len(keys) == 3 * 3 * 2 * 2 + 3 * 2 * 2 + 3 * 2 == len(set(keys))
+    assert len(keys) == 3 * 2 * 2 + 3 * 2 * 2 + 3 * 2 == len(set(keys))  # (extends: most rows)
     # The set grows with the logarithm of each limit, not with anything a request chooses.
     longer = FixedShapes(
         window=7, page_size=4, chunk_tokens=256, decode_steps=8, **{**SHAPES, "max_context": 4096}
