@@ -32,11 +32,16 @@ class ChatTemplate:
     """The checkpoint's Jinja chat template, rendered as transformers does for one user turn
     with the generation prompt (sandboxed; `raise_exception` as the hub templates expect)."""
 
-    def __init__(self, folder: Path):
-        config_file = folder / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.exists() else {}
-        source = None
-        if (folder / "chat_template.jinja").exists():
+    def __init__(self, folder: Path | None, source: str | None = None):
+        """The template of `folder` (None: the embedded model, which has none), or `source`
+        (a template's text) with the folder's special tokens."""
+        config_file = folder / "tokenizer_config.json" if folder is not None else None
+        config = json.loads(config_file.read_text()) if config_file and config_file.exists() else {}
+        if source is not None:
+            pass
+        elif folder is None:
+            raise ValueError("the embedded model has no chat template")
+        elif (folder / "chat_template.jinja").exists():
             source = (folder / "chat_template.jinja").read_text()
         elif isinstance(config.get("chat_template"), str):
             source = config["chat_template"]

@@ -9,6 +9,7 @@ those who build engines directly."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -18,17 +19,21 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from swajax.api.chat_messages import flattened, open_end
 from swajax.api.engine_spec import EngineSpec, load_model, make_engine, tensor_mesh
 from swajax.api.generation import summary
 from swajax.api.hub import resolve_model
+from swajax.api.logprob import Logprob, ranked
+from swajax.api.metrics_reader import Metric, engine_metrics
 from swajax.api.sample_stream import SampleStream, add_samples, best, prompt_logprobs
+from swajax.api.script_tokenizer import ScriptTokenizer
 from swajax.api.state import restore_state, save_state
 from swajax.errors import InputError
 from swajax.generation_config import sampling_defaults, stop_token_ids
 from swajax.models.mtp import MTP, load_mtp
 from swajax.progress_bar import progress
 from swajax.serving.engine import Engine
-from swajax.serving.sampling_params import SamplingParams
+from swajax.serving.sampling_params import EditableSamplingParams, SamplingParams
 from swajax.tokenizer import ChatTemplate
 
 Prompt = str | Sequence[int] | Mapping
@@ -104,9 +109,10 @@ class CompletionOutput:
     text: str | None  # None when the checkpoint has no tokenizer; never the stop string
     token_ids: list[int]  # up to the one that completed a stop string, if one did
     cumulative_logprob: float  # sum of `token_logprobs`
-    # Per generated token, {token: logprob} of the N likeliest and the sampled one, when
-    # SamplingParams.logprobs = N > 0; else None.
-    logprobs: list[dict[int, float]] | None
+    # Per generated token, {token: Logprob} of the sampled one and the N likeliest (vLLM's
+    # objects, which are floats too: swajax.api.logprob), when SamplingParams.logprobs = N > 0;
+    # else None.
+    logprobs: list[dict[int, Logprob]] | None
     finish_reason: str  # "stop", "length" or "abort"
     # What stopped it: a stop string, or one of the request's own stop_token_ids (None for the
     # checkpoint's eos and for "length"); for "abort", why.
@@ -123,7 +129,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     # Per prompt position, {token: logprob} of the prompt's own token and the N likeliest
     # (None at position 0), when SamplingParams.prompt_logprobs = N; else None.
-    prompt_logprobs: list[dict[int, float] | None] | None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int  # prompt tokens the prefix cache supplied (first sample)
@@ -253,6 +259,7 @@ class LLM:
         self._lock = threading.Lock()  # one call at a time drives the engine
         self._holder: int | None = None  # the thread whose call holds it
         self._ids = 0
+        self._served: collections.Counter = collections.Counter()  # get_metrics' counts
 
     # ------------------------------------------------------------------------------------------
     # Calls
@@ -279,13 +286,39 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request=None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: Mapping | None = None,
+        mm_processor_kwargs=None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} messages) or a list of them, each
-        rendered with the checkpoint's chat template and its generation prompt, then run as
-        `generate` does."""
+        """One conversation (a list of {"role", "content"} messages, content a string or a
+        list of text parts) or a list of them, each rendered with the checkpoint's chat
+        template (or `chat_template`, a template's text) and run as `generate` does. vLLM's
+        keywords: `add_generation_prompt`, `continue_final_message` (the last message left
+        open for the model to continue), `tools`, `chat_template_kwargs` (variables of the
+        template, such as `enable_thinking` or `reasoning_effort`); `lora_request` and
+        `mm_processor_kwargs` must be None (no adapters, text only)."""
+        if lora_request is not None or mm_processor_kwargs is not None:
+            which = "lora_request" if lora_request is not None else "mm_processor_kwargs"
+            raise InputError(f"{which}: swajax serves no LoRA adapters and text only")
+        if add_generation_prompt and continue_final_message:
+            raise InputError("add_generation_prompt and continue_final_message: give one")
         conversations = _conversations(messages)
-        template = self._chat_template()
-        texts = [template.render_messages([dict(m) for m in c]) for c in conversations]
+        template = self._chat_template(chat_template)
+        variables = dict(chat_template_kwargs or {}, add_generation_prompt=add_generation_prompt)
+        if tools is not None:
+            variables["tools"] = tools
+        texts = []
+        for c in conversations:
+            flat = flattened([dict(m) for m in c], chat_template_content_format)
+            text = template.render_messages(flat, **variables)
+            if continue_final_message:
+                text = open_end(text, flat[-1])
+            texts.append(text)
         ids = [self.tokenizer.encode_rendered(t) for t in texts]
         return self._run(texts, ids, sampling_params, use_tqdm)
 
@@ -306,6 +339,21 @@ class LLM:
                     yield from self._new_events(x)
                 if not self._step(samples):
                     return
+
+    def get_tokenizer(self) -> ScriptTokenizer:
+        """The tokenizer as vLLM scripts call it (transformers' methods: encode, decode,
+        apply_chat_template, the vocabulary); InputError where the checkpoint has no
+        tokenizer.json."""
+        return ScriptTokenizer(self.tokenizer, self._chat_template, self.stop_token_ids)
+
+    def get_default_sampling_params(self) -> EditableSamplingParams:
+        """vLLM's: SamplingParams with the checkpoint's generation config filled in (unless
+        the LLM was made with generation_config="vllm"), which the script may change."""
+        return EditableSamplingParams(**self.engine.sampling_defaults)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric objects under vLLM's names (`swajax.api.metrics_reader`)."""
+        return engine_metrics(self.engine, dict(self._served), self.model)
 
     def summary(self) -> dict:
         """Memory over the engine's life so far (peaks, prefix hits, SWA KV freed, ...)."""
@@ -397,7 +445,11 @@ class LLM:
             )
         return [int(t) for t in prompt]
 
-    def _chat_template(self) -> ChatTemplate:
+    def _chat_template(self, source: str | None = None) -> ChatTemplate:
+        """The checkpoint's chat template, or one given as text (with the checkpoint's
+        special tokens)."""
+        if source is not None:
+            return ChatTemplate(self.folder, source=source)
         if self._template is None:
             try:
                 self._template = ChatTemplate(self.folder)
@@ -481,11 +533,17 @@ class LLM:
         prompt_lps = None
         if first.params.prompt_logprobs is not None:
             chosen, tops = prompt_logprobs(first, first.params.prompt_logprobs)
+            decode = self.tokenizer.decode
             prompt_lps = [
-                None if c is None else {first.prompt[i]: c, **(tops[i] or {})}
+                None if c is None else ranked(first.prompt[i], c, tops[i], decode)
                 for i, c in enumerate(chosen)
             ]
         self._ids += 1
+        self._served["prompt_tokens"] += len(first.prompt)
+        self._served["cached_tokens"] += first.cached_tokens
+        for req in reqs:
+            self._served["generation_tokens"] += len(req.output)
+            self._served[f"finished:{req.finish_reason or 'abort'}"] += 1
         return RequestOutput(
             request_id=str(self._ids - 1),
             prompt=text,
@@ -504,7 +562,8 @@ class LLM:
         lps = [float(v) for v in req.logprobs[: len(out)]]
         tops = None
         if req.params.logprobs:
-            tops = [{t: lp, **top} for t, lp, top in zip(out, lps, req.top_logprobs)]
+            decode = self.tokenizer.decode
+            tops = [ranked(t, lp, top, decode) for t, lp, top in zip(out, lps, req.top_logprobs)]
         reason, stop = _finish(req, x, self.stop_token_ids)
         return CompletionOutput(
             index=index,

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from swajax.api.chat_messages import flattened
 from swajax.errors import InputError
 from swajax.server import responses as out
 from swajax.server.engine_loop import (
@@ -155,7 +156,7 @@ def make_app(
         worker = templates["t"]
         if worker is None:
             raise InputError("the embedded model has no chat template: use /v1/completions")
-        return await worker.render_async(messages)
+        return await worker.render_async(flattened(messages))
 
     def unknown_model(name: str | None):
         """A request naming another model is refused, as OpenAI's and vLLM's servers do."""

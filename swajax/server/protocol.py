@@ -111,11 +111,20 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None  # fill in the middle, where the tokenizer has FIM tokens
 
 
+class ContentPart(BaseModel):
+    """A part of a message's content (OpenAI's and vLLM's list form): text only here."""
+
+    model_config = STRICT
+
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str
+    content: str | list[ContentPart]
     name: str | None = None
 
 

@@ -175,7 +175,10 @@ class SamplingParams:
 
     def resolved(self, defaults: dict | None = None, seed: int | None = None) -> SamplingParams:
         """These params with every unset field filled: from `defaults` (a checkpoint's
-        generation config), else `NEUTRAL`; an unset seed becomes `seed`."""
+        generation config), else `NEUTRAL`; an unset seed becomes `seed`. Always a frozen
+        `SamplingParams` (a request keeps it whatever its script changes afterwards)."""
+        if type(self) is not SamplingParams:
+            self = SamplingParams(**{f.name: getattr(self, f.name) for f in FIELDS})
         fill = {}
         for name, neutral in NEUTRAL.items():
             if getattr(self, name) is None:
@@ -253,3 +256,25 @@ def _stop_strings(stop, name: str = "stop") -> tuple[str, ...]:
     if bad:
         raise RequestError(f"{name} strings must be non-empty strings, got {bad[0]!r}")
     return stop
+
+
+FIELDS = dataclasses.fields(SamplingParams)
+
+
+class EditableSamplingParams(SamplingParams):
+    """`SamplingParams` a script may change field by field, as vLLM's are
+    (`params = llm.get_default_sampling_params(); params.max_tokens = 64`): each assignment is
+    checked as the constructor checks (a bad value is a RequestError and changes nothing), and
+    a request takes a frozen copy when it is added."""
+
+    __hash__ = None  # mutable
+
+    def __setattr__(self, name: str, value) -> None:
+        names = [f.name for f in FIELDS]
+        if name not in names:
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        checked = SamplingParams(
+            **{n: getattr(self, n) for n in names if n != name}, **{name: value}
+        )
+        for n in names:
+            object.__setattr__(self, n, getattr(checked, n))
