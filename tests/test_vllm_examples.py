@@ -131,3 +131,33 @@ def test_prefix_caching(tmp_path):
     assert metrics["vllm:num_requests_running"].value == 0
     finished = [m for m in cached.get_metrics() if m.name == "vllm:request_success"]
     assert sum(m.value for m in finished) == 3
+
+
+def test_vllm_engine_arguments_by_their_names():
+    """LLM(...) takes vLLM's names for swajax's settings, warns for the ones that have no
+    effect here (naming why), and refuses the ones it cannot honour (the same table as the
+    command line's: swajax.foreign_flags)."""
+    from swajax.api.llm import engine_settings
+    from swajax.errors import InputError
+
+    fields = engine_settings(
+        dict(max_num_seqs=4, max_num_batched_tokens=128, block_size=16, kv_cache_dtype="fp8")
+    )
+    assert fields == dict(max_running=4, chunk_size=128, page_size=16, kv_dtype="fp8_e4m3")
+    for name, value in (
+        ("trust_remote_code", True),
+        ("enforce_eager", True),
+        ("cpu_offload_gb", 4),
+    ):
+        with pytest.warns(UserWarning, match=f"{name}={value!r} has no effect here: "):
+            assert engine_settings({name: value}) == {}
+    assert engine_settings(dict(pipeline_parallel_size=1)) == {}
+    for name, value, why in (
+        ("enable_lora", True, "LoRA"),
+        ("pipeline_parallel_size", 2, "pipeline"),
+        ("tool_call_parser", "hermes", "tool calls"),
+    ):
+        with pytest.raises(InputError, match=why):
+            engine_settings({name: value})
+    with pytest.raises(InputError, match="unknown setting 'max_num_seq'"):
+        engine_settings(dict(max_num_seq=4))

@@ -1,4 +1,4 @@
-"""Write swajax/cli/launch_flags.json: every flag of SGLang's `launch_server` and of `vllm serve`,
+"""Write swajax/foreign_flags.json: every flag of SGLang's `launch_server` and of `vllm serve`,
 with its spellings, how many values it takes and its group, read from the two projects' own
 argument parsers. Run it once per peer, in an environment where that peer imports:
 
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "swajax" / "cli" / "launch_flags.json"
+OUT = Path(__file__).resolve().parents[1] / "swajax" / "foreign_flags.json"
 
 
 def parser_of(peer: str) -> argparse.ArgumentParser:

@@ -15,10 +15,12 @@ import dataclasses
 import math
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from swajax import foreign_flags
 from swajax.api.chat_messages import flattened, open_end
 from swajax.api.engine_spec import EngineSpec, load_model, make_engine, tensor_mesh
 from swajax.api.generation import summary
@@ -46,6 +48,9 @@ RENAMED = {
     "enable_prefix_caching": "prefix_cache",
     "gpu_memory_utilization": "mem_fraction",
     "kv_cache_dtype": "kv_dtype",
+    "max_num_seqs": "max_running",
+    "max_num_batched_tokens": "chunk_size",
+    "block_size": "page_size",
     "swa_full_tokens_ratio": "ratio",
     "chunked_prefill_size": "chunk_size",
     "max_running_requests": "max_running",
@@ -86,13 +91,15 @@ def engine_settings(settings: Mapping[str, object]) -> dict:
     fields = {}
     for name, value in settings.items():
         if name in RENAMED:
-            if name == "kv_cache_dtype" and value == "auto":
-                value = None
+            if name == "kv_cache_dtype":
+                value = {"auto": None, "fp8": "fp8_e4m3"}.get(value, value)
             fields[RENAMED[name]] = value
         elif name == "disable_hybrid_swa_memory":
             fields["hybrid_memory"] = not value
         elif name in PASSED:
             fields[name] = value
+        elif _foreign(name, value):
+            continue  # one of vLLM's or SGLang's settings that has no effect here (warned)
         else:
             old = {v: k for k, v in RENAMED.items()} | {"hybrid_memory": INVERTED[0]}
             hint = f" (renamed: {old[name]})" if name in old else ""
@@ -589,6 +596,26 @@ def _finish(req, x: SampleStream, eos: tuple[int, ...]) -> tuple[str, int | str 
         own = last is not None and last not in eos
         return "stop", last if own else None
     return "abort", reason.removeprefix("abort: ")
+
+
+def _foreign(name: str, value) -> bool:
+    """A keyword of vLLM's `LLM` (or SGLang's engine) that swajax knows but does not use: True
+    after a warning saying why; an InputError where running without it would not be what it
+    asks (swajax.foreign_flags); False for a name neither launcher has."""
+    flag = "--" + name.replace("_", "-")
+    known = foreign_flags.flags().get(flag)
+    if known is None or value is None or value is False:
+        return known is not None
+    canonical = known[0]
+    if canonical in foreign_flags.REFUSED:
+        raise InputError(f"LLM(): {name}={value!r}: {foreign_flags.REFUSED[canonical]}")
+    if canonical in foreign_flags.COUNTS:
+        if not isinstance(value, int) or value > 1:
+            raise InputError(f"LLM(): {name}={value!r}: {foreign_flags.COUNTS[canonical]}")
+        return True
+    why = foreign_flags.why_no_effect(canonical)
+    warnings.warn(f"LLM(): {name}={value!r} has no effect here: {why}", stacklevel=4)
+    return True
 
 
 def _conversations(messages) -> list[list[Mapping]]:

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 from helpers.server import demo_folder, serve
 
+from swajax import foreign_flags
 from swajax.cli import launch_flags
 from swajax.cli.args import UsageError
 from swajax.cli.generate import engine_fields
@@ -33,7 +34,7 @@ def parsed(*argv):
 def test_every_flag_of_both_launchers_is_known_and_answered(command):
     own = launch_flags._own_spellings(build_parser)
     outcomes = {"line": 0, "refused": 0, "honoured": 0}
-    for spelling, (canonical, arity, _, _) in launch_flags.flags().items():
+    for spelling, (canonical, arity, _, _) in foreign_flags.flags().items():
         if spelling in own or canonical == "--config":
             continue  # swajax's own flag or an alias of one, or a config file (both below)
         args, said, error = parsed(command, spelling, *([] if arity == "0" else ["1"]))
@@ -42,11 +43,11 @@ def test_every_flag_of_both_launchers_is_known_and_answered(command):
             outcomes["refused"] += 1
         elif said:
             named = said[0].split(" ")[0]  # (an off switch: its first off spelling)
-            assert len(said) == 1 and named in launch_flags._by_canonical()[canonical][0], said
+            assert len(said) == 1 and named in foreign_flags.by_canonical()[canonical][0], said
             assert "has no effect here: " in said[0], said
             outcomes["line"] += 1
         else:  # honoured: only the flags the table says it maps
-            assert canonical in launch_flags.HONOURED, spelling
+            assert canonical in foreign_flags.HONOURED, spelling
             outcomes["honoured"] += 1
     assert outcomes["line"] > 700 and outcomes["refused"] > 15 and outcomes["honoured"] >= 4
 
@@ -83,7 +84,7 @@ def test_refusals_name_the_flag_and_why():
         _, _, error = parsed("serve", *argv)
         assert error is not None and why in error, (argv, error)
         named = error.split(" ")[0].rstrip(":")  # the flag (its launcher's first spelling)
-        assert named in launch_flags.flags() and error.startswith(
+        assert named in foreign_flags.flags() and error.startswith(
             f"{named} {argv[1:2][0]}:" if argv[1:] else named
         ), error
     for argv in (["-pp", "1"], ["--load-format", "safetensors"], ["--disable-auto-tool-choice"]):

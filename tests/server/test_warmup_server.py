@@ -1,7 +1,7 @@
 """`swajax serve` warms up by default: it says how many step programs it made ready before its
-ready line, and a short mixed load afterwards (plain, streamed, chat, n > 1, penalties,
-logprobs, echo, token rules, stop strings, bad parameters) compiles nothing: the counters of
-/metrics do not move, and every good request is answered."""
+ready line, and a short mixed load afterwards (plain, streamed, chat with string and text-part
+content, n > 1, penalties, logprobs, echo, token rules, stop strings, bad parameters) compiles
+nothing: the counters of /metrics do not move, and every good request is answered."""
 
 import re
 import threading
@@ -62,6 +62,15 @@ def mix() -> list[tuple[str, dict, int]]:
                 200,
             ),
             (c, dict(prompt=prompt, max_tokens=4, top_p=-1), 400),
+            (
+                ch,
+                dict(
+                    messages=[dict(role="user", content=[dict(type="text", text=prompt)])],
+                    max_tokens=5,
+                ),
+                200,
+            ),
+            (ch, dict(messages=[dict(role="user", content=[dict(type="image_url")])]), 400),
         ]
     return out
 
