@@ -188,6 +188,8 @@ def test_a_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatch, c
     line = err.strip().splitlines()[-1]
     assert code == 2 and "'swajax-test/not-cached'" in line
     assert "not in the local Hugging Face cache" in line and "downloads nothing" in line
+    # The command the installed huggingface_hub ships (`hf`; 2.x has no `huggingface-cli`).
+    assert "`hf download swajax-test/not-cached`" in line
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,16 @@ def _cached(repo: str, revision: str | None, flag: str) -> Path:
         raise InputError(
             f"{flag} {repo!r}{at} is not a folder and is not in the local Hugging Face cache "
             f"({constants.HF_HUB_CACHE}); swajax downloads nothing: fetch it first, e.g. "
-            f"`huggingface-cli download {repo}`"
+            f"`{download_command()} download {repo}`{' --revision ' + revision if revision else ''}"
         ) from None
     return Path(folder)
+
+
+def download_command() -> str:
+    """The command the installed huggingface_hub ships: `hf` (0.34 and later; 2.x has no
+    other), else the older `huggingface-cli`."""
+    import importlib.metadata
+
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    names = {e.name for e in scripts if e.value.startswith("huggingface_hub")}
+    return "hf" if "hf" in names or not names else "huggingface-cli"
