@@ -58,6 +58,7 @@ def run_serve(args) -> int:
         api_key=api_key,
         max_body_mib=args.max_body_mib,
         aliases=tuple(aliases),
+        metrics_prefix=f"{args.metrics_prefix}:",
     )
     config = uvicorn.Config(
         app,
@@ -221,6 +222,13 @@ def register(sub) -> None:
         type=args_lib.SEED,
         default=0,
         help="the seed of requests that give none (vLLM's and SGLang's engine seed)",
+    )
+    p.add_argument(
+        "--metrics-prefix",
+        choices=("swajax", "vllm"),
+        default="swajax",
+        help="the prefix of /metrics' names; vllm: vLLM's own names, for dashboards and "
+        "alerts written for vLLM",
     )
     p.set_defaults(uvicorn_log_level="warning")
     p.add_argument(

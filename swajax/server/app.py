@@ -61,13 +61,15 @@ def make_app(
     api_key: str | None = None,
     max_body_mib: float = MAX_BODY_MIB,
     aliases: tuple[str, ...] = (),
+    metrics_prefix: str = "swajax:",
 ) -> FastAPI:
     """The application over `llm` (a `swajax.LLM`); `folder`: its checkpoint folder (for the
     chat template), None for the embedded model; `api_key`: required on `/v1/*` as a bearer
     token (None: open); `max_body_mib`: the largest request body read; `aliases`: other names
-    requests may give the model (vLLM's `--served-model-name A B`)."""
+    requests may give the model (vLLM's `--served-model-name A B`); `metrics_prefix`: of every
+    /metrics name ("vllm:": vLLM's own names)."""
     loop = EngineLoop(llm, max_waiting=max_waiting)
-    metrics = Metrics(llm.engine, loop, model_name)
+    metrics = Metrics(llm.engine, loop, model_name, metrics_prefix)
     templates = {}
 
     @contextlib.asynccontextmanager

@@ -54,8 +54,11 @@ class Job:
     accepted: bool = False  # its samples are queued in the engine ("accepted" was sent)
     ended: bool = False  # its last message was sent ("done" or a refusal)
     created: float = dataclasses.field(default_factory=time.perf_counter)
-    # Per sample: when its last token was handed out (the metrics' time between tokens).
+    # Per sample: when its last token was handed out (the metrics' time between tokens), when
+    # the step that first scheduled it began, and when its first token was handed out.
     last_token_at: dict = dataclasses.field(default_factory=dict)
+    started_at: dict = dataclasses.field(default_factory=dict)
+    first_token_at: dict = dataclasses.field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -77,6 +80,7 @@ class EngineLoop:
         self._jobs: set[Job] = set()  # submitted and not answered yet (under the lock)
         self._stopping = False
         self.step_seconds = 0.0  # the last step's wall time (metrics)
+        self.step_started = time.perf_counter()  # when the step in progress (or the last) began
         self.aborted_at_shutdown = 0
         self.steps = 0
         self.observer = None  # request timings go here (server/metrics.py), if set
@@ -173,7 +177,7 @@ class EngineLoop:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            start = time.perf_counter()
+            start = self.step_started = time.perf_counter()
             try:
                 self.engine.step()
             except Exception as error:  # noqa: BLE001 - a bug in the engine: fail, keep serving
@@ -231,7 +235,10 @@ class EngineLoop:
         decode = self.llm.tokenizer.decode
         now = time.perf_counter()
         for x in job.samples:
-            events = x.new_events(self.engine.requests[x.rid], decode)
+            req = self.engine.requests[x.rid]
+            if x not in job.started_at and (req.kv_len or req.output):  # scheduled this step
+                job.started_at[x] = self.step_started
+            events = x.new_events(req, decode)
             if events:
                 self._observe_tokens(job, x, len(events), now)
                 job.put("tokens", x, events)
@@ -252,6 +259,13 @@ class EngineLoop:
                 ends.append((x, req.finish_reason, prompt))
                 if self.observer is not None:
                     self.observer.finished(now - job.created, req.finish_reason or "")
+                    self.observer.phases(
+                        queued=job.started_at.get(x, now) - job.created,
+                        prefill=job.first_token_at.get(x, now) - job.started_at.get(x, now),
+                        decode=now - job.first_token_at.get(x, now),
+                        prompt_tokens=len(req.prompt),
+                        generation_tokens=len(x.tokens(req)),
+                    )
             job.put("done", ends)
 
     def _observe_tokens(self, job: Job, x, count: int, now: float) -> None:
@@ -261,6 +275,7 @@ class EngineLoop:
             return
         last = job.last_token_at.get(x)
         if last is None:
+            job.first_token_at[x] = now
             self.observer.first_token(now - job.created)
             self.observer.tokens(1, None)
             if count > 1:

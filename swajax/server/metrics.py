@@ -124,6 +124,7 @@ STATE = {
     "spec_decode_num_accepted_tokens": "counter",
     "spec_decode_num_accepted_tokens_per_pos": "counter",  # labelled by position
     "spec_decode_acceptance_length": "histogram",
+    "cache_config_info": "gauge",  # labelled by the KV cache's settings
 }
 EVENTS = {
     "prompt_tokens": "counter",
@@ -133,12 +134,18 @@ EVENTS = {
     "time_to_first_token_seconds": "histogram",
     "inter_token_latency_seconds": "histogram",
     "e2e_request_latency_seconds": "histogram",
+    "request_queue_time_seconds": "histogram",
+    "request_prefill_time_seconds": "histogram",
+    "request_decode_time_seconds": "histogram",
+    "request_inference_time_seconds": "histogram",
+    "request_prompt_tokens": "histogram",
+    "request_generation_tokens": "histogram",
 }
 
 
 class _EngineCollector:
-    def __init__(self, engine, loop, model: str):
-        self.engine, self.loop, self.model = engine, loop, model
+    def __init__(self, engine, loop, model: str, prefix: str):
+        self.engine, self.loop, self.model, self.prefix = engine, loop, model, prefix
 
     def collect(self):
         e, sched, cache = self.engine, self.engine.scheduler, self.engine.cache
@@ -146,7 +153,7 @@ class _EngineCollector:
         full, swa = e.sizes.full_tokens, e.sizes.swa_tokens
 
         def metric(family, name, doc, value):
-            m = family(PREFIX + name, doc, labels=["model_name"])
+            m = family(self.prefix + name, doc, labels=["model_name"])
             m.add_metric([self.model], float(value))
             return m
 
@@ -190,7 +197,7 @@ class _EngineCollector:
             "prefix_cache_hits", "prompt tokens the prefix cache supplied", sched.hit_tokens
         )
         missed = CounterMetricFamily(
-            PREFIX + "prefix_cache_missed_tokens",
+            self.prefix + "prefix_cache_missed_tokens",
             "prompt tokens the prefix cache did not supply, by where the match stopped and why",
             labels=["model_name", "reason"],
         )
@@ -227,7 +234,7 @@ class _EngineCollector:
         store = getattr(runner, "programs", None)  # none on the host runner
         if store is not None:
             yield CounterMetricFamily(
-                PREFIX + "xla_compilations",
+                self.prefix + "xla_compilations",
                 "XLA programs compiled in this process since the engine started (its step "
                 "programs and the small ones beside them; loads from a cache excluded)",
                 value=float(runner.compilations()),
@@ -236,7 +243,7 @@ class _EngineCollector:
             ("compilations", "step programs compiled in this process", "compiled"),
             ("programs_loaded", "step programs loaded from the program store", "reused"),
         ):
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name", "program"])
+            family = CounterMetricFamily(self.prefix + name, doc, labels=["model_name", "program"])
             for program, n in sorted(getattr(store, counts, {}).items()):
                 family.add_metric([self.model, program], float(n))
             yield family
@@ -251,7 +258,7 @@ class _EngineCollector:
         accepted = sum(a * n for a, n in rounds.items())
         yield counter("spec_decode_num_accepted_tokens", "draft tokens accepted", accepted)
         per_pos = CounterMetricFamily(
-            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            self.prefix + "spec_decode_num_accepted_tokens_per_pos",
             "draft tokens accepted, by their position in the round",
             labels=["model_name", "position"],
         )
@@ -260,7 +267,7 @@ class _EngineCollector:
             per_pos.add_metric([self.model, str(pos)], float(taken))
         yield per_pos
         lengths = HistogramMetricFamily(
-            PREFIX + "spec_decode_acceptance_length",
+            self.prefix + "spec_decode_acceptance_length",
             "tokens a request gains per round (accepted proposals and the target's own)",
             labels=["model_name"],
         )
@@ -274,26 +281,68 @@ class _EngineCollector:
         yield lengths
 
 
+def one_two_five(limit: int) -> list[int]:
+    """vLLM's buckets of token counts: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+class _CacheConfig:
+    """vLLM's `cache_config_info`: a gauge of 1 whose labels are the KV cache's settings (vLLM's
+    names; the SWA pool's beside them)."""
+
+    def __init__(self, engine, model: str, prefix: str):
+        sizes, options = engine.sizes, engine.options
+        ps = sizes.page_size
+        self.labels = dict(
+            model_name=model,
+            block_size=str(ps),
+            num_gpu_blocks=str(sizes.full_tokens // ps),
+            num_swa_blocks=str(sizes.swa_tokens // ps),
+            cache_dtype=str(getattr(engine.model, "dtype", "auto")),  # (the pools')
+            enable_prefix_caching=str(options.prefix_cache),
+            swa_pool_mode=sizes.mode.value,
+        )
+        self.prefix = prefix
+
+    def collect(self):
+        info = GaugeMetricFamily(
+            self.prefix + "cache_config_info",
+            "the KV cache's settings, as labels",
+            labels=list(self.labels),
+        )
+        info.add_metric(list(self.labels.values()), 1.0)
+        yield info
+
+
 class Metrics:
     """The registry /metrics renders; the engine loop reports request timings to it."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine, loop, model: str = "swajax"):
+    def __init__(self, engine, loop, model: str = "swajax", prefix: str = PREFIX):
+        """`prefix`: of every name; "vllm:" serves them under vLLM's own names, for dashboards
+        and alerts written for vLLM (`swajax serve --metrics-prefix vllm`)."""
         self.model = model
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine, loop, model))
+        self.registry.register(_EngineCollector(engine, loop, model, prefix))
+        self.registry.register(_CacheConfig(engine, model, prefix))
         labels = ["model_name"]
 
         def counter(name, doc, extra=()):
-            return Counter(PREFIX + name, doc, [*labels, *extra], registry=self.registry)
+            return Counter(prefix + name, doc, [*labels, *extra], registry=self.registry)
 
         def series(name, doc, buckets=None):
             """This model's series of a counter (no buckets) or a histogram, looked up once:
             the engine thread reports every token."""
             if buckets is None:
                 return counter(name, doc).labels(model)
-            metric = Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+            metric = Histogram(prefix + name, doc, labels, buckets=buckets, registry=self.registry)
             return metric.labels(model)
 
         self.prompt_tokens = series("prompt_tokens", "prompt tokens of requests admitted")
@@ -305,6 +354,18 @@ class Metrics:
         self.ttft = series("time_to_first_token_seconds", "submission to first token", TTFT_BUCKETS)
         self.itl = series("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
         self.e2e = series("e2e_request_latency_seconds", "submission to last token", E2E_BUCKETS)
+        # vLLM's phases of a request (its buckets: the end-to-end ones) and its sizes.
+        self.queued = series("request_queue_time_seconds", "submission to scheduled", E2E_BUCKETS)
+        self.prefill = series(
+            "request_prefill_time_seconds", "scheduled to first token", E2E_BUCKETS
+        )
+        self.decode = series("request_decode_time_seconds", "first token to last", E2E_BUCKETS)
+        self.inference = series(
+            "request_inference_time_seconds", "scheduled to last token", E2E_BUCKETS
+        )
+        sizes = one_two_five(engine.options.max_context)
+        self.request_prompt = series("request_prompt_tokens", "prompt tokens", sizes)
+        self.request_generation = series("request_generation_tokens", "tokens generated", sizes)
         loop.observer = self
 
     # The engine loop's reports (its thread).
@@ -321,6 +382,23 @@ class Metrics:
         if seconds_each is not None:
             for _ in range(count):
                 self.itl.observe(seconds_each)
+
+    def phases(
+        self,
+        *,
+        queued: float,
+        prefill: float,
+        decode: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+    ) -> None:
+        """One finished sample's time in each phase and its sizes."""
+        self.queued.observe(queued)
+        self.prefill.observe(prefill)
+        self.decode.observe(decode)
+        self.inference.observe(prefill + decode)
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(generation_tokens)
 
     def finished(self, seconds: float, reason: str) -> None:
         self.e2e.observe(seconds)

@@ -9,10 +9,13 @@ import threading
 import pytest
 from helpers.server import demo_folder, http, serve
 
+pytestmark = pytest.mark.xdist_group("warmup-server")  # one server for the module
+
 # One request row bucket, one token bucket, one page bucket: five programs (an extend and a
 # decode step with and without kept logits, a multi-step round).
 ARGS = ["--dtype", "float32", "--max-running-requests", "4", "--page-size", "16"]
 ARGS += ["--kv-budget-gib", "0.05", "--context-length", "256", "--chunked-prefill-size", "64"]
+ARGS += ["--metrics-prefix", "vllm"]  # vLLM's own names, for its dashboards
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def counters(base: str) -> dict[str, float]:
     return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if re.match(r"swajax:(xla_compilations|compilations|programs_loaded)_total", line)
+        if re.match(r"vllm:(xla_compilations|compilations|programs_loaded)_total", line)
     }
 
 
@@ -41,7 +44,7 @@ def mix() -> list[tuple[str, dict, int]]:
     c, ch = "/v1/completions", "/v1/chat/completions"
     out = []
     for i in range(4):
-        prompt = f"def f{i}(x): return x * {i} " * (1 + 4 * i)
+        prompt = f"def f{i}(x): return x * {i} " * (1 + 2 * i)  # (up to 168 of 256 tokens)
         out += [
             (c, dict(prompt=prompt, max_tokens=8, temperature=0), 200),
             (c, dict(prompt=prompt, max_tokens=12, stream=True, temperature=0.8, seed=i), 200),
@@ -82,7 +85,7 @@ def test_serve_warms_up_before_it_is_ready_and_compiles_nothing_after(server):
     assert warm and int(warm[1]) == 5, text
     assert text.index("warm-up:") < text.index("ready on")
     before = counters(base)
-    assert before["swajax:xla_compilations_total"] > 0  # the warm-up's own
+    assert before["vllm:xla_compilations_total"] > 0  # the warm-up's own
     jobs, answers = mix(), []
 
     def client():
@@ -97,5 +100,36 @@ def test_serve_warms_up_before_it_is_ready_and_compiles_nothing_after(server):
     for t in threads:
         t.join()
     assert len(answers) == len(mix())
-    assert all(status == want for status, want, _ in answers), answers
+    assert all(status == want for status, want, _ in answers), [a for a in answers if a[0] != a[1]]
     assert counters(base) == before  # no program compiled, none loaded, after the ready line
+
+
+def test_vllm_names_and_phases(server):
+    """Under `--metrics-prefix vllm` every series has vLLM's name; a request's queue, prefill
+    and decode times add up to its end-to-end latency, and its token counts are histograms."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from swajax.server.metrics import EVENTS, STATE
+
+    base, _ = server
+    body = dict(model="demo", prompt="def f(x):", max_tokens=6)
+    assert http(f"{base}/v1/completions", body)[0] == 200
+    families = {f.name: f for f in text_string_to_metric_families(http(f"{base}/metrics")[1])}
+    assert {"vllm:" + n for n in {**STATE, **EVENTS}} <= set(families)
+    assert not any(name.startswith("swajax:") for name in families)
+
+    def total(name, suffix="_sum"):
+        return next(s.value for s in families["vllm:" + name].samples if s.name.endswith(suffix))
+
+    phases = sum(total(f"request_{p}_time_seconds") for p in ("queue", "prefill", "decode"))
+    e2e, count = (
+        total("e2e_request_latency_seconds"),
+        total("e2e_request_latency_seconds", "_count"),
+    )
+    assert 0 < phases <= e2e + 1e-6 and e2e - phases < 0.05 * count  # (each: its last hand-out)
+    assert total("request_inference_time_seconds") <= phases + 1e-6
+    assert total("request_generation_tokens", "_count") == count  # one per finished sample
+    assert 0 < total("request_generation_tokens") <= total("generation_tokens", "_total")
+    info = families["vllm:cache_config_info"].samples[0]
+    assert info.value == 1 and info.labels["block_size"] == "16"
+    assert info.labels["enable_prefix_caching"] == "True"
