@@ -47,8 +47,6 @@ REFUSED = {
     "--ssl-certfile": "swajax serves plain HTTP: put a TLS proxy in front of it",
     "--is-embedding": "swajax generates text; it serves no embeddings",
     "--load-format": "swajax reads safetensors checkpoints (or orbax)",
-    "--chat-template": "swajax renders the chat template in the model's folder "
-    "(chat_template.jinja or tokenizer_config.json's): put it there",
 }
 COUNTS = {  # a count above 1 refused: (why)
     "--pipeline-parallel-size": "swajax runs no pipeline stages",
@@ -77,6 +75,8 @@ NO_EFFECT = {
     "--enable-log-requests": "swajax does not log requests",
     "--log-requests": "swajax does not log requests",
     "--skip-tokenizer-init": "the tokenizer is read only where the folder has one",
+    "--chat-template": "`swajax generate --chat` renders the checkpoint's template "
+    "(`swajax serve --chat-template` takes another)",
 }
 BY_WORD = (
     (

@@ -59,6 +59,7 @@ def run_serve(args) -> int:
         max_body_mib=args.max_body_mib,
         aliases=tuple(aliases),
         metrics_prefix=f"{args.metrics_prefix}:",
+        chat_template=chat_template(args.chat_template),
     )
     config = uvicorn.Config(
         app,
@@ -72,6 +73,22 @@ def run_serve(args) -> int:
     server.at_rest = (lambda: _save(llm, Path(args.state_dir), loop)) if args.state_dir else None
     server.run()
     return 0 if server.saved else 1
+
+
+def chat_template(given: str | None) -> str | None:
+    """`--chat-template`: a file's text, or the text given if it is a template; else a
+    UsageError naming it (a name SGLang knows, such as `chatml`, is not a file here)."""
+    if given is None:
+        return None
+    path = Path(given).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{{" in given or "{%" in given:
+        return given
+    raise args_lib.UsageError(
+        f"--chat-template {given!r} is neither a file nor a template's text (a named template "
+        "of SGLang's is not known here: give its file)"
+    )
 
 
 def _restore(llm, folder: Path) -> None:
@@ -229,6 +246,11 @@ def register(sub) -> None:
         default="swajax",
         help="the prefix of /metrics' names; vllm: vLLM's own names, for dashboards and "
         "alerts written for vLLM",
+    )
+    p.add_argument(
+        "--chat-template",
+        help="the chat template to render instead of the checkpoint's: a file, or the "
+        "template's text (as vLLM and SGLang take it)",
     )
     p.set_defaults(uvicorn_log_level="warning")
     p.add_argument(

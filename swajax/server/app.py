@@ -62,12 +62,14 @@ def make_app(
     max_body_mib: float = MAX_BODY_MIB,
     aliases: tuple[str, ...] = (),
     metrics_prefix: str = "swajax:",
+    chat_template: str | None = None,
 ) -> FastAPI:
     """The application over `llm` (a `swajax.LLM`); `folder`: its checkpoint folder (for the
     chat template), None for the embedded model; `api_key`: required on `/v1/*` as a bearer
     token (None: open); `max_body_mib`: the largest request body read; `aliases`: other names
     requests may give the model (vLLM's `--served-model-name A B`); `metrics_prefix`: of every
-    /metrics name ("vllm:": vLLM's own names)."""
+    /metrics name ("vllm:": vLLM's own names); `chat_template`: a template's text that chat
+    renders instead of the checkpoint's (`--chat-template`)."""
     loop = EngineLoop(llm, max_waiting=max_waiting)
     metrics = Metrics(llm.engine, loop, model_name, metrics_prefix)
     templates = {}
@@ -154,7 +156,8 @@ def make_app(
 
     async def render(messages: list[dict]) -> str:
         if "t" not in templates:
-            templates["t"] = TemplateWorker(folder) if folder is not None else None
+            given = folder is not None or chat_template is not None
+            templates["t"] = TemplateWorker(folder, source=chat_template) if given else None
         worker = templates["t"]
         if worker is None:
             raise InputError("the embedded model has no chat template: use /v1/completions")

@@ -19,12 +19,12 @@ RENDER_SECONDS = 2.0  # hub templates render in milliseconds; this only stops ru
 START_SECONDS = 60.0  # a fresh interpreter importing jinja2 and reading the template
 
 
-def _serve(folder: str, conn) -> None:
+def _serve(folder: str | None, source: str | None, conn) -> None:
     """The worker: render each conversation it is sent, answer (ok, text or message)."""
     from swajax.tokenizer import ChatTemplate
 
     try:
-        template = ChatTemplate(Path(folder))
+        template = ChatTemplate(Path(folder) if folder else None, source=source)
     except Exception as e:  # noqa: BLE001 - reported to the server, which refuses chat
         conn.send((False, str(e)))
         return
@@ -40,8 +40,10 @@ def _serve(folder: str, conn) -> None:
 class TemplateWorker:
     """One rendering process for `folder`'s template; renders one conversation at a time."""
 
-    def __init__(self, folder: Path, seconds: float = RENDER_SECONDS):
-        self.folder, self.seconds = folder, seconds
+    def __init__(self, folder: Path | None, seconds: float = RENDER_SECONDS, source=None):
+        """`source`: a template's text to render instead of the folder's (`--chat-template`),
+        with the folder's special tokens."""
+        self.folder, self.seconds, self.source = folder, seconds, source
         self._context = multiprocessing.get_context("spawn")  # no fork of a threaded server
         self._lock = threading.Lock()
         self._process = self._conn = None
@@ -50,7 +52,10 @@ class TemplateWorker:
     def _start(self) -> None:
         parent, child = self._context.Pipe()
         self._process = self._context.Process(
-            target=_serve, args=(str(self.folder), child), name="swajax-template", daemon=True
+            target=_serve,
+            args=(str(self.folder) if self.folder else None, self.source, child),
+            name="swajax-template",
+            daemon=True,
         )
         self._process.start()
         child.close()

@@ -49,7 +49,9 @@ def test_every_flag_of_both_launchers_is_known_and_answered(command):
         else:  # honoured: only the flags the table says it maps
             assert canonical in foreign_flags.HONOURED, spelling
             outcomes["honoured"] += 1
-    assert outcomes["line"] > 700 and outcomes["refused"] > 15 and outcomes["honoured"] >= 4
+    assert outcomes["line"] > 700 and outcomes["refused"] >= 15 and outcomes["honoured"] >= 4, (
+        outcomes
+    )
 
 
 def test_spellings_and_values_as_the_launchers_take_them():
@@ -79,7 +81,6 @@ def test_refusals_name_the_flag_and_why():
         (["--ssl-keyfile", "k.pem"], "TLS"),
         (["--tool-call-parser", "hermes"], "tool calls"),
         (["--load-format", "gguf"], "safetensors"),
-        (["--chat-template", "t.jinja"], "chat_template.jinja"),
     ):
         _, _, error = parsed("serve", *argv)
         assert error is not None and why in error, (argv, error)
@@ -172,3 +173,23 @@ def http_with(base: str, headers: dict):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def test_serve_takes_a_chat_template_as_vllm_does(tmp_path):
+    """A file, or the template's text; a name of SGLang's built-in templates is refused."""
+    from swajax.cli.serve import chat_template
+    from swajax.server.template_worker import TemplateWorker
+
+    text = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ eos_token }}"
+    (tmp_path / "t.jinja").write_text(text)
+    assert chat_template(str(tmp_path / "t.jinja")) == text == chat_template(text)
+    with pytest.raises(UsageError, match="neither a file nor a template"):
+        chat_template("chatml")
+    args, said, error = parsed("serve", "--chat-template", text)
+    assert args.chat_template == text and not said and error is None
+    model = demo_folder(tmp_path / "demo")  # its tokenizer_config.json names no eos_token
+    worker = TemplateWorker(model, source=text)
+    try:
+        assert worker.render([{"role": "user", "content": "hi"}]) == "<user>hi"
+    finally:
+        worker.close()
