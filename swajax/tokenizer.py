@@ -120,7 +120,7 @@ class Tokenizer:
 
     def __init__(self, path: Path | None, chat: bool = False):
         self.hf = None
-        self.missing = None  # a checkpoint folder without tokenizer.json: ids only
+        self.missing = None  # a checkpoint folder without a tokenizer swajax reads: ids only
         self.chat = ChatTemplate(path) if chat else None
         if path is not None and (path / "tokenizer.json").exists():
             try:
@@ -128,6 +128,8 @@ class Tokenizer:
             except ImportError as e:
                 raise RuntimeError(f"text prompts need the `tokenizers` package: {HF_EXTRA}") from e
             self.hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        elif path is not None and (path / "vocab.json").exists() and (path / "merges.txt").exists():
+            self.hf = bpe_files(path)
         elif path is not None:
             self.missing = path
 
@@ -137,7 +139,7 @@ class Tokenizer:
                 return self.hf.encode(self.chat.render(text), add_special_tokens=False).ids
             return self.hf.encode(text).ids
         if self.missing is not None:
-            raise ValueError(f"{self.missing} has no tokenizer.json: give token ids (--prompt-ids)")
+            raise ValueError(unreadable(self.missing))
         return list(text.encode("utf-8"))
 
     def fewest_tokens(self, text: str) -> int:
@@ -227,3 +229,46 @@ class IncrementalDecoder:
         piece = text[len(self.given) :].rstrip("\ufffd")
         self.given += piece
         return piece
+
+
+def unreadable(path: Path) -> str:
+    """Why a folder's tokenizer cannot turn text into ids here, and what to do."""
+    if (path / "tokenizer.model").exists():
+        return (
+            f"{path} publishes its tokenizer only as SentencePiece's tokenizer.model, which "
+            "swajax does not read: write tokenizer.json once with transformers "
+            "(AutoTokenizer.from_pretrained(folder).save_pretrained(folder)), or give token ids "
+            "(--prompt-ids)"
+        )
+    return f"{path} has no tokenizer.json: give token ids (--prompt-ids)"
+
+
+def bpe_files(path: Path):
+    """A byte-level BPE published as vocab.json + merges.txt (GPT-2's layout, no
+    tokenizer.json) as a `tokenizers` Tokenizer built the way transformers converts it: byte-level
+    pre-tokenizer (tokenizer_config.json's `add_prefix_space`), decoder and post-processor, and
+    the special tokens the config names."""
+    try:
+        from tokenizers import (
+            AddedToken,
+            Tokenizer as HFTokenizer,
+            decoders,
+            models,
+            pre_tokenizers,
+            processors,
+        )
+    except ImportError as e:
+        raise RuntimeError(f"text prompts need the `tokenizers` package: {HF_EXTRA}") from e
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    tok = HFTokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+    prefix = bool(config.get("add_prefix_space", False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    named = {_special(config, k) for k in SPECIAL_TOKENS} - {""}
+    added = config.get("added_tokens_decoder") or {}
+    named |= {t["content"] for t in added.values() if isinstance(t, dict) and t.get("content")}
+    vocab = tok.get_vocab()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in sorted(named) if t in vocab])
+    return tok

@@ -36,7 +36,7 @@ from swajax.models.mtp import MTP, load_mtp
 from swajax.progress_bar import progress
 from swajax.serving.engine import Engine
 from swajax.serving.sampling_params import EditableSamplingParams, SamplingParams
-from swajax.tokenizer import ChatTemplate
+from swajax.tokenizer import ChatTemplate, unreadable
 
 Prompt = str | Sequence[int] | Mapping
 
@@ -441,9 +441,7 @@ class LLM:
                 )
         if isinstance(prompt, str):
             if self.tokenizer.missing is not None:
-                raise InputError(
-                    f"{self.tokenizer.missing} has no tokenizer.json: give prompts as token ids"
-                )
+                raise InputError(unreadable(self.tokenizer.missing))
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, bytes | bytearray) or not _ids(prompt):
             raise InputError(

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from swajax.api.chat_messages import flattened, open_end
 from swajax.errors import InputError
+from swajax.tokenizer import unreadable
 
 
 class ScriptTokenizer:
@@ -17,8 +18,11 @@ class ScriptTokenizer:
         """`tokenizer`: swajax's `Tokenizer`; `chat_template`: a function (template text or
         None) -> ChatTemplate; `eos_token_ids`: the checkpoint's stop ids."""
         if tokenizer.hf is None:
-            where = tokenizer.missing or "the embedded model (bytes)"
-            raise InputError(f"get_tokenizer: {where} has no tokenizer.json")
+            if tokenizer.missing is not None:
+                raise InputError(f"get_tokenizer: {unreadable(tokenizer.missing)}")
+            raise InputError(
+                "get_tokenizer: the embedded model has no tokenizer (its ids are bytes)"
+            )
         self._tok, self._hf, self._template = tokenizer, tokenizer.hf, chat_template
         self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
         self.all_special_ids = sorted(set(eos_token_ids))
