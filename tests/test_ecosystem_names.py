@@ -67,7 +67,7 @@ def test_unknown_and_old_settings_name_the_public_ones():
     with pytest.raises(swajax.InputError, match=r"'max_context' \(renamed: max_model_len\)"):
         swajax.LLM("tiny", max_context=64)
     with pytest.raises(swajax.InputError, match="valid: .*gpu_memory_utilization"):
-        swajax.LLM("tiny", max_num_seqs=4)
+        swajax.LLM("tiny", max_num_seq=4)  # (vLLM's max_num_seqs is max_running_requests)
 
 
 def test_vllm_and_sglang_settings_reach_the_engine():
