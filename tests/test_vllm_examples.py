@@ -105,10 +105,24 @@ def test_logprobs(llm):
         sum(p[t].logprob for t, p in zip(output.outputs[0].token_ids, output.outputs[0].logprobs)),
         rel_tol=1e-9,
     )
+    # Drawn hot: the sampled token's rank is the step's own, exact outside the top-N too.
+    hot = SamplingParams(temperature=5.0, seed=3, max_tokens=16, logprobs=2)
+    out = llm.generate(PROMPTS[2], hot)[0].outputs[0]
+    beyond = 0
+    for token, position in zip(out.token_ids, out.logprobs):
+        chosen, top = position[token], sorted(position.values(), reverse=True)
+        if chosen.rank <= 2:
+            assert top[chosen.rank - 1].logprob == chosen.logprob
+        else:
+            assert len(position) == 3 and chosen.logprob <= min(top[:2])
+            beyond += 1
+    assert beyond > 0
     assert output.prompt_logprobs[0] is None
     for token, position in zip(output.prompt_token_ids[1:], output.prompt_logprobs[1:]):
         assert position[token].logprob <= 0 and len(position) <= 3
         assert all(lp.rank in (1, 2) for t, lp in position.items() if t != token)
+        higher = [lp for t, lp in position.items() if t != token and lp > position[token]]
+        assert position[token].rank >= 1 + len(higher)
 
 
 def test_prefix_caching(tmp_path):

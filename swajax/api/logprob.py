@@ -8,8 +8,8 @@ from __future__ import annotations
 
 class Logprob(float):
     """A logprob with its rank in the distribution it was drawn from (1: the likeliest) and its
-    token's text. `rank` is None for a chosen token outside the top-N the request asked for (the
-    step returns the N likeliest and the chosen token's logprob, not its place among the rest)."""
+    token's text (the step returns the sampled token's rank beside the N likeliest; a prompt
+    position's ranks come from its kept logits)."""
 
     rank: int | None
     decoded_token: str | None
@@ -32,11 +32,13 @@ class Logprob(float):
 
 def ranked(chosen: int, chosen_lp: float, top: dict[int, float] | None, decode) -> dict:
     """{token: Logprob} of one position: the chosen token and the top-N (`top`, N likeliest
-    first), ranked by logprob; `decode`: ids -> text (or None)."""
+    first), ranked by logprob (the chosen token's rank: the step's, `top.rank`, where it has
+    one); `decode`: ids -> text (or None)."""
     order = sorted((top or {}).items(), key=lambda kv: -kv[1])
     rank = {t: i + 1 for i, (t, _) in enumerate(order)}
     text = (lambda t: decode([t])) if decode is not None else (lambda t: None)
-    out = {chosen: Logprob(chosen_lp, rank.get(chosen), text(chosen))}
+    own = getattr(top, "rank", None)
+    out = {chosen: Logprob(chosen_lp, own if own is not None else rank.get(chosen), text(chosen))}
     for t, lp in order:
         if t != chosen:
             out[t] = Logprob(lp, rank[t], text(t))

@@ -11,7 +11,7 @@ import numpy as np
 
 from swajax.api.stop_strings import StopWatch
 from swajax.errors import InputError
-from swajax.serving.request import Request
+from swajax.serving.request import Request, TopN
 
 
 class TokenEvent(NamedTuple):
@@ -130,7 +130,9 @@ def prompt_logprobs(req, top: int):
     tops = [None]
     for i in range(1, len(req.prompt)):
         order = np.argsort(-lp[i - 1])[:top]
-        tops.append({int(t): float(lp[i - 1, t]) for t in order} if top else None)
+        rank = 1 + int(np.sum(lp[i - 1] > lp[i - 1, req.prompt[i]]))  # the prompt token's
+        entries = ([int(t) for t in order], [float(lp[i - 1, t]) for t in order])
+        tops.append(TopN.of(*entries, rank) if top else None)
     return chosen, tops
 
 

@@ -198,8 +198,18 @@ def sample(logits, b, pen: Penalties | None, mode: SampleMode):
     tokens = _draw(adjusted(logits, b, pen, mode), b, mode.draw)
     if mode.penalize:  # count the new token (padding rows are out of range: dropped)
         pen = counted(pen, b.sample_rows, tokens[:, None])
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     top_ids = top_lp = None
     if mode.top_logprobs:
-        top_lp, top_ids = jax.lax.top_k(logprobs, mode.top_logprobs)
-    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+        top_lp, top_ids = top_with_rank(logprobs, chosen, mode.top_logprobs)
     return Sampled(tokens, chosen, None, top_ids, top_lp), pen
+
+
+def top_with_rank(logprobs, chosen, n: int):
+    """(logprobs [..., N + 1], ids [..., N + 1]): the N likeliest tokens of each row, then, in
+    the last column, the chosen token's logprob and its rank in the row (1 + the tokens more
+    likely than it: vLLM's `Logprob.rank`, exact also outside the N)."""
+    top_lp, top_ids = jax.lax.top_k(logprobs, n)
+    rank = 1 + jnp.sum(logprobs > chosen[..., None], axis=-1, dtype=jnp.int32)
+    top_lp = jnp.concatenate([top_lp, chosen[..., None]], axis=-1)
+    return top_lp, jnp.concatenate([top_ids.astype(jnp.int32), rank[..., None]], axis=-1)

@@ -27,7 +27,14 @@ import jax
 import jax.numpy as jnp
 
 from swajax.attention.metadata import MetadataShape, metadata_core, shape_of
-from swajax.models.sampling import SampleMode, adjusted, counted, draw_keys, processed
+from swajax.models.sampling import (
+    SampleMode,
+    adjusted,
+    counted,
+    draw_keys,
+    processed,
+    top_with_rank,
+)
 
 # Salts of the draws at one position: the draft's proposal, the acceptance test, the residual
 # draw after a rejection, the draw after k acceptances.
@@ -142,7 +149,7 @@ def verify_round(
     kept = logits.astype(raw.dtype) if return_logits else None
     top_ids = top_lp = None
     if mode.top_logprobs:
-        top_lp, top_ids = jax.lax.top_k(logprobs, mode.top_logprobs)
+        top_lp, top_ids = top_with_rank(logprobs, lp, mode.top_logprobs)
     return pools, d_pools, pen, (tokens, lp, accepted, kept, top_ids, top_lp)
 
 

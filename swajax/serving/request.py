@@ -19,6 +19,19 @@ class Status(enum.Enum):
     ABORTED = "aborted"
 
 
+class TopN(dict):
+    """One position's top-N {token: logprob}, with `rank`: the sampled token's rank in the
+    whole distribution (1: the likeliest; vLLM's `Logprob.rank`), None where unknown."""
+
+    rank: int | None = None
+
+    @classmethod
+    def of(cls, ids, logprobs, rank: int | None) -> TopN:
+        top = cls(zip(ids, logprobs))
+        top.rank = rank
+        return top
+
+
 @dataclasses.dataclass(eq=False)
 class Request:
     rid: int

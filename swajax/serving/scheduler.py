@@ -32,7 +32,7 @@ from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
 from swajax.serving.ledger import PoolLedger
 from swajax.serving.options import EngineOptions, SchedulerConfig
 from swajax.serving.planning import build_plan
-from swajax.serving.request import Request, Status
+from swajax.serving.request import Request, Status, TopN
 from swajax.serving.token_rules import needs_history
 
 
@@ -620,7 +620,8 @@ class Scheduler:
                 n_top = req.params.logprobs
                 ids = result.top_ids[i, :m, :n_top].tolist()
                 lps = result.top_logprobs[i, :m, :n_top].tolist()
-                tops = [dict(zip(a, b)) for a, b in zip(ids, lps)]
+                ranks = result.top_ids[i, :m, -1].tolist()  # (the sampled tokens' ranks)
+                tops = [TopN.of(a, b, rank) for a, b, rank in zip(ids, lps, ranks)]
             for token, logprob, top in zip(new[:m], result.logprobs[i, :m].tolist(), tops):
                 if req.status is Status.RUNNING:  # a round's tokens after a finish are dropped
                     self._guarded(req, self._take_token, req, token, logprob, top)
@@ -815,8 +816,8 @@ def _top_logprobs(sampled: list[Request], result: StepResult) -> list:
     if result.top_ids is None:
         return [None] * len(sampled)
     ids, lps = result.top_ids.tolist(), result.top_logprobs.tolist()
-    return [
-        dict(zip(ids[i][: r.params.logprobs], lps[i][: r.params.logprobs]))
+    return [  # (the last column: the sampled token's rank, and its logprob)
+        TopN.of(ids[i][: r.params.logprobs], lps[i][: r.params.logprobs], ids[i][-1])
         if r.params.logprobs
         else None
         for i, r in enumerate(sampled)

@@ -189,10 +189,19 @@ def test_top_logprobs_are_the_raw_distribution_ranked():
     )
     raw = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     order = np.argsort(-raw, axis=-1)[:, :4]
-    np.testing.assert_array_equal(np.asarray(sampled.top_ids), order)
+    np.testing.assert_array_equal(np.asarray(sampled.top_ids)[:, :4], order)
     np.testing.assert_allclose(
-        np.asarray(sampled.top_logprobs), np.take_along_axis(raw, order, -1), rtol=1e-6
+        np.asarray(sampled.top_logprobs)[:, :4], np.take_along_axis(raw, order, -1), rtol=1e-6
     )
+    # The last column: the sampled token's logprob and its rank in the whole distribution
+    # (drawn at a high temperature: most draws are not the likeliest, many not in the top 4).
+    hot = batch(3, temperature=20.0, seeds=jnp.asarray([1, 2, 3]))
+    sampled, _ = sample_jit(logits, hot, None, mode=SampleMode(top_logprobs=4))
+    chosen = raw[np.arange(3), np.asarray(sampled.tokens)]
+    np.testing.assert_allclose(np.asarray(sampled.top_logprobs)[:, 4], chosen, rtol=1e-6)
+    ranks = 1 + np.sum(raw > chosen[:, None], axis=-1)
+    np.testing.assert_array_equal(np.asarray(sampled.top_ids)[:, 4], ranks)
+    assert ranks.max() > 4, ranks
 
 
 def test_greedy_and_sampled_rows_mix():
