@@ -9,7 +9,6 @@ underscores, `--flag=value`, vLLM's `--no-` / `--disable-` forms, and vLLM's
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 
 from swajax.cli.args import UsageError
@@ -175,8 +174,10 @@ def _text(value) -> str:
     return str(value)
 
 
-def markdown() -> str:
-    """docs/launch-flags.md: every flag of both launchers and what it does here."""
+def markdown(parser: argparse.ArgumentParser) -> str:
+    """docs/launch-flags.md: every flag of both launchers and what it does here (`parser`:
+    swajax's, `swajax.cli.main.build_parser()`, whose own flags the page names as such)."""
+    own = own_spellings(parser) - GLOBAL
     lines = [
         "# SGLang's and vLLM's launch flags",
         "",
@@ -186,7 +187,7 @@ def markdown() -> str:
         "honoured under swajax's name, accepted with one line saying it has no effect here and",
         "why, or refused with the reason. Generated from `swajax/foreign_flags.json`",
         "(`tools/make_launch_flags.py`, from the projects' own parsers) by",
-        "`swajax.cli.launch_flags.markdown()`; a test keeps this page equal to it.",
+        "`swajax.cli.launch_flags.markdown(build_parser())`; a test keeps this page equal to it.",
         "",
         "swajax's own flags that take these names as they are (`--model`, `--dtype`,",
         "`--kv-cache-dtype` with `auto` and `fp8`, `--context-length`, `--page-size`,",
@@ -201,14 +202,11 @@ def markdown() -> str:
         lines += ["", f"## {name} {entry['version']}", "", "| flag | here |", "| --- | --- |"]
         for spellings, _, _ in entry["flags"]:
             shown = ", ".join(f"`{s}`" for s in spellings)
-            lines.append(f"| {shown} | {_own_or(spellings)} |")
+            lines.append(f"| {shown} | {_own_or(spellings, own)} |")
     return "\n".join(lines) + "\n"
 
 
-def _own_or(spellings: list[str]) -> str:
-    from swajax.cli.main import build_parser
-
-    own = _own_spellings(build_parser) - GLOBAL
+def _own_or(spellings: list[str], own: frozenset[str]) -> str:
     if any(s in own for s in spellings) and not any(s in ALIASES for s in spellings):
         return "swajax's own flag"
     if GLOBAL & set(spellings):
@@ -217,11 +215,11 @@ def _own_or(spellings: list[str]) -> str:
     return disposition(spellings[0])
 
 
-@functools.cache
-def _own_spellings(build_parser) -> frozenset[str]:
-    serve = next(
-        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
-    ).choices["serve"]
+def own_spellings(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The spellings `swajax serve` knows as its own flags (not the table's hidden ones)."""
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "serve"
+    ]
     return frozenset(
         s for a in serve._actions if not a.dest.startswith(PREFIX) for s in a.option_strings
     )

@@ -180,7 +180,7 @@ CASES = [
     (GEN + ["--prompt-ids", "1000"], "token id 1000 is outside the vocabulary [0, 256)"),
     (GEN + ["--prompt", ""], "--prompt is empty"),
     (GEN + ["--prompt", "a", "--prompt-ids", "1"], "give one of --prompt"),
-    (GEN + ["--seed", "-1"], "--seed: must be an integer in [0, 4294967295], got -1"),
+    (GEN + ["--seed", "-1"], "--seed/--random-seed: must be an integer in [0, 4294967295], got -1"),
     (GEN + ["--seed", "4294967296"], "got 4294967296"),
     (GEN + ["--top-p", "0"], "--top-p"),
     (GEN + ["--top-p", "2"], "--top-p"),

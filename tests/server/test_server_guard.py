@@ -287,4 +287,10 @@ def test_sigterm_answers_every_client(server):
     status, error = plain["r"]
     assert status == 500 and "server shutting down" in error["error"]["message"]
     proc.wait(120)
-    assert "stopped; 3 request(s) in flight aborted, 0 running" in log.read_text()
+    # The step in progress ends within its bound, or (a compile on a loaded machine) is left
+    # after it: every client had its answer either way.
+    text = log.read_text()
+    assert (
+        "stopped; 3 request(s) in flight aborted, 0 running" in text
+        or "step in progress outlived 10 s and was left (every client had its answer)" in text
+    ), text
