@@ -26,6 +26,9 @@ numbers both ways):
         -> (prefix slots, the lock the request holds now: a new one, or `lock` kept)
     cache_finished(tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, insert)
         (all-SWA cases under the prefill-floor rule also pass `swa_evict_floor`)
+    Cases under the branch-insert rule (profile sglang-0.5.23) also pass `swa_branching_seqlen`
+    to both cache_ calls: the request's branch point (protocol: an insert that starts below it
+    and reaches it stops there).
 """
 
 import argparse

@@ -36,12 +36,16 @@ the backend derives SWA slots itself. Tokens are ints; all lists are lists of in
                    swa_evicted_seqlen, keep_tombstone_leaf      cached)
     cache_unfinished  tokens, slots, cache_protected_len,       prefix (the cache's slots for
                    swa_evicted_seqlen, handle                     the page-aligned part), handle
+                   [, swa_branching_seqlen: the request's branch
+                   point under the branch-insert rule: an insert
+                   starting below it that reaches it stops there]
     cache_finished tokens, slots, cache_protected_len,
                    swa_evicted_seqlen, handle, insert
                    [, swa_evict_floor: all-SWA pools under the
                    prefill-floor rule: cache only positions
                    below it; [floor, swa_evicted_seqlen) is
-                   already free]
+                   already free; swa_branching_seqlen as above,
+                   the positions after the point are freed]
 
 Every `expect` also holds `available` ([full, SWA] free tokens after the call; one pool: the
 same number twice) and `sizes` ([full evictable, full protected, SWA evictable, SWA protected]

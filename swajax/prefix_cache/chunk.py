@@ -71,6 +71,7 @@ class ChunkCache:
         handle=None,
         insert: bool = True,
         swa_evict_floor: int = 0,
+        swa_branching_seqlen: int | None = None,
     ) -> None:
         """Free what the request holds: in hybrid mode `free` skips SWA already evicted; with
         no full pool the evicted positions are already free and must not be freed again."""
@@ -86,6 +87,13 @@ class ChunkCache:
 
     @observed
     def cache_unfinished(
-        self, tokens, slots, *, cache_protected_len: int, swa_evicted_seqlen: int, handle=None
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len: int,
+        swa_evicted_seqlen: int,
+        handle=None,
+        swa_branching_seqlen: int | None = None,
     ):
         return np.asarray(slots[:cache_protected_len], np.int32), None

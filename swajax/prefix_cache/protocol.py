@@ -57,9 +57,17 @@ class PrefixCache(Protocol):
         handle,
         insert=True,
         swa_evict_floor=0,
+        swa_branching_seqlen=None,
     ) -> None: ...
     def cache_unfinished(
-        self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len,
+        swa_evicted_seqlen,
+        handle,
+        swa_branching_seqlen=None,
     ) -> tuple[np.ndarray, object]: ...
     def nodes(self) -> Iterator: ...
 

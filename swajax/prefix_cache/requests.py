@@ -9,6 +9,18 @@ from swajax.prefix_cache.locks import LockHandle
 from swajax.prefix_cache.protocol import Tree
 
 
+def branch_end(n: int, cache_protected_len: int, branching: int | None) -> int | None:
+    """The branch-insert rule (`policy.branch_insert`): a request whose admission match found
+    full KV beyond its SWA-valid hit holds that point (`swa_branching_seqlen`); an insert of
+    its first `n` tokens that reaches the point and starts below it stops there, and the
+    request then drops the point (the branch is in the tree). Returns where the insert stops,
+    or None when the rule does not cut it (no point, the point already cached, or not reached
+    yet: the insert takes all `n` and the request keeps the point)."""
+    if branching is None or branching <= cache_protected_len or branching > n:
+        return None
+    return branching
+
+
 class RequestCaching:
     """Works on a `RadixCache` through its public operations: `cache_finished` and
     `cache_unfinished`."""
@@ -26,6 +38,7 @@ class RequestCaching:
         handle: LockHandle | None,
         insert: bool = True,
         swa_evict_floor: int = 0,
+        swa_branching_seqlen: int | None = None,
     ) -> None:
         """Hand a finished (or aborted, with insert=False) request's KV to the cache.
 
@@ -36,6 +49,9 @@ class RequestCaching:
         A `swa_evict_floor` (the prefill-floor rule, all-SWA pools): only the positions below
         it, rounded up to a page, are cached; above it the window freed
         [floor, swa_evicted_seqlen) already, and the rest is freed here.
+
+        A `swa_branching_seqlen` (the branch-insert rule, `branch_end`): the insert stops at
+        the branch point it reaches and the positions after it are freed.
         """
         t = self.tree
         n = len(tokens)
@@ -46,6 +62,7 @@ class RequestCaching:
             tokens, n, swa_evicted_seqlen = tokens[:floor], floor, 0
         aligned = n // t.ps * t.ps
         if insert:
+            aligned = self._branch_cut(aligned, cache_protected_len, swa_branching_seqlen)
             t.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
         else:
             start = cache_protected_len
@@ -61,12 +78,14 @@ class RequestCaching:
         cache_protected_len: int,
         swa_evicted_seqlen: int,
         handle: LockHandle | None,
+        swa_branching_seqlen: int | None = None,
     ):
         """Insert what a chunked prefill has computed so far and move the request's lock there.
 
         Returns (prefix_slots, handle): the cache's full slots for positions [0, A) (A = the
         page-aligned length), which the request must now use in its req_to_token row, and the
-        new lock. The request's `cache_protected_len` becomes A.
+        new lock. The request's `cache_protected_len` becomes A. A branch point it reaches
+        (`branch_end`) ends the insert there.
         """
         t = self.tree
         if t.policy.floors_prefills(t.mode):
@@ -75,6 +94,7 @@ class RequestCaching:
             # the floor moves `swa_evicted_seqlen` up to it without freeing anything).
             swa_evicted_seqlen = 0
         aligned = len(tokens) // t.ps * t.ps
+        aligned = self._branch_cut(aligned, cache_protected_len, swa_branching_seqlen)
         if aligned <= cache_protected_len and not (aligned and t.policy.relock_checkpoint):
             return np.asarray(slots[:cache_protected_len], np.int32), handle
         t.insert(
@@ -90,3 +110,11 @@ class RequestCaching:
         new_handle = t.lock(path[-1])
         t.unlock(handle)
         return prefix, new_handle
+
+    def _branch_cut(self, aligned: int, cache_protected_len: int, branching) -> int:
+        """Where an insert of `aligned` tokens stops under the branch-insert rule (the point
+        is page-aligned: the admission match's full length)."""
+        if not self.tree.policy.branch_insert:
+            return aligned
+        end = branch_end(aligned, cache_protected_len, branching)
+        return aligned if end is None else end

@@ -26,6 +26,7 @@ import numpy as np
 from swajax.arith import ceil_div, round_up
 from swajax.prefix_cache import explain
 from swajax.prefix_cache.explain import MatchReport
+from swajax.prefix_cache.requests import branch_end
 from swajax.serving import overlap, tail_rebuild, window as win
 from swajax.serving.batch import Batch, PoolMode, StepKind, StepPlan, StepResult
 from swajax.serving.budget import CLIP_MAX_NEW_TOKENS, Budget, make_budget
@@ -547,10 +548,14 @@ class Scheduler:
         for req in plan.requests:
             if req.status is not Status.RUNNING or not self.options.prefix_cache:
                 continue
-            # A chunk checkpoint between prefill chunks; SGLang also takes one after the last,
-            # and so does the first of n samples (the others take the prompt's KV from the
-            # cache).
-            after_last = (last_chunk or req.leads) and req in sampled and len(req.output) == 1
+            # A chunk checkpoint between prefill chunks; SGLang also takes one after the last
+            # (a retracted request's recomputation included), and so does the first of n
+            # samples (the others take the prompt's KV from the cache).
+            after_last = (
+                req in sampled
+                and plan.kind is not StepKind.DECODE
+                and (last_chunk or (req.leads and len(req.output) == 1))
+            )
             if not req.decoding or after_last:
                 self._guarded(req, self._cache_chunk, req)
 
@@ -652,23 +657,37 @@ class Scheduler:
 
     def _cache_chunk(self, req: Request) -> None:
         """Between chunks of a prefill: insert what is computed so far and use the cache's
-        slots. Policies: free the out-of-window SWA KV first (eager window free), insert no
-        further than the admission's full-KV match reached (branch insert)."""
-        policy, end = self.cfg.policy, req.kv_len
+        slots. Policies: free the out-of-window SWA KV first (eager window free); the cache
+        ends the insert at the request's branch point (branch insert)."""
         if not self._before_checkpoint(req):
             return
-        if policy.eager_window_free:
+        if self.cfg.policy.eager_window_free:
             self.evict_request_window(req)
-        if req.swa_branching_seqlen is not None:
-            end = min(end, req.swa_branching_seqlen)
+        branching = self._branch_taken(req)
         prefix, handle = self.cache.cache_unfinished(
-            req.tokens[:end],
+            req.tokens[: req.kv_len],
             req.slots,
             cache_protected_len=req.cache_protected_len,
             swa_evicted_seqlen=req.swa_evicted_seqlen,
             handle=req.handle,
+            swa_branching_seqlen=branching,
         )
         req.checkpointed(prefix, handle)
+
+    def _branch_taken(self, req: Request) -> int | None:
+        """The request's branch point for the insert it is about to make, dropped from the
+        request if that insert reaches it (`prefix_cache.requests.branch_end`)."""
+        branching = req.swa_branching_seqlen
+        if (
+            branch_end(
+                req.kv_len // self.cfg.page_size * self.cfg.page_size,
+                req.cache_protected_len,
+                branching,
+            )
+            is not None
+        ):
+            req.swa_branching_seqlen = None
+        return branching
 
     def step_failed(self, plan: StepPlan, error: Exception) -> None:
         """The step raised before its result was taken (the runner rolled its allocation
@@ -728,6 +747,7 @@ class Scheduler:
         if insert:
             self._settle(req)
         floor = {"swa_evict_floor": req.swa_evict_floor} if self.prefill_floor else {}
+        branching = self._branch_taken(req) if insert else None
         self.cache.cache_finished(
             req.tokens[: req.kv_len],
             req.slots,
@@ -735,6 +755,7 @@ class Scheduler:
             swa_evicted_seqlen=req.swa_evicted_seqlen,
             handle=req.handle,
             insert=insert,
+            swa_branching_seqlen=branching,
             **floor,
         )
         req.handle = None

@@ -20,7 +20,9 @@ processed. Every other line is one operation with its arguments and an
   evict         full, swa                            -> evicted
   cache_finished    tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, insert
                     [, swa_evict_floor: the prefill-floor rule's, all-SWA pools]
+                    [, swa_branching_seqlen: the branch-insert rule's branch point]
   cache_unfinished  tokens, slots, cache_protected_len, swa_evicted_seqlen, handle
+                    [, swa_branching_seqlen]
                                                      -> prefix, handle
 
 Every `expect` also carries `available` ([full, SWA] free tokens after the operation) and the

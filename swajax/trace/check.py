@@ -52,6 +52,7 @@ OPS = {
         "handle": HANDLE,
         "insert": BOOL,
         "swa_evict_floor": INT,
+        "swa_branching_seqlen": INT,
     },
     "cache_unfinished": {
         "tokens": INTS,
@@ -59,11 +60,15 @@ OPS = {
         "cache_protected_len": INT,
         "swa_evicted_seqlen": INT,
         "handle": HANDLE,
+        "swa_branching_seqlen": INT,
     },
 }
+# Arguments a line may leave out: the prefill-floor rule's floor and the branch-insert rule's
+# branch point (prefix_cache/policy.py) appear only where the rule is on and the request has one.
 OPTIONAL = {
     "insert": {"prev_prefix_len", "swa_evicted_seqlen", "keep_tombstone_leaf"},
-    "cache_finished": {"swa_evict_floor"},  # the prefill-floor rule's (prefix_cache/policy.py)
+    "cache_finished": {"swa_evict_floor", "swa_branching_seqlen"},
+    "cache_unfinished": {"swa_branching_seqlen"},
 }
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from swajax.memory.step_codes import LAST_LOC_ON_DEVICE
 from swajax.serving.batch import StepKind
 from swajax.trace import codec
-from swajax.trace.check import FORMAT_VERSION
+from swajax.trace.check import FORMAT_VERSION, OPTIONAL
 
 CACHE_OPS = (
     "match",
@@ -203,7 +203,8 @@ def encode_args(name, args, kwargs) -> dict:
         "cache_unfinished": ("tokens", "slots"),
     }[name]
     out = dict(zip(names, args))
-    out.update({k: v for k, v in kwargs.items()})
+    optional = OPTIONAL.get(name, ())
+    out.update({k: v for k, v in kwargs.items() if not (v is None and k in optional)})
     for key, value in list(out.items()):
         if key == "node":
             out[key] = _node_tokens(value)

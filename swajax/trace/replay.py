@@ -157,6 +157,8 @@ def _apply(line, alloc, cache, handles):
         swa_evicted_seqlen=line["swa_evicted_seqlen"],
         handle=_handle(line, handles),
     )
+    if "swa_branching_seqlen" in line:  # only the branch-insert rule's traces name one
+        kwargs["swa_branching_seqlen"] = line["swa_branching_seqlen"]
     slots = np.asarray(line["slots"], np.int32)
     if op == "cache_finished":
         if "swa_evict_floor" in line:  # only the prefill-floor rule's traces name one

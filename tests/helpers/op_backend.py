@@ -61,13 +61,16 @@ class OpBackend:
             tokens, slots, prev_prefix_len, swa_evicted_seqlen, keep_tombstone_leaf
         )
 
-    def cache_unfinished(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock):
+    def cache_unfinished(
+        self, tokens, slots, cache_protected_len, swa_evicted_seqlen, lock, **branch
+    ):
         return self.cache.cache_unfinished(
             tokens,
             np.asarray(slots, np.int32),
             cache_protected_len=cache_protected_len,
             swa_evicted_seqlen=swa_evicted_seqlen,
             handle=lock,
+            **branch,  # swa_branching_seqlen, where the case names one
         )
 
     def cache_finished(
@@ -80,7 +83,7 @@ class OpBackend:
             swa_evicted_seqlen=swa_evicted_seqlen,
             handle=lock,
             insert=insert,
-            **floor,  # swa_evict_floor, where the case names one
+            **floor,  # swa_evict_floor / swa_branching_seqlen, where the case names one
         )
 
 

@@ -246,7 +246,9 @@ class Cache:
         return int(self.sg.insert(params).prefix_len)
 
     # Requests --------------------------------------------------------------------------------
-    def _request(self, tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, floor=0):
+    def _request(
+        self, tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, floor=0, branch=None
+    ):
         self._rid += 1
         ids = array("q", [int(t) for t in tokens])
         req = Req(
@@ -267,11 +269,27 @@ class Cache:
         req.kv.swa_evict_floor = int(floor)
         req.lock = None if handle is None else handle.lock
         req.extra_key = None
-        req.swa_branching_seqlen = None
+        req.swa_branching_seqlen = branch  # SGLang's own rule decides what it cuts
         return req
 
-    def cache_unfinished(self, tokens, slots, *, cache_protected_len, swa_evicted_seqlen, handle):
-        req = self._request(tokens, slots, cache_protected_len, swa_evicted_seqlen, handle)
+    def cache_unfinished(
+        self,
+        tokens,
+        slots,
+        *,
+        cache_protected_len,
+        swa_evicted_seqlen,
+        handle,
+        swa_branching_seqlen=None,
+    ):
+        req = self._request(
+            tokens,
+            slots,
+            cache_protected_len,
+            swa_evicted_seqlen,
+            handle,
+            branch=swa_branching_seqlen,
+        )
         self.sg.checkpoint(req, up_to=len(tokens))
         n = req.kv.cache_protected_len
         prefix = _ints(self.pool.req_to_token[req.kv.req_pool_idx, :n])
@@ -289,9 +307,16 @@ class Cache:
         handle,
         insert=True,
         swa_evict_floor=0,
+        swa_branching_seqlen=None,
     ):
         req = self._request(
-            tokens, slots, cache_protected_len, swa_evicted_seqlen, handle, swa_evict_floor
+            tokens,
+            slots,
+            cache_protected_len,
+            swa_evicted_seqlen,
+            handle,
+            swa_evict_floor,
+            swa_branching_seqlen,
         )
         req.finished_reason = FINISH_LENGTH(length=0)
         n = len(tokens)

@@ -68,6 +68,25 @@ CASES += [
     ("tiny-all-swa", 1, "multi-turn", 0.0005, 12, 1, ("--overlap",)),
 ]
 
+# Every preset at its published shapes, page 16, chunk 512, a budget that retracts requests and
+# makes re-admissions match with tail misses (the window cut the matched path): the scheduler's
+# re-admission paths under the branch-insert rule. The step-3.5-flash case is issue h25's trace.
+CHUNK = ("--chunk-size", "512")
+READMISSIONS = [
+    ("gpt-oss-20b", 16, "multi-turn", 0.05, 16, 205, CHUNK),
+    ("gpt-oss-120b", 16, "multi-turn", 0.1, 16, 205, CHUNK),
+    ("mimo-v2-flash", 16, "multi-turn", 0.15, 16, 205, CHUNK),
+    ("gemma-3-27b", 16, "multi-turn", 1, 16, 205, CHUNK),
+    ("gemma-4-31b", 16, "multi-turn", 1, 16, 205, CHUNK),
+    ("gemma-4-26b-a4b", 16, "multi-turn", 1, 16, 205, CHUNK),
+    ("gemma-4-e4b", 16, "multi-turn", 0.15, 16, 205, CHUNK),
+    ("step-3.5-flash", 16, "multi-turn", 1, 16, 205, CHUNK),
+    ("deepseek-v4-flash", 16, "multi-turn", 0.15, 16, 205, CHUNK),
+    # Llama 4's 8192-token window slides only under long outputs.
+    ("llama-4-scout", 16, "reasoning", 2.5, 6, 205, (*CHUNK, "--swa-full-tokens-ratio", "0.5")),
+]
+CASES += READMISSIONS
+
 
 def _name(case) -> str:
     name = "{}_ps{}_{}_{}gib_n{}_s{}".format(*case[:6])
@@ -137,6 +156,56 @@ def test_sglang_agrees_op_for_op(sglang_results, case):
     result = sglang_results[_name(case)]
     assert result["ok"], json.dumps(result)[:2000]
     assert result["ops"] > 500, "a trace this short exercises too little"
+
+
+@pytest.mark.parametrize("case", READMISSIONS, ids=_name)
+def test_readmission_cases_retract_and_miss_tails(sglang_results, case):
+    """Each re-admission case does what it is there for: a request retracted, a match whose
+    tail the window cut, and a branch point handed to the cache."""
+    from swajax.trace.replay import read_lines
+
+    lines = read_lines(sglang_results[_name(case)]["trace"])[1:]
+    assert any(x["op"] == "cache_finished" and not x.get("insert", True) for x in lines)
+    assert any(x["op"] == "match" and x["expect"]["tail_miss"] > 0 for x in lines)
+    assert any("swa_branching_seqlen" in x for x in lines)
+
+
+def test_h25_before_the_fix_diverges_from_sglang(tmp_path, monkeypatch):
+    """Negative control for issue h25: swajax as it was (no checkpoint after a re-admitted
+    request's last prefill chunk, the finishing insert taking the whole sequence) records the
+    h25 workload; SGLang, handed the request's branch point, cuts the finishing insert there,
+    and the replay says where the two part."""
+    if not SGLANG_PYTHON.exists():
+        pytest.skip(f"no SGLang environment at {SGLANG_PYTHON}: bash tests/peers/setup_sglang.sh")
+    from swajax.cli.main import main
+    from swajax.prefix_cache.requests import RequestCaching
+    from swajax.serving.scheduler import Scheduler
+
+    cache_chunk, finished = Scheduler._cache_chunk, RequestCaching.cache_finished
+    monkeypatch.setattr(
+        Scheduler,
+        "_cache_chunk",
+        lambda self, req: None if req.decoding and len(req.output) != 1 else cache_chunk(self, req),
+    )
+    monkeypatch.setattr(
+        RequestCaching,
+        "cache_finished",
+        lambda self, *a, swa_branching_seqlen=None, **k: finished(self, *a, **k),
+    )
+    preset, ps, workload, gib, n, seed, flags = READMISSIONS[7]
+    trace = tmp_path / "h25_before.jsonl"
+    argv = ["record", "--cache-policy", "sglang-0.5.23", "--preset", preset]
+    argv += ["--page-size", str(ps), "--workload", workload, "--kv-budget-gib", str(gib)]
+    argv += ["--requests", str(n), "--seed", str(seed), *flags, "--out", str(trace)]
+    assert main(argv) == 0
+    run = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "replay_in_sglang.py"), str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert not result["ok"] and "op_number" in result, result
 
 
 def test_swajaxs_own_all_swa_rules_are_not_sglangs(tmp_path):

@@ -141,25 +141,33 @@ def test_window_recency_split_keeps_the_lower_part_in_place():
 
 def test_branch_insert_stops_checkpoints_at_the_full_match():
     """B shares A's first 80 tokens, whose SWA KV was evicted: B's hit is cut by the window
-    rule, its full-KV match reaches 80; with the rule its chunk checkpoints stop there. (Both
-    fall back at the cut: the rule is about the fallback, a tail rebuild has no branch.)"""
-    protected = {}
+    rule, its full-KV match reaches 80; with the rule the checkpoint that reaches 80 stops
+    there, and the request drops the point (the branch is in the tree). (Both fall back at the
+    cut: the rule is about the fallback, a tail rebuild has no branch.)"""
+    protected, points = {}, {}
     fallback = CachePolicy("swajax", fallback_only=True)
     for policy in (fallback, CachePolicy("branch_insert", branch_insert=True, fallback_only=True)):
-        e = engine(policy)
+        e = engine(policy, chunk=24)
         a = list(range(1, 97))
         e.add_request(a, SamplingParams(temperature=0.0, max_tokens=1))
         e.run()
         e.cache.evict(0, 80)  # tombstone the path up to 80 (its least recent nodes)
         b = a[:80] + list(range(500, 560))
         rid = e.add_request(b, SamplingParams(temperature=0.0, max_tokens=1))
-        _step_until_decoding(e, rid)
         req = e.requests[rid]
-        protected[policy.name] = (req.cache_protected_len, req.swa_branching_seqlen)
-    full = protected["branch_insert"][1]
-    assert full is not None and 0 < full <= 80
-    assert protected["branch_insert"][0] <= full < protected["swajax"][0]
-    assert protected["swajax"][1] is None
+        e.step()  # admitted: the first chunk
+        points[policy.name] = req.swa_branching_seqlen
+        seen = [req.cache_protected_len]
+        while not req.decoding:
+            assert e.step() is not None and len(seen) < 200
+            seen.append(req.cache_protected_len)
+        protected[policy.name] = (seen, req.swa_branching_seqlen)
+    full = points["branch_insert"]
+    assert full is not None and 0 < full <= 80 and points["swajax"] is None
+    cut, rest = protected["branch_insert"], protected["swajax"]
+    assert next(n for n in cut[0] if n >= full) == full  # the checkpoint stopped at the point
+    assert next(n for n in rest[0] if n >= full) > full  # without the rule it goes on
+    assert cut[1] is None and cut[0][-1] == rest[0][-1]  # dropped; later chunks go in whole
 
 
 def test_node_window_lock_pins_whole_nodes_and_counts_tombstones():
