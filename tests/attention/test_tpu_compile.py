@@ -172,3 +172,27 @@ def test_sixteen_bit_expert_products_compile_for_tpu():
 
     args = (S((512, 5120), jnp.bfloat16), S((16, 5120, 1024), jnp.bfloat16), S((16,), jnp.int32))
     tpu.compile_on(_device("v6e-1"), jax.jit(grouped), *args)
+
+
+def test_decode_reads_the_pools_as_they_lie():
+    """A page's heads side by side ([pages, ps, Hkv * D], `memory.pool`) is the layout the
+    pools are stored in and the one the TPU kernel reads: viewed per head in the program, as
+    the model does, the views cancel and the compiled decode copies no pool (a pool passed in
+    per head would be relaid out whole, 2 x 128 MiB here, at every call)."""
+    dk, dv, g, hkv, ps, kind, window, sinks, soft_cap, kv = CASES["step-3.5-flash"]
+    pages = 512
+    q, _, _, table, first, seq, sink = _decode_args(CASES["step-3.5-flash"], pages=pages)
+
+    def decode(q, k, v, *rest):
+        shape = (pages, ps, hkv, dk)
+        return paged_decode(
+            q, k.reshape(shape), v.reshape(shape), *rest, **_statics(CASES["step-3.5-flash"])
+        )
+
+    flat = S((pages, ps, hkv * dk), kv)
+    compiled = tpu.compile_on(
+        _device("v6e-1"), jax.jit(decode), q, flat, flat, table, first, seq, sink
+    )
+    memory = compiled.memory_analysis()
+    assert memory.temp_size_in_bytes < 2**20, memory
+    assert memory.argument_size_in_bytes >= 2 * pages * ps * hkv * dk * 2
