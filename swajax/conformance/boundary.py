@@ -82,6 +82,35 @@ class Script:
         )
         return tokens
 
+    def chain(self, lengths) -> list[int]:
+        """Cache one branch, all live, as nodes of `lengths` tokens from the root down (each
+        prefix inserted after the one before); returns its tokens."""
+        tokens = self.tokens(sum(lengths))
+        _, slots = self.op("alloc_extend", prefix_lens=[0], seq_lens=[len(tokens)], last_loc=[-1])
+        end = 0
+        for length in lengths:
+            prev, end = end, end + length
+            self.op(
+                "insert",
+                tokens=tokens[:end],
+                slots=slots[:end],
+                prev_prefix_len=prev,
+                swa_evicted_seqlen=0,
+            )
+        return tokens
+
+    def again(self, tokens) -> None:
+        """A request computes `tokens` anew (all live) and finishes: cached nodes keep theirs,
+        tombstones on the path are revived, the request's duplicate slots go back."""
+        _, slots = self.op("alloc_extend", prefix_lens=[0], seq_lens=[len(tokens)], last_loc=[-1])
+        self.op("insert", tokens=tokens, slots=slots, prev_prefix_len=0, swa_evicted_seqlen=0)
+
+    def order(self, steps: int, *, full: bool = False) -> None:
+        """Evict the smallest amount `steps` times: each takes the least recent node the pool's
+        list allows (whole nodes), and its answer names it by its length."""
+        for _ in range(steps):
+            self.op("evict", full=int(full), swa=int(not full))
+
     def drain(self) -> None:
         """Evict everything unlocked: the free counts after it are exact."""
         total = self.header["full_size"] + self.header["swa_size"]
@@ -125,10 +154,78 @@ def refusals(profile: str) -> Script:
     return s
 
 
+def lock_extent(profile: str, ps: int, window: int) -> Script:
+    """A window lock's extent where node boundaries sit one page or token below, at and above
+    W from the lock's end: a parent longer than the window with a last node of t tokens, locked
+    at its end; the sizes after the lock say what it pins, an SWA eviction what it leaves, the
+    early release and the unlock what they give back. (A lock that counts one token too few or
+    too many moves a node across the boundary.)"""
+    s = Script(full=1024, swa=1024, ps=ps, window=window, profile=profile)
+    head = -(-2 * window // ps) * ps
+    for t in sorted({max(ps, (window + d) // ps * ps) for d in (-ps, -1, 0, 1, ps)}):
+        tokens = s.chain([head, t])
+        handle = s.op("lock", node=tokens)
+        s.op("evict", full=0, swa=4 * head)
+        s.op("release_swa", handle=handle.trace_id)
+        s.op("evict", full=0, swa=4 * head)
+        s.op("unlock", handle=handle.trace_id)
+        s.drain()
+    return s
+
+
+def lru_order(profile: str, ps: int, window: int) -> Script:
+    """Both recency lists' order after inserts, a tombstone's revival, a hit and a split of a
+    live node, read by evicting one node at a time (node lengths all differ, so each answer
+    names its node). The revived node and the split's upper part lie more than W + page tokens
+    above their insert's end, where a window-bounded refresh does not reach: their place in the
+    SWA list is the revival's and the split's own."""
+    s = Script(full=2048, swa=2048, ps=ps, window=window, profile=profile)
+    far = -(-(window + ps) // ps) * ps + ps  # longer than what a window-bounded refresh renews
+    x = s.chain([2 * ps, far])
+    s.chain([3 * ps, 4 * ps])
+    z = s.chain([5 * ps, 6 * ps])
+    s.order(1)  # X's top node, the oldest: tombstoned (its child is live)
+    s.again(x)  # revived: where it lands decides what goes next
+    s.order(1)
+    s.op("match", tokens=z + [7])  # a hit: Z is the most recent now
+    s.order(1)
+    w = s.chain([9 * ps, 8 * ps])  # its top is capped to [9 pages - cap, cap]
+    cut = 9 * ps - -(-window // ps) * ps + ps  # a page into the capped part: a live node
+    s.again(w[:cut] + [9_000 + i for i in range(2 * far)])  # splits it there
+    s.order(16)  # every node, one at a time
+    s.order(4, full=True)
+    s.drain()
+    return s
+
+
+def recency_on_hit(profile: str, ps: int, window: int) -> Script:
+    """What a hit refreshes: a path of five nodes of different lengths, then a younger leaf,
+    then a hit on the whole path; SWA and full evictions one node at a time say which of the
+    path's nodes the hit made younger than the leaf (the whole path, or its last W + page
+    tokens, or only its last node)."""
+    s = Script(full=1024, swa=1024, ps=ps, window=window, profile=profile)
+    path = s.chain([n * ps for n in (5, 3, 2, 4, 1)])
+    s.chain([7 * ps])
+    s.op("match", tokens=path + [7])
+    s.order(6)
+    s.again(path)
+    s.op("match", tokens=path + [7])
+    s.order(3, full=True)
+    s.drain()
+    return s
+
+
 SCRIPTS = {
     "boundary_window_ps1": lambda profile: window_edges(profile, 1, 6),
     "boundary_window_ps4": lambda profile: window_edges(profile, 4, 6),
     "boundary_refusals": refusals,
+    "boundary_lock_ps1": lambda profile: lock_extent(profile, 1, 6),
+    "boundary_lock_ps4_w8": lambda profile: lock_extent(profile, 4, 8),
+    "boundary_lock_ps4_w9": lambda profile: lock_extent(profile, 4, 9),
+    "boundary_lru_ps1": lambda profile: lru_order(profile, 1, 6),
+    "boundary_lru_ps4": lambda profile: lru_order(profile, 4, 6),
+    "boundary_recency_ps1": lambda profile: recency_on_hit(profile, 1, 3),
+    "boundary_recency_ps4": lambda profile: recency_on_hit(profile, 4, 6),
 }
 
 

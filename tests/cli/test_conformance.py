@@ -127,9 +127,12 @@ def test_every_planted_bug_is_caught_or_explained(kit, name):
 
 
 def test_the_kits_mutation_score(kit):
-    """At least 20 planted bugs, nine in ten caught (the score is in docs/oracle.md)."""
+    """At least 20 planted bugs; of those not equivalent in the protocol, at least 95% caught
+    (the score is in benchmarks/README.md, "The kit's mutation score")."""
     caught = sum(bool(_caught(kit, name)) for name in MUTANTS)
-    assert len(MUTANTS) >= 20 and caught / len(MUTANTS) >= 0.9, (caught, len(MUTANTS))
+    equivalent = sum(reason.startswith("equivalent") for reason in SURVIVORS.values())
+    assert len(MUTANTS) >= 20, len(MUTANTS)
+    assert caught / (len(MUTANTS) - equivalent) >= 0.95, (caught, len(MUTANTS), equivalent)
 
 
 @pytest.mark.parametrize("policy", ["swajax", "sglang-0.5.23"])
@@ -217,6 +220,8 @@ def test_an_adapter_written_from_the_protocol_alone(kit, tmp_path, backend, ok):
     checker = [sys.executable, str(EXAMPLES / "kit_checker.py"), str(kit), str(answers)]
     run = subprocess.run(checker, capture_output=True, text=True, timeout=300)
     assert (run.returncode == 0) is ok, run.stdout
-    # The mutant passes the cases that insert no duplicate: all-SWA's and the boundary scripts'.
-    passing = kit_lib.NUM_OPS_CASES if ok else 1 + len(boundary.SCRIPTS)
+    # The mutant passes the cases that insert no duplicate: all-SWA's and the boundary scripts'
+    # that never compute cached tokens again (the recency scripts do, `Script.again`).
+    again = [name for name in boundary.SCRIPTS if "lru" in name or "recency" in name]
+    passing = kit_lib.NUM_OPS_CASES if ok else 1 + len(boundary.SCRIPTS) - len(again)
     assert run.stdout.count("OK") == passing, run.stdout

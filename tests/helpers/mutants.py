@@ -269,6 +269,41 @@ def _evict_short(alloc, cache):
     cache.evictor.evict = lambda full=0, swa=0: evict(max(0, full - ps), max(0, swa - ps))
 
 
+def _hit_refreshes_last_node(lists: str):
+    def mutate(alloc, cache):
+        if lists == "swa":
+            cache._window_part = lambda path: path[-1:]
+        else:
+            add_path = cache.full_lru.add_path
+            cache.full_lru.add_path = lambda path: add_path(path[-1:])
+
+    mutate.__doc__ = (
+        f"A refresh renews the {'SWA' if lists == 'swa' else 'full'} recency of the last node "
+        "of its path only."
+    )
+    return mutate
+
+
+def _split_upper_oldest(alloc, cache):
+    """A split puts its new upper part at the least recent end of both lists."""
+    split = cache.split
+
+    def oldest_first(child, k):
+        upper = split(child, k)
+        for lru in (cache.full_lru, cache.swa_lru):
+            if upper in lru:
+                lru._nodes.move_to_end(upper, last=False)
+        return upper
+
+    cache.split = oldest_first
+
+
+def _swa_count_page_short(alloc, cache):
+    """The SWA pool's free count is one page short."""
+    available = alloc.available
+    alloc.available = lambda: (available()[0], max(0, available()[1] - cache.ps))
+
+
 MUTANTS = {
     "free_swa keeps the mapping": _free_swa_keeps_mapping,
     "free_swa ignores the page": _free_swa_unexpanded,
@@ -294,6 +329,10 @@ MUTANTS = {
     "free forgets the SWA pages": _free_forgets_swa,
     "unlock keeps the SWA lock": _unlock_keeps_swa_lock,
     "eviction stops short": _evict_short,
+    "a hit refreshes its last node's SWA recency only": _hit_refreshes_last_node("swa"),
+    "a hit refreshes its last node's full recency only": _hit_refreshes_last_node("full"),
+    "a split's upper part least recent": _split_upper_oldest,
+    "SWA free count a page short": _swa_count_page_short,
 }
 
 # Planted bugs the kit does not catch, and why.
@@ -302,6 +341,16 @@ SURVIVORS = {
     # reads its translation (the sentinel matters to attention's gather, whose cases are the
     # kit's attention cases, not its operation cases).
     "-1 sentinel lost": "equivalent: no operation translates last_loc -1",
+    # Full eviction takes leaves only, and a refresh leaves the path's last node at least as
+    # recent as every node above it: an internal node's own recency decides nothing until its
+    # descendants are gone, and full eviction removes them only after every leaf older than the
+    # refresh. It would show only if an SWA eviction deleted the path's leaf out of full-recency
+    # order; under swajax's rules a hit refreshes both lists of the same nodes, so no operation
+    # sequence the protocol allows puts that leaf first in one list and not the other.
+    "a hit refreshes its last node's full recency only": (
+        "no answer sees it: an internal node's full recency is read only after its subtree "
+        "is deleted, which full eviction does in recency order"
+    ),
 }
 
 

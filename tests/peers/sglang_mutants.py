@@ -198,6 +198,114 @@ def _release_swa_unlocks(alloc, cache):
     sg.release_swa = release
 
 
+# Planted in SGLang's Python tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, which
+# the kit passes unmodified as the Rust one does): the window lock's extent, where an entry
+# lands in the SWA recency list, and what a hit refreshes live there in Python.
+
+
+def _swa(cache):
+    return cache.sg.tree_core.components_by_type[_SWA]
+
+
+def _lock_window(delta):
+    def plant(alloc, cache):
+        swa = _swa(cache)
+        acquire = swa.acquire_component_lock
+
+        def shifted(node, result, lock_host=False):
+            swa.sliding_window_size += delta
+            try:
+                return acquire(node, result, lock_host)
+            finally:
+                swa.sliding_window_size -= delta
+
+        swa.acquire_component_lock = shifted
+
+    plant.__doc__ = f"A window lock covers W {'+' if delta > 0 else '-'} 1 tokens (the hit rule W)."
+    return plant
+
+
+def _to_oldest_end(lru, node):
+    pt = lru._pt
+    lru._remove_node(node)
+    lru._add_node_after(lru.tail.lru_prev[pt], node)
+
+
+def _revived_at_oldest_end(alloc, cache):
+    """A tombstone revived by an insert enters the SWA recency list at its oldest end (a
+    node taking an SWA value it held before is a revival; the insert applies it after its
+    walk, so the node is told by that, not by the call it comes from)."""
+    core = cache.sg.tree_core
+    store = core.set_component_device_value
+    held = set()
+
+    def set_value(node_id, component_type, value):
+        revived = component_type == _SWA and node_id in held
+        store(node_id, component_type, value)
+        if component_type == _SWA:
+            held.add(node_id)
+        if revived:
+            _to_oldest_end(core.lru_lists[_SWA], core.node_by_id(node_id))
+
+    core.set_component_device_value = set_value
+
+
+def _refresh(extent):
+    def plant(alloc, cache):
+        from sglang.srt.mem_cache.unified_cache.components.swa import LRURefreshPhase
+
+        core, swa = cache.sg.tree_core, _swa(cache)
+        lru = core.lru_lists[_SWA]
+
+        def refresh_lru(phase, node, root_node):
+            if phase is LRURefreshPhase.WALKDOWN:
+                return
+            if extent == "path":
+                lru.reset_node_and_parents_mru(node, root_node, swa.node_has_component_data)
+            else:
+                lru.reset_node_and_window_ancestors_mru(
+                    node, root_node, core.page_size, swa.node_has_component_data
+                )
+
+        swa.refresh_lru = refresh_lru
+
+    plant.__doc__ = {
+        "page": "A hit refreshes the SWA recency of its last page's node only.",
+        "path": "A hit refreshes the SWA recency of the whole matched path.",
+    }[extent]
+    return plant
+
+
+def _split_upper_most_recent(alloc, cache):
+    """A split puts the new upper part at the most recent end of the SWA list (not beside
+    its lower part)."""
+    lru = cache.sg.tree_core.lru_lists[_SWA]
+    lru.insert_after = lambda prev_node, node: lru.insert_mru(node)
+
+
+def _no_hit_refresh(alloc, cache):
+    """A hit refreshes no SWA recency at all."""
+    _swa(cache).refresh_lru = lambda phase, node, root_node: None
+
+
+def _swa_count_page_short(alloc, cache):
+    """The SWA pool's free count is one page short (its own allocator's count)."""
+    sub = alloc.sg.swa_attn_allocator
+    count = sub.available_size
+    sub.available_size = lambda: max(0, count() - alloc.ps)
+
+
+PYTHON_CORE = {
+    "window lock one token short": _lock_window(-1),
+    "window lock one token long": _lock_window(+1),
+    "revived tombstone at the oldest end": _revived_at_oldest_end,
+    "hit refreshes one page": _refresh("page"),
+    "hit refreshes the whole path": _refresh("path"),
+    "hit refreshes nothing": _no_hit_refresh,
+    "split puts the upper part most recent": _split_upper_most_recent,
+}
+
+
 MUTANTS = {
     "hit rule and window lock one token long": _window(+1),
     "hit rule and window lock one token short": _window(-1),
@@ -219,6 +327,8 @@ MUTANTS = {
     "checkpoint forgets the cached prefix": _checkpoint_forgets_the_prefix,
     "lock skips the SWA component": _lock_skips_swa,
     "early release drops the whole lock": _release_swa_unlocks,
+    "SWA free count a page short": _swa_count_page_short,
+    **PYTHON_CORE,
 }
 # Planted bugs the kit does not catch, and why.
 SURVIVORS = {
@@ -245,11 +355,16 @@ class MutantAdapter(SGLangAdapter):
 
 
 def main(kit: str) -> int:
+    import os
+
     for name in MUTANTS:
+        core = "python" if name in PYTHON_CORE else "rust"
+        os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = core
         results = kit_lib.run(kit, MutantAdapter(name))
         caught = [r.name for r in results if r.kind == "ops" and r.status == "fail"]
         print(json.dumps(dict(mutant=name, caught=caught)), flush=True)
-    print(json.dumps(dict(listed_survivors=sorted(SURVIVORS))))
+    equivalent = sorted(name for name, why in SURVIVORS.items() if why.startswith("equivalent"))
+    print(json.dumps(dict(listed_survivors=sorted(SURVIVORS), equivalent=equivalent)))
     return 0
 
 
