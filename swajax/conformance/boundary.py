@@ -48,6 +48,15 @@ class Script:
         self.lines: list[dict] = []
         self.handles: dict[int, object] = {}
         self.first_token = 1  # each branch starts with a token of its own
+        lock = self.cache.lock
+
+        def numbered(node):  # locks numbered as taken, a checkpoint's nested one too
+            handle = lock(node)
+            handle.trace_id = len(self.handles)
+            self.handles[handle.trace_id] = handle
+            return handle
+
+        self.cache.lock = numbered
 
     def op(self, name: str, **args):
         line = dict(
@@ -58,9 +67,6 @@ class Script:
             },
         )
         result = _apply(line, self.alloc, self.cache, self.handles)
-        if name == "lock":
-            result.trace_id = len(self.handles)
-            self.handles[result.trace_id] = result
         line["expect"] = observe(name, result, self.alloc, self.cache, line)
         self.lines.append(line)
         return result
@@ -215,6 +221,43 @@ def recency_on_hit(profile: str, ps: int, window: int) -> Script:
     return s
 
 
+def branch_points(profile: str, ps: int, window: int) -> Script:
+    """The branch-insert rule at its edges: a request checkpointed at 4 pages, then finished
+    at 6, holding a branch point 2 pages in (below the checkpoint's end), at 4 (its end), at 5
+    (past it: the checkpoint goes in whole, the finish stops there and frees the rest) and at 0
+    (no point). The window is longer than the request, so nothing slides out: what differs is
+    where each insert stops, seen in the sizes, the free counts and a match after."""
+    s = Script(full=512, swa=512, ps=ps, window=window, profile=profile)
+    for point in (2 * ps, 4 * ps, 5 * ps, None):
+        tokens = s.tokens(6 * ps)
+        _, slots = s.op("alloc_extend", prefix_lens=[0], seq_lens=[6 * ps], last_loc=[-1])
+        held = {} if point is None else {"swa_branching_seqlen": point}
+        prefix, handle = s.op(
+            "cache_unfinished",
+            tokens=tokens[: 4 * ps],
+            slots=slots,
+            cache_protected_len=0,
+            swa_evicted_seqlen=0,
+            handle=None,
+            **held,
+        )
+        if point is not None and point <= 4 * ps:
+            held = {}  # the checkpoint reached it: the request drops it
+        s.op(
+            "cache_finished",
+            tokens=tokens,
+            slots=list(prefix) + list(slots[len(prefix) :]),
+            cache_protected_len=len(prefix),
+            swa_evicted_seqlen=0,
+            handle=getattr(handle, "trace_id", None),
+            insert=True,
+            **held,
+        )
+        s.op("match", tokens=tokens + [7])
+    s.drain()
+    return s
+
+
 SCRIPTS = {
     "boundary_window_ps1": lambda profile: window_edges(profile, 1, 6),
     "boundary_window_ps4": lambda profile: window_edges(profile, 4, 6),
@@ -226,6 +269,8 @@ SCRIPTS = {
     "boundary_lru_ps4": lambda profile: lru_order(profile, 4, 6),
     "boundary_recency_ps1": lambda profile: recency_on_hit(profile, 1, 3),
     "boundary_recency_ps4": lambda profile: recency_on_hit(profile, 4, 6),
+    "boundary_branch_ps1": lambda profile: branch_points(profile, 1, 16),
+    "boundary_branch_ps4": lambda profile: branch_points(profile, 4, 32),
 }
 
 

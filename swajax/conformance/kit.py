@@ -21,7 +21,7 @@ from swajax.conformance import boundary
 from swajax.conformance.protocol import OPS_SCHEMA
 from swajax.prefix_cache.policy import DEFAULT as DEFAULT_POLICY, policy_of
 
-KIT_VERSION = 3  # 3: frees answer `mapped` in hybrid mode
+KIT_VERSION = 4  # 3: frees answer `mapped` in hybrid mode; 4: request inserts carry a branch point
 # Operation cases: (preset, workload, page size, requests, full-pool tokens, ratio, seed[, k]).
 # The budgets oversubscribe the pools (LRU eviction with a choice of leaves, retraction,
 # tombstones and their revival); windows 7 and 8 against page sizes 1, 4 and 16 put the window's

@@ -295,6 +295,20 @@ def _swa_count_page_short(alloc, cache):
     sub.available_size = lambda: max(0, count() - alloc.ps)
 
 
+def _finish_ignores_branch(alloc, cache):
+    """A finishing insert ignores the request's branch point: the whole sequence goes in (the
+    h25 divergence, planted in SGLang)."""
+    swa = _swa(cache)
+    prepare = swa.prepare_for_caching_req
+
+    def whole(**kwargs):
+        if kwargs["is_finished"]:
+            kwargs["req"].swa_branching_seqlen = None
+        return prepare(**kwargs)
+
+    swa.prepare_for_caching_req = whole
+
+
 PYTHON_CORE = {
     "window lock one token short": _lock_window(-1),
     "window lock one token long": _lock_window(+1),
@@ -303,6 +317,7 @@ PYTHON_CORE = {
     "hit refreshes the whole path": _refresh("path"),
     "hit refreshes nothing": _no_hit_refresh,
     "split puts the upper part most recent": _split_upper_most_recent,
+    "a finish ignores the branch point": _finish_ignores_branch,
 }
 
 
