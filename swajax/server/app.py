@@ -39,6 +39,7 @@ from swajax.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     prompt_list,
+    template_variables,
 )
 from swajax.server.template_worker import TemplateWorker
 from swajax.version import __version__
@@ -154,14 +155,14 @@ def make_app(
             message = f"tokenizing the prompt took more than {TOKENIZE_SECONDS:g} s"
             raise InputError(message) from None
 
-    async def render(messages: list[dict]) -> str:
+    async def render(messages: list[dict], variables: dict | None = None) -> str:
         if "t" not in templates:
             given = folder is not None or chat_template is not None
             templates["t"] = TemplateWorker(folder, source=chat_template) if given else None
         worker = templates["t"]
         if worker is None:
             raise InputError("the embedded model has no chat template: use /v1/completions")
-        return await worker.render_async(flattened(messages))
+        return await worker.render_async(flattened(messages), variables)
 
     def unknown_model(name: str | None):
         """A request naming another model is refused, as OpenAI's and vLLM's servers do."""
@@ -189,7 +190,8 @@ def make_app(
             if (body.prompt is None) == (body.messages is None):
                 raise InputError("give one of 'prompt' or 'messages'")
             if body.messages is not None:
-                text = await render([m.model_dump(exclude_none=True) for m in body.messages])
+                messages = [m.model_dump(exclude_none=True) for m in body.messages]
+                text = await render(messages, template_variables(body))
                 ids = await asyncio.to_thread(llm.tokenizer.encode_rendered, text)
             elif body.add_special_tokens:
                 (ids,) = await tokenize([body.prompt])
@@ -257,7 +259,8 @@ def make_app(
         if (refused := unknown_model(body.model)) is not None:
             return refused
         try:
-            text = await render([m.model_dump(exclude_none=True) for m in body.messages])
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            text = await render(messages, template_variables(body))
             max_tokens = body.max_completion_tokens or body.max_tokens or 256
             params = body.sampling(max_tokens, (body.top_logprobs or 1) if body.logprobs else 0)
             params = _with_eos(llm, params, body.ignore_eos)

@@ -120,12 +120,33 @@ class ContentPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str | dict  # OpenAI sends a JSON string; templates also read a mapping
+
+
+class ToolCall(BaseModel):
+    model_config = STRICT
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
+    """A message as OpenAI's and vLLM's chat route take it: an assistant's `tool_calls` and
+    reasoning (`reasoning_content`), a tool message's `tool_call_id`; the template reads them."""
+
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -134,6 +155,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # What the template is given besides the messages (OpenAI's `tools`; vLLM's extensions):
+    # the functions offered, the open generation prompt, and the template's own variables
+    # (`enable_thinking`, `reasoning_effort`, ...).
+    tools: list[dict] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None
 
 
 def prompt_list(prompt) -> list[str | list[int]]:
@@ -157,6 +184,17 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    # The chat route's template variables, as vLLM's /tokenize takes them.
+    tools: list[dict] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None
+
+
+def template_variables(body: ChatCompletionRequest | TokenizeRequest) -> dict:
+    """What a chat request gives its template besides the messages."""
+    variables = dict(body.chat_template_kwargs or {})
+    variables.update(add_generation_prompt=body.add_generation_prompt, tools=body.tools)
+    return variables
 
 
 class DetokenizeRequest(BaseModel):

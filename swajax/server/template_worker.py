@@ -30,9 +30,9 @@ def _serve(folder: str | None, source: str | None, conn) -> None:
         return
     conn.send((True, "ready"))
     while True:
-        messages = conn.recv()
+        messages, variables = conn.recv()
         try:
-            conn.send((True, template.render_messages(messages)))
+            conn.send((True, template.render_messages(messages, **variables)))
         except Exception as e:  # noqa: BLE001 - the template's own error goes to the client
             conn.send((False, f"{type(e).__name__}: {e}"))
 
@@ -76,14 +76,15 @@ class TemplateWorker:
             self._conn.close()
         self._process = self._conn = None
 
-    def render(self, messages: list[dict]) -> str:
-        """The rendered conversation; InputError if the template fails or overruns."""
+    def render(self, messages: list[dict], variables: dict | None = None) -> str:
+        """The rendered conversation (`variables`: the template's others, such as `tools`);
+        InputError if the template fails or overruns."""
         with self._lock:
             if self._broken is not None:
                 raise InputError(self._broken)
             if self._process is None or not self._process.is_alive():
                 self._start()
-            self._conn.send(messages)
+            self._conn.send((messages, variables or {}))
             if not self._conn.poll(self.seconds):
                 self._stop()
                 raise InputError(
@@ -95,8 +96,8 @@ class TemplateWorker:
             raise InputError(f"chat template: {text}")
         return text
 
-    async def render_async(self, messages: list[dict]) -> str:
-        return await asyncio.to_thread(self.render, messages)
+    async def render_async(self, messages: list[dict], variables: dict | None = None) -> str:
+        return await asyncio.to_thread(self.render, messages, variables)
 
     def close(self) -> None:
         with self._lock:
