@@ -4,6 +4,7 @@ needed), on the same published decode shapes: does each compile, its compiled me
 (`memory_analysis()`), and XLA's modeled cost (`cost_analysis()`: modeled, never measured).
 
     python benchmarks/peer_kernel_tpu.py                 # both, side by side (markdown)
+    python benchmarks/peer_kernel_tpu.py --smoke         # swajax's side of one shape
     python benchmarks/peer_kernel_tpu.py --side swajax   # one side, JSON lines
     .venvs/tpu-inference/bin/python benchmarks/peer_kernel_tpu.py --side tpu-inference
 
@@ -155,10 +156,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--side", choices=("swajax", "tpu-inference"))
     p.add_argument("--peer-python", default=str(PEER_PYTHON))
+    p.add_argument("--smoke", action="store_true", help="swajax's side of one shape (tests)")
     args = p.parse_args(argv)
     if args.side:
         return run_side(args.side)
-    rows = _rows(sys.executable, "swajax") + _rows(args.peer_python, "tpu-inference")
+    if args.smoke:  # in this process, without the peer's environment
+        name = next(iter(SHAPES))
+        rows = [dict(shape=name, side="swajax", compiled=True, **swajax_side(name, SHAPES[name]))]
+    else:
+        rows = _rows(sys.executable, "swajax") + _rows(args.peer_python, "tpu-inference")
     print("| shape | kernel | compiles | arguments | output | temp | modeled time | flops |")
     print("|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["shape"], r["side"])):
