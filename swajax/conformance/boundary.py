@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swajax.prefix_cache.requests import branch_end
 from swajax.trace.recorder import ints, observe
 from swajax.trace.replay import _apply, swajax_backend
 
@@ -224,8 +225,8 @@ def recency_on_hit(profile: str, ps: int, window: int) -> Script:
 def branch_points(profile: str, ps: int, window: int) -> Script:
     """The branch-insert rule at its edges: a request checkpointed at 4 pages, then finished
     at 6, holding a branch point 2 pages in (below the checkpoint's end), at 4 (its end), at 5
-    (past it: the checkpoint goes in whole, the finish stops there and frees the rest) and at 0
-    (no point). The window is longer than the request, so nothing slides out: what differs is
+    (past it: the checkpoint goes in whole, the finish stops there and frees the rest) and
+    none. The window is longer than the request, so nothing slides out: what differs is
     where each insert stops, seen in the sizes, the free counts and a match after."""
     s = Script(full=512, swa=512, ps=ps, window=window, profile=profile)
     for point in (2 * ps, 4 * ps, 5 * ps, None):
@@ -241,7 +242,7 @@ def branch_points(profile: str, ps: int, window: int) -> Script:
             handle=None,
             **held,
         )
-        if point is not None and point <= 4 * ps:
+        if branch_end(4 * ps, 0, point) is not None:
             held = {}  # the checkpoint reached it: the request drops it
         s.op(
             "cache_finished",

@@ -10,7 +10,9 @@ from swajax.prefix_cache.protocol import Tree
 
 
 def branch_end(n: int, cache_protected_len: int, branching: int | None) -> int | None:
-    """The branch-insert rule (`policy.branch_insert`): a request whose admission match found
+    """The branch-insert rule (`policy.branch_insert`, which decides whether the scheduler
+    gives a request a point; the cache applies any point it is given, as the protocol says):
+    a request whose admission match found
     full KV beyond its SWA-valid hit holds that point (`swa_branching_seqlen`); an insert of
     its first `n` tokens that reaches the point and starts below it stops there, and the
     request then drops the point (the branch is in the tree). Returns where the insert stops,
@@ -62,7 +64,7 @@ class RequestCaching:
             tokens, n, swa_evicted_seqlen = tokens[:floor], floor, 0
         aligned = n // t.ps * t.ps
         if insert:
-            aligned = self._branch_cut(aligned, cache_protected_len, swa_branching_seqlen)
+            aligned = branch_end(aligned, cache_protected_len, swa_branching_seqlen) or aligned
             t.insert(tokens[:aligned], slots[:aligned], cache_protected_len, swa_evicted_seqlen)
         else:
             start = cache_protected_len
@@ -94,7 +96,7 @@ class RequestCaching:
             # the floor moves `swa_evicted_seqlen` up to it without freeing anything).
             swa_evicted_seqlen = 0
         aligned = len(tokens) // t.ps * t.ps
-        aligned = self._branch_cut(aligned, cache_protected_len, swa_branching_seqlen)
+        aligned = branch_end(aligned, cache_protected_len, swa_branching_seqlen) or aligned
         if aligned <= cache_protected_len and not (aligned and t.policy.relock_checkpoint):
             return np.asarray(slots[:cache_protected_len], np.int32), handle
         t.insert(
@@ -110,11 +112,3 @@ class RequestCaching:
         new_handle = t.lock(path[-1])
         t.unlock(handle)
         return prefix, new_handle
-
-    def _branch_cut(self, aligned: int, cache_protected_len: int, branching) -> int:
-        """Where an insert of `aligned` tokens stops under the branch-insert rule (the point
-        is page-aligned: the admission match's full length)."""
-        if not self.tree.policy.branch_insert:
-            return aligned
-        end = branch_end(aligned, cache_protected_len, branching)
-        return aligned if end is None else end
