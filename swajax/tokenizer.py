@@ -49,10 +49,7 @@ class ChatTemplate:
             named = {t.get("name"): t.get("template") for t in config["chat_template"]}
             source = named.get("default")
         if not source:
-            raise ValueError(
-                f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json's "
-                "'chat_template'): drop --chat"
-            )
+            raise ValueError(missing_template(folder, "drop --chat"))
         self.template = template_environment().from_string(source)
         self.tokens = {k: _special(config, k) for k in SPECIAL_TOKENS if _special(config, k)}
 
@@ -65,6 +62,27 @@ class ChatTemplate:
         given; `kwargs` reach the template as variables)."""
         context = dict(tools=None, documents=None, add_generation_prompt=True, **self.tokens)
         return self.template.render(messages=messages, **{**context, **kwargs})
+
+
+# Families that publish no chat template: their prompts are written by the publisher's own
+# encoder (DeepSeek's `deepseek-recipe` for V4, the `encoding/` script of V3.2's repository), which
+# transformers' `apply_chat_template` does not run either.
+ENCODER_FAMILIES = {
+    "deepseek_v4": "DeepSeek's encoder (pip install deepseek-recipe)",
+    "deepseek_v32": "the encoding/ script its repository ships",
+}
+
+
+def missing_template(folder: Path, remedy: str) -> str:
+    """Why `folder` has no chat to render, and `remedy` (the caller's way around it)."""
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    encoder = ENCODER_FAMILIES.get(config.get("model_type"))
+    why = f"; {config['model_type']} prompts are written by {encoder}" if encoder else ""
+    return (
+        f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json's "
+        f"'chat_template'){why}: {remedy}"
+    )
 
 
 # The special tokens a template may name, from tokenizer_config.json (transformers passes them).

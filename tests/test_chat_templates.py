@@ -48,3 +48,20 @@ def test_a_checkpoint_whose_template_dates_its_system_message_chats(tmp_path):
     text = ChatTemplate(tmp_path).render_messages(case["messages"])
     today = datetime.date.today().strftime("%Y-%m-%d")
     assert text.replace(today, "<DATE>") == case["expected"]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "named"),
+    [("deepseek_v4", "deepseek-recipe"), ("deepseek_v32", "encoding/"), ("qwen3", None)],
+)
+def test_a_family_without_a_template_is_told_what_writes_its_prompts(tmp_path, model_type, named):
+    """DeepSeek V3.2 and V4 publish no chat template (their own encoders write the prompts):
+    the error says so; any other folder without one gets the plain error."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(ValueError, match="has no chat template") as error:
+        ChatTemplate(tmp_path)
+    if named:
+        assert named in str(error.value) and model_type in str(error.value)
+    else:
+        assert "prompts are written by" not in str(error.value)

@@ -75,10 +75,17 @@ CALL = [
     {"role": "tool", "tool_call_id": "abc123xyz", "name": "get_weather", "content": "18 C"},
 ]
 PARTS = [{"role": "user", "content": [{"type": "text", "text": "Describe   this."}]}]
+# A system turn in parts and an image placeholder part (Gemma 3 reads both; the text-only
+# templates show or refuse them as they do in transformers).
+IMAGE_PARTS = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What is it? "}]},
+]
 # Each family's own settings: what its model card tells users to pass.
 SETTINGS = {
     "gpt-oss": [dict(reasoning_effort="high"), dict(model_identity="You are a test.")],
     "qwen3": [dict(enable_thinking=False)],
+    "gemma-3": [],
     "gemma-4": [dict(enable_thinking=True)],
     "step-3.5-flash": [],
     "mistral-small-3.2": [],
@@ -101,6 +108,7 @@ def conversations(name: str):
     yield "tools", CALL[:1], TOOLS, dict(add_generation_prompt=True)
     yield "tool_call", CALL, TOOLS, dict(add_generation_prompt=True)
     yield "text_parts", PARTS, None, dict(add_generation_prompt=True)
+    yield "image_parts", IMAGE_PARTS, None, dict(add_generation_prompt=True)
     for i, extra in enumerate(SETTINGS[name]):
         yield f"setting_{i}", PLAIN, None, dict(add_generation_prompt=True, **extra)
     if name in REASONED:

@@ -36,7 +36,7 @@ from swajax.models.mtp import MTP, load_mtp
 from swajax.progress_bar import progress
 from swajax.serving.engine import Engine
 from swajax.serving.sampling_params import EditableSamplingParams, SamplingParams
-from swajax.tokenizer import ChatTemplate, unreadable
+from swajax.tokenizer import ChatTemplate, missing_template, unreadable
 
 Prompt = str | Sequence[int] | Mapping
 
@@ -459,10 +459,7 @@ class LLM:
             try:
                 self._template = ChatTemplate(self.folder)
             except ValueError as e:
-                raise InputError(
-                    f"{self.folder} has no chat template (chat_template.jinja or "
-                    "tokenizer_config.json's 'chat_template'): use generate()"
-                ) from e
+                raise InputError(missing_template(self.folder, "use generate()")) from e
         return self._template
 
     @contextlib.contextmanager
