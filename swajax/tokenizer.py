@@ -1,5 +1,6 @@
-"""Text in and out: a checkpoint's tokenizer.json (through `tokenizers`) and, with `--chat`, its
-chat template (through `jinja2`); bytes for the embedded model. Both packages come with the
+"""Text in and out: a checkpoint's tokenizer (tokenizer.json through `tokenizers`; vocab.json +
+merges.txt and SentencePiece's tokenizer.model converted into one at load) and, with `--chat`,
+its chat template (through `jinja2`); bytes for the embedded model. The packages come with the
 `hf` extra (`pip install 'swajax[hf]'`)."""
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ class Tokenizer:
             self.hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
         elif path is not None and (path / "vocab.json").exists() and (path / "merges.txt").exists():
             self.hf = bpe_files(path)
+        elif path is not None and (path / "tokenizer.model").exists():
+            self.hf, self.missing = _sentencepiece(path)
         elif path is not None:
             self.missing = path
 
@@ -252,13 +255,36 @@ class IncrementalDecoder:
 def unreadable(path: Path) -> str:
     """Why a folder's tokenizer cannot turn text into ids here, and what to do."""
     if (path / "tokenizer.model").exists():
-        return (
-            f"{path} publishes its tokenizer only as SentencePiece's tokenizer.model, which "
-            "swajax does not read: write tokenizer.json once with transformers "
-            "(AutoTokenizer.from_pretrained(folder).save_pretrained(folder)), or give token ids "
-            "(--prompt-ids)"
-        )
-    return f"{path} has no tokenizer.json: give token ids (--prompt-ids)"
+        try:
+            _convert_sentencepiece(path)
+        except ValueError as e:
+            return f"{e}; or give token ids (--prompt-ids)"
+    return (
+        f"{path} has no tokenizer swajax reads (tokenizer.json, vocab.json + merges.txt, or "
+        "SentencePiece's tokenizer.model): give token ids (--prompt-ids)"
+    )
+
+
+def _sentencepiece(path: Path):
+    """(tokenizer, None), or (None, path) where the model's pipeline is one swajax does not
+    know: token ids still work, and text says why (`unreadable`)."""
+    try:
+        return _convert_sentencepiece(path), None
+    except ValueError:
+        return None, path
+
+
+def _convert_sentencepiece(path: Path):
+    try:
+        import sentencepiece  # noqa: F401 - its message definition reads the file
+        import tokenizers  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(
+            f"{path}/tokenizer.model needs the packages sentencepiece and tokenizers: {HF_EXTRA}"
+        ) from e
+    from swajax.sentencepiece_model import sentencepiece_tokenizer
+
+    return sentencepiece_tokenizer(path)
 
 
 def bpe_files(path: Path):

@@ -1,7 +1,9 @@
-"""Tokenizers as published: a byte-level BPE given only as vocab.json + merges.txt gives the ids
-and text transformers' own tokenizer gives (tests/fixtures/bpe_files, written by
-tools/make_bpe_files_fixture.py with transformers 5.24); a SentencePiece tokenizer.model alone
-is a clear error naming the way out, not ids from nowhere."""
+"""Tokenizers as published: a byte-level BPE given only as vocab.json + merges.txt, and
+SentencePiece's tokenizer.model alone, give the ids and text transformers' own tokenizer gives
+(tests/fixtures/bpe_files and tests/fixtures/sentencepiece, written by
+tools/make_bpe_files_fixture.py and tools/make_sentencepiece_fixtures.py with transformers
+5.24); a tokenizer swajax cannot read is a clear error naming the way out, not ids from
+nowhere."""
 
 import json
 import shutil
@@ -34,12 +36,77 @@ def test_the_fixture_exercises_merges_and_a_special_token():
     assert any(i > 256 for i in ids) and vocab["<|endoftext|>"] in CASES[-1]["ids"]
 
 
-def test_a_sentencepiece_model_alone_is_a_clear_error(tmp_path):
+SPM = FIXTURES / "sentencepiece"
+SPM_FOLDERS = sorted(p.name for p in SPM.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("name", SPM_FOLDERS)
+def test_a_sentencepiece_model_encodes_and_decodes_as_transformers_does(name, tmp_path):
+    """Each text with and without the special tokens the config adds, and the text of its ids
+    (special tokens skipped, as vLLM's outputs), whole and streamed; the folder copied, so
+    nothing but tokenizer.model and tokenizer_config.json is read."""
+    folder = tmp_path / name
+    shutil.copytree(SPM / name, folder)
+    (folder / "expected.json").unlink()
+    expected = json.loads((SPM / name / "expected.json").read_text())
+    tok = Tokenizer(folder)
+    assert tok.hf.get_vocab_size() == expected["vocab"]
+    for case in expected["cases"]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
+        assert tok.encode_rendered(case["text"]) == case["plain_ids"], case["text"]
+        assert tok.decode(case["ids"]) == case["decoded"], case["text"]
+        decoder, text = tok.incremental(), ""
+        for token in case["ids"]:
+            text += decoder.push(token)
+        assert text == case["decoded"], case["text"]
+
+
+@pytest.mark.parametrize("name", ["bpe", "unigram"])
+def test_the_generic_route_encodes_as_sentencepiece_itself(name):
+    """A model whose class has no pipeline of its own follows the model file, as the
+    `sentencepiece` library encodes it (texts without added tokens, which it does not split)."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(SPM / name / "tokenizer.model"))
+    tok = Tokenizer(SPM / name)
+    texts = [c["text"] for c in json.loads((SPM / name / "expected.json").read_text())["cases"]]
+    plain = [t for t in texts if "<" not in t]
+    assert len(plain) > 40
+    for text in plain:
+        assert tok.encode_rendered(text) == processor.encode(text), text
+
+
+def test_the_sentencepiece_fixtures_differ_where_the_pipelines_do():
+    """The control: Llama's two prefix schemes, Gemma's pipeline and the file-driven route each
+    tokenize some text differently, each folder has merged pieces, byte fallback and a special
+    token matched in text."""
+    cases = {n: json.loads((SPM / n / "expected.json").read_text())["cases"] for n in SPM_FOLDERS}
+    assert set(SPM_FOLDERS) == {"bpe", "gemma", "llama", "llama-legacy", "unigram"}
+    for a in SPM_FOLDERS:
+        for b in SPM_FOLDERS:
+            if a < b:
+                assert any(x["plain_ids"] != y["plain_ids"] for x, y in zip(cases[a], cases[b]))
+    for name, rows in cases.items():
+        ids = [i for c in rows for i in c["plain_ids"]]
+        assert max(ids) > 100 and len(set(ids)) > 50, name
+        emoji = next(c for c in rows if "😀" in c["text"])
+        assert "😀" in emoji["decoded"] or name == "unigram", name  # unigram has no byte fallback
+    assert cases["llama"][0]["ids"][0] == 1 and cases["llama-legacy"][0]["ids"][0] != 1
+
+
+def test_an_unreadable_tokenizer_is_a_clear_error(tmp_path):
     folder = tmp_path / "spm"
     folder.mkdir()
-    (folder / "tokenizer.model").write_bytes(b"\x0a\x00")  # what it holds is not read
-    with pytest.raises(ValueError, match="SentencePiece's tokenizer.model.*save_pretrained"):
+    (folder / "tokenizer.model").write_bytes(b"\xff\x00not a model")
+    with pytest.raises(ValueError, match="not a SentencePiece model"):
         Tokenizer(folder).encode("hello")
+    shutil.copy(SPM / "llama" / "tokenizer.model", folder / "tokenizer.model")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer"}))
+    tok = Tokenizer(folder)  # token ids still work; text says why not
+    assert tok.decode([5, 6]) is None
+    with pytest.raises(ValueError, match="'T5Tokenizer'.*save_pretrained"):
+        tok.encode("hello")
+    (folder / "tokenizer.model").unlink()
     shutil.copy(BPE / "vocab.json", folder / "vocab.json")  # merges.txt missing: not a BPE
-    with pytest.raises(ValueError, match="SentencePiece"):
+    with pytest.raises(ValueError, match="no tokenizer swajax reads"):
         Tokenizer(folder).encode("hello")
