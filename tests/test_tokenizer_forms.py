@@ -8,6 +8,7 @@ nowhere."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 from helpers import FIXTURES
 
@@ -110,3 +111,45 @@ def test_an_unreadable_tokenizer_is_a_clear_error(tmp_path):
     shutil.copy(BPE / "vocab.json", folder / "vocab.json")  # merges.txt missing: not a BPE
     with pytest.raises(ValueError, match="no tokenizer swajax reads"):
         Tokenizer(folder).encode("hello")
+
+
+def _gemma3_with_sentencepiece(tmp_path):
+    """A small random-weight Gemma 3 checkpoint published the older way: tokenizer.model and
+    tokenizer_config.json only, with Gemma 3's published chat template."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "gemma3-spm"
+    shutil.copytree(SPM / "gemma", folder)
+    (folder / "expected.json").unlink()
+    shutil.copy(FIXTURES / "published_templates" / "gemma-3.jinja", folder / "chat_template.jinja")
+    config = json.loads((FIXTURES / "gemma3" / "config.json").read_text())
+    vocab = json.loads((SPM / "gemma" / "expected.json").read_text())["vocab"]
+    config.update(vocab_size=vocab, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = load_file(FIXTURES / "gemma3" / "model.safetensors")
+    width = weights["model.embed_tokens.weight"].shape[1]
+    rng = np.random.default_rng(0)
+    weights["model.embed_tokens.weight"] = (rng.normal(size=(vocab, width)) * 0.02).astype(
+        np.float32
+    )
+    save_file(weights, folder / "model.safetensors")
+    return folder
+
+
+def test_a_checkpoint_with_only_tokenizer_model_chats_as_transformers_renders(tmp_path):
+    """LLM.chat on it sends the model the text and ids transformers' apply_chat_template gives
+    (Gemma 3's template over Gemma's tokenizer.model); its output comes back as text; and a
+    text prompt to generate() gets transformers' ids, its beginning-of-text token included."""
+    from swajax import LLM, SamplingParams
+
+    folder = _gemma3_with_sentencepiece(tmp_path)
+    chat = json.loads((SPM / "gemma" / "expected.json").read_text())["chat"]
+    llm = LLM(str(folder), kv_budget_gib=0.01, page_size=4)
+    (out,) = llm.chat(chat["messages"], SamplingParams(max_tokens=4, temperature=0.0))
+    assert out.prompt == chat["text"]
+    assert list(out.prompt_token_ids) == chat["ids"]
+    ids = list(out.outputs[0].token_ids)
+    assert out.outputs[0].text == llm.get_tokenizer().decode(ids, skip_special_tokens=True)
+    plain = json.loads((SPM / "gemma" / "expected.json").read_text())["cases"][0]
+    (out,) = llm.generate(plain["text"], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert list(out.prompt_token_ids) == plain["ids"]

@@ -5,7 +5,8 @@ and must give the same (tests/test_tokenizer_forms.py).
 
 Each folder is a small model trained here by the `sentencepiece` library itself, with the
 settings the families publish (normalizer, dummy prefix, byte fallback, special pieces) and a
-tokenizer_config.json in their publishers' form:
+tokenizer_config.json in their publishers' form (Gemma's also with Gemma 3's published chat
+template rendered over it with the generation prompt):
 
 - llama: BPE, Llama 2's settings (identity normalizer, dummy prefix, byte fallback, digits
   split), `LlamaTokenizer`, `legacy: false` (Llama 2's and Mistral's current configs).
@@ -78,6 +79,12 @@ def _word_salad(count: int) -> list[str]:
 
 
 TEXTS += _word_salad(40)
+CHAT = [
+    {"role": "system", "content": "Answer  in one word."},
+    {"role": "user", "content": "What is the window?"},
+    {"role": "assistant", "content": "Four."},
+    {"role": "user", "content": "And the page? é 😀"},
+]
 COMMON = dict(vocab_size=400, character_coverage=1.0, num_threads=1, minloglevel=2)
 LLAMA = dict(
     COMMON,
@@ -207,6 +214,12 @@ def main() -> None:
                 )
             )
         expected = dict(tokenizer=type(tok).__name__, vocab=len(tok), cases=cases)
+        if name == "gemma":  # the family's published template over its own tokenizer form
+            template = (OUT.parent / "published_templates" / "gemma-3.jinja").read_text()
+            kwargs = dict(chat_template=template, add_generation_prompt=True)
+            text = tok.apply_chat_template(CHAT, tokenize=False, **kwargs)
+            ids = tok.apply_chat_template(CHAT, return_dict=False, **kwargs)
+            expected["chat"] = dict(messages=CHAT, text=text, ids=ids)
         text = json.dumps(expected, indent=1, ensure_ascii=False) + "\n"
         (folder / "expected.json").write_text(text)
         print(f"{name}: {type(tok).__name__}, {len(tok)} tokens, {len(cases)} texts")
