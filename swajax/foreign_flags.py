@@ -81,7 +81,7 @@ NO_EFFECT = {
 BY_WORD = (
     (
         r"tokenizer",
-        "swajax tokenizes with the `tokenizers` library from the model folder's own tokenizer files",
+        "swajax tokenizes with the `tokenizers` library from the model folder's tokenizer files",
     ),
     (
         r"cuda-graph|torch-compile|compilation|enforce-eager|^-O$|piecewise",

@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+from swajax import special_tokens
+
 # transformers' tokenizer classes by pipeline; a folder without `tokenizer_class` gets its
 # model type's class, as AutoTokenizer does.
 LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer")
@@ -39,15 +41,6 @@ DEFAULT_TOKENS = {
     ),
     "spm": {},
 }
-NAMED_TOKENS = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "pad_token",
-    "sep_token",
-    "cls_token",
-    "mask_token",
-)
 # SentencePiece's piece types (sentencepiece_model.proto).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNIGRAM = 1
@@ -79,7 +72,7 @@ def sentencepiece_tokenizer(path: Path):
     else:
         tok = _from_model_file(proto, config)
     tokens = {**DEFAULT_TOKENS[family], **_spec_tokens(proto, family)}
-    tokens.update({k: _content(config[k]) for k in NAMED_TOKENS if _content(config.get(k))})
+    tokens.update(special_tokens.named(config))
     tok.add_tokens(_added_tokens(proto, config, tokens, family, AddedToken))
     if config.get("add_bos_token", False) or config.get("add_eos_token", False):
         tok.post_processor = _bos_eos(tok, config, tokens, processors)
@@ -276,12 +269,6 @@ def _bos_eos(tok, config: dict, named: dict, processors):
         pair=" ".join(pair),
         special_tokens=[(t, tok.token_to_id(t)) for t in sorted(used)],
     )
-
-
-def _content(value) -> str | None:
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else None
 
 
 def _json(file: Path) -> dict:

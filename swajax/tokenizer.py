@@ -10,6 +10,8 @@ import datetime
 import json
 from pathlib import Path
 
+from swajax import special_tokens
+
 HF_EXTRA = "install the 'hf' extra: pip install 'swajax[hf]'"
 # Fill-in-the-middle tokens (prefix, suffix, middle) as code models' tokenizers spell them:
 # Qwen2.5-Coder and others, StarCoder / SantaCoder, DeepSeek-Coder, Code Llama.
@@ -19,14 +21,6 @@ FIM_TOKENS = (
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
     ("▁<PRE>", "▁<SUF>", "▁<MID>"),
 )
-
-
-def _special(config: dict, key: str) -> str:
-    """tokenizer_config.json writes special tokens as strings or as {"content": ...}."""
-    value = config.get(key)
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
 
 
 class ChatTemplate:
@@ -52,7 +46,7 @@ class ChatTemplate:
         if not source:
             raise ValueError(missing_template(folder, "drop --chat"))
         self.template = template_environment().from_string(source)
-        self.tokens = {k: _special(config, k) for k in SPECIAL_TOKENS if _special(config, k)}
+        self.tokens = special_tokens.named(config)  # transformers passes each to the template
 
     def render(self, prompt: str) -> str:
         return self.render_messages([{"role": "user", "content": prompt}])
@@ -84,10 +78,6 @@ def missing_template(folder: Path, remedy: str) -> str:
         f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json's "
         f"'chat_template'){why}: {remedy}"
     )
-
-
-# The special tokens a template may name, from tokenizer_config.json (transformers passes them).
-SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
 
 def template_environment():
@@ -310,7 +300,7 @@ def bpe_files(path: Path):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    named = {_special(config, k) for k in SPECIAL_TOKENS} - {""}
+    named = set(special_tokens.named(config).values())
     added = config.get("added_tokens_decoder") or {}
     named |= {t["content"] for t in added.values() if isinstance(t, dict) and t.get("content")}
     vocab = tok.get_vocab()
