@@ -4,7 +4,7 @@
 `sentencepiece` package's own message definition (it needs `protobuf`, which orbax brings).
 
 transformers builds the pipeline from the tokenizer class the folder names: Llama's (Llama 2,
-Mistral, Code Llama) and Gemma's have their own, fixed whatever the model file says; any other
+Mistral) and Gemma's have their own, fixed whatever the model file says; any other
 class with no pipeline of its own follows the model file's settings (normalizer, dummy prefix,
 whitespace, user-defined pieces), which is how `SentencePieceProcessor` itself encodes."""
 
@@ -18,7 +18,7 @@ from swajax import special_tokens
 
 # transformers' tokenizer classes by pipeline; a folder without `tokenizer_class` gets its
 # model type's class, as AutoTokenizer does.
-LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer")
+LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
 GEMMA_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
 SPM_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 MODEL_TYPE_CLASSES = {
