@@ -500,8 +500,9 @@ class DeviceRunner:
             compiled += self.programs.prepare(step, args, statics)
             ready += 1
             if kind != "extend" and not logits:
-                program = self.programs.programs[self.programs.key(step, args, statics)]
-                sampled = getattr(program, "out_info", None)  # (a compiled program's)
+                # (a compiled program's; none while recording: nothing is compiled)
+                program = self.programs.programs.get(self.programs.key(step, args, statics))
+                sampled = getattr(program, "out_info", None)
                 if sampled is not None:
                     sampled = sampled[-1]
                     after[kind, r] = (sampled[0], sampled[2] if kind == "round" else None)

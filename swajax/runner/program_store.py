@@ -196,7 +196,12 @@ class ProgramStore:
 
     def prepare(self, fn, args: tuple, statics: dict) -> bool:
         """Make `fn`'s program for these arguments ready without running it (a server's
-        warm-up): compiled, or loaded from the folder. Returns whether it was compiled."""
+        warm-up): compiled, or loaded from the folder. Returns whether it was compiled.
+        Inside `recording`: recorded, as a launch is."""
+        calls = _RECORDING.get()
+        if calls is not None:
+            calls.append(Recorded(fn, args, statics))
+            return False
         key = self.key(fn, args, statics)
         if key in self.programs:
             return False

@@ -220,3 +220,41 @@ def test_the_host_tier_and_snapshot_programs_compile_in_place_for_a_tpu_chip():
     memory = compiled.memory_analysis()
     assert memory.alias_size_in_bytes >= pool_bytes > 2**30
     assert memory.temp_size_in_bytes < 4 * moved
+
+
+@pytest.mark.slow  # 16 compiles of 10-20 s each here (`pytest -m slow tests/runner`)
+def test_every_program_a_warm_up_makes_compiles_for_a_tpu_chip():
+    """A server's warm-up (fixed shapes: every batch and chunk size the scheduler can give,
+    one-step and multi-step decode) recorded instead of compiled, then each program compiled for
+    a v6e chip by XLA:TPU and Mosaic, the kernels inside: the shapes a warm-up reaches beyond the
+    one the test above compiles are all ones the TPU compiler takes. gpt-oss's layer kinds and
+    head width (64) over narrower layers, so each compile stays short."""
+    from helpers.published import abstract_decoder, published_config
+
+    from swajax.api.engine_spec import EngineSpec, make_engine
+    from swajax.runner import program_store
+
+    cfg = published_config(layers=2)
+    cfg.update(
+        hidden_size=256,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        num_local_experts=4,
+    )
+    options = EngineSpec.of(kv_budget_gib=0.05, max_context=512, chunk_size=64, warmup=True)
+    calls: list = []
+    with platform.lowering_for("tpu"), program_store.recording(calls):
+        engine = make_engine(abstract_decoder(cfg), options)
+        ready, compiled = engine.warm_up()
+    assert ready == len(calls) > 8 and compiled == 0
+    names = {c.fn.__name__ for c in calls}
+    assert names == {"fused_step", "fused_round"}, names
+    device = slices.devices(slices.parse_slice("v6e-1"))[0]
+    kernels = set()
+    for call in calls:
+        with platform.lowering_for("tpu"):
+            text = slices.compile_on(device, call.fn, *call.args, **call.statics).as_text()
+        kernels |= {k for k in ("swajax_paged_decode", "swajax_ragged_extend_tpu") if k in text}
+    assert kernels == {"swajax_paged_decode", "swajax_ragged_extend_tpu"}
