@@ -247,7 +247,7 @@ def unreadable(path: Path) -> str:
     if (path / "tokenizer.model").exists():
         try:
             _convert_sentencepiece(path)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:
             return f"{e}; or give token ids (--prompt-ids)"
     return (
         f"{path} has no tokenizer swajax reads (tokenizer.json, vocab.json + merges.txt, or "
@@ -257,10 +257,11 @@ def unreadable(path: Path) -> str:
 
 def _sentencepiece(path: Path):
     """(tokenizer, None), or (None, path) where the model's pipeline is one swajax does not
-    know: token ids still work, and text says why (`unreadable`)."""
+    know or the packages that read it are missing: token ids still work, and text says why
+    (`unreadable`)."""
     try:
         return _convert_sentencepiece(path), None
-    except ValueError:
+    except (ValueError, RuntimeError):
         return None, path
 
 

@@ -153,3 +153,15 @@ def test_a_checkpoint_with_only_tokenizer_model_chats_as_transformers_renders(tm
     plain = json.loads((SPM / "gemma" / "expected.json").read_text())["cases"][0]
     (out,) = llm.generate(plain["text"], SamplingParams(max_tokens=1), use_tqdm=False)
     assert list(out.prompt_token_ids) == plain["ids"]
+
+
+def test_a_sentencepiece_model_without_its_package_keeps_ids_and_names_the_extra(monkeypatch):
+    """Without the sentencepiece package the folder still loads for token ids; text is an error
+    naming the extra that brings it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # import fails as if not installed
+    tok = Tokenizer(SPM / "llama")
+    assert tok.hf is None and tok.decode([5, 6]) is None
+    with pytest.raises(ValueError, match=r"sentencepiece.*swajax\[hf\].*--prompt-ids"):
+        tok.encode("hello")
