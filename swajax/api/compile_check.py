@@ -32,7 +32,7 @@ PROMPT = 40  # tokens of the prompt each recorded request brings
 class ProgramCost:
     """One compiled step program: bytes compiled here, cost modeled by XLA."""
 
-    name: str  # prefill, decode
+    name: str  # prefill, decode; a warm-up's: "warm-up decode (8 tokens)"
     rows: int  # requests in the step
     argument_bytes: int
     output_bytes: int
@@ -132,10 +132,13 @@ def compile_check(
     dtype: str = "bfloat16",
     hybrid_memory: bool = True,
     temporaries: int | None = None,
+    warm_up: bool = False,
 ) -> CompileReport:
     """Size, record and compile `hf_config`'s prefill and decode programs (decode at one request
     and at `batch`) for `slice_name`: one chip, or split over its chips. `temporaries`: bytes a
-    chip keeps for the steps' temporaries (None: measured by a first compile)."""
+    chip keeps for the steps' temporaries (None: measured by a first compile). `warm_up`: also
+    every step program a server's warm-up makes at these sizes (each fixed shape the scheduler
+    can reach), in the final compile."""
     from swajax.models.decoder import decoder_for
     from swajax.models.loading import decoder_spec
 
@@ -209,7 +212,9 @@ def compile_check(
             f"{weights / 2**30:.2f} GiB of weights: more than the {usable / 2**30:.2f} GiB usable "
             f"on {where} ({memory_fraction:g} of {gen.hbm_bytes / 2**30:g} GiB)"
         )
-    engine, programs = _compiled(kv_bytes=split * (room - temps), fits=fits, **build)
+    engine, programs = _compiled(
+        kv_bytes=split * (room - temps), fits=fits, warm_up=warm_up, **build
+    )
     runner = engine.runner
     return CompileReport(
         model=name,
@@ -229,9 +234,10 @@ def compile_check(
     )
 
 
-def _compiled(*, decoder, mesh, device, gen, batch, spec, kv_bytes, fits):
-    """Record the engine's prefill and decode (at 1 and `batch` requests) with `kv_bytes` of
-    pools and compile each for the slice: (the engine, its `ProgramCost`s)."""
+def _compiled(*, decoder, mesh, device, gen, batch, spec, kv_bytes, fits, warm_up=False):
+    """Record the engine's prefill and decode (at 1 and `batch` requests), and with `warm_up`
+    every program a warm-up makes, with `kv_bytes` of pools, and compile each for the slice:
+    (the engine, its `ProgramCost`s)."""
     from swajax.api.engine_spec import EngineSpec, make_engine
     from swajax.runner import program_store
     from swajax.serving.sampling_params import SamplingParams
@@ -251,6 +257,15 @@ def _compiled(*, decoder, mesh, device, gen, batch, spec, kv_bytes, fits):
             if rows == 1:
                 recorded[("prefill", 1)] = steps[0]
             recorded[("decode", rows)] = steps[-1]
+        if warm_up:
+            calls = []
+            with program_store.recording(calls):
+                warm = make_engine(decoder, engine_spec.replace(warmup=True), mesh=mesh)
+                warm.warm_up()
+            for call in calls:  # variants of one shape (the step's optional parts) numbered
+                name, rows = _warm_up_name(call)
+                same = sum(n.startswith(name) and r == rows for n, r in recorded)
+                recorded[(f"{name} #{same + 1}", rows)] = call
     programs = []
     for (kind, rows), call in recorded.items():
         start = time.perf_counter()
@@ -289,3 +304,13 @@ def _compiled(*, decoder, mesh, device, gen, batch, spec, kv_bytes, fits):
             )
         )
     return engine, tuple(programs)
+
+
+def _warm_up_name(call) -> tuple[str, int]:
+    """A warm-up program's (name, requests): its kind and tokens, from its static layout."""
+    statics = call.statics
+    kind = "round" if call.fn.__name__ == "fused_round" else "prefill"
+    if kind == "prefill" and statics.get("decode"):
+        kind = "decode"
+    rows = dict((name, shape) for name, shape, _ in statics["layout"])["rows"][0]
+    return f"warm-up {kind} ({statics['meta_shape'].num_tokens} tokens)", rows

@@ -87,6 +87,7 @@ def run(args) -> int:
             max_context=args.context_length,
             page_size=args.page_size,
             batch=args.batch,
+            warm_up=args.warm_up,
         )
     except DoesNotFit as e:
         if args.json:
@@ -131,6 +132,11 @@ def register(sub) -> None:
         type=args_lib.POSITIVE,
         default=64,
         help="decode also compiled at this many requests (default 64)",
+    )
+    p.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="also compile every step program a server's warm-up makes (each fixed shape)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -237,16 +237,31 @@ def write_kv(
         if x is None:
             continue
         x = stored(x, view.dtype)
+        buffer = getattr(pools, name)
         if is_swa:
             rows = loc.swa
         else:
             rows = loc.full
             if loc.full_src is not None:  # a tail rebuild stores the prefix cache's own KV
-                x = jnp.where((loc.full_src > 0)[:, None, None], view[index, loc.full_src], x)
-        buffer = getattr(pools, name)
+                x = jnp.where(
+                    (loc.full_src > 0)[:, None, None],
+                    _rows(pools, buffer, index, loc.full_src, x.shape),
+                    x,
+                )
         x = x.reshape(x.shape[0], -1)  # heads side by side, as the buffer holds them
         new[name] = buffer.at[index, rows].set(bits.to_bits(x) if pools.as_bits(is_swa) else x)
     return dataclasses.replace(pools, **new)
+
+
+def _rows(pools: KVPools, buffer: jax.Array, index, rows: jax.Array, shape) -> jax.Array:
+    """Full-pool rows of one layer as [T, heads, dim], gathered as the buffer stores them
+    (heads side by side) and split after: gathering from the per-head view instead relays the
+    whole pool out on TPU, where [.., heads * dim] and [.., heads, dim] tile differently
+    (measured: a copy of each full pool in every step that rebuilds a tail)."""
+    kept = buffer[index, rows]
+    if pools.bits_of[0] is not None:
+        kept = bits.from_bits(kept, pools.bits_of[0])
+    return kept.reshape(shape)
 
 
 write_kv_jit = jax.jit(write_kv, static_argnames="layer_id", donate_argnums=0)

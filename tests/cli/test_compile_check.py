@@ -131,3 +131,32 @@ def test_llama_4_scouts_bfloat16_experts_compile():
     cfg = at_depth(hf_preset("llama-4-scout"), 2)
     report = compile_check(cfg, "v5p-2", name="llama-4-scout", batch=1, max_context=8192)
     assert report.fits and report.full_tokens >= 8192
+
+
+@pytest.mark.slow  # a dozen compiles of 10-20 s each here
+def test_warm_up_compiles_every_fixed_shape_program(capsys, tmp_path):
+    """--warm-up adds every step program a server's warm-up makes at the checked sizes (each
+    prefill chunk and decode batch the scheduler can reach), each compiled for the chip, and
+    the verdict counts the largest. gpt-oss's layer kinds and head width over narrower layers."""
+    from helpers.published import published_config
+
+    cfg = published_config(layers=2)
+    cfg.update(
+        hidden_size=256,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        num_local_experts=4,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = ["--hf-config", str(tmp_path / "config.json"), "--slice", "v6e-1", "--batch", "4"]
+    rc, out, err = _run(capsys, *argv, "--context-length", "2048", "--warm-up", "--json")
+    assert rc == 0, err
+    report = json.loads(out)
+    warm = [p for p in report["programs"] if p["name"].startswith("warm-up")]
+    kinds = {p["name"].split()[1] for p in warm}
+    assert kinds == {"prefill", "decode"} and len(warm) > 4, [p["name"] for p in warm]
+    assert {p["rows"] for p in warm if "decode" in p["name"]} >= {1, 4}
+    assert report["peak_bytes"] == max(p["peak_bytes"] for p in report["programs"])
+    assert report["fits"]

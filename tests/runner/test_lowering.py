@@ -258,3 +258,31 @@ def test_every_program_a_warm_up_makes_compiles_for_a_tpu_chip():
             text = slices.compile_on(device, call.fn, *call.args, **call.statics).as_text()
         kernels |= {k for k in ("swajax_paged_decode", "swajax_ragged_extend_tpu") if k in text}
     assert kernels == {"swajax_paged_decode", "swajax_ragged_extend_tpu"}
+
+
+def test_a_tail_rebuilds_write_compiles_in_place_for_a_tpu_chip():
+    """A step that rebuilds an SWA tail stores the prefix cache's own full KV (`full_src`):
+    compiled for a v6e chip at gpt-oss-20b's KV widths with 2 GiB of pools (shapes only), the
+    write reads its rows where the pool keeps them. Gathering them from the per-head view made
+    XLA:TPU relay each full pool out whole ([.., 512] and [.., 8, 64] tile differently): 2 GiB
+    of temporaries for 2 GiB of pools, found by `compile-check --warm-up`."""
+    from swajax import sizing
+    from swajax.memory import pool as pool_lib
+    from swajax.presets import load_preset
+
+    cfg = load_preset("gpt-oss-20b")
+    sizes = sizing.size_hybrid(cfg, 2 * 2**30, ratio=0.5, page_size=32, dtype="bf16")
+    with platform.lowering_for("tpu"):  # pools as TPU holds them (bfloat16 as itself)
+        pools = jax.eval_shape(lambda: pool_lib.init_pools(cfg, sizes, "bf16"))
+    shape = cfg.full_attention
+    tokens, heads, dim = 64, shape.num_kv_heads, shape.head_dim
+    kv = jax.ShapeDtypeStruct((tokens, heads, dim), jax.numpy.bfloat16)
+    slots = jax.ShapeDtypeStruct((tokens,), jax.numpy.int32)
+    loc = pool_lib.KVWriteLoc(full=slots, full_src=slots)
+    full_layer = cfg.full_layer_ids[0]
+    device = slices.devices(slices.parse_slice("v6e-1"))[0]
+    compiled = slices.compile_on(device, pool_lib.write_kv_jit, pools, full_layer, kv, kv, loc)
+    memory = compiled.memory_analysis()
+    pool_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pools))
+    assert memory.alias_size_in_bytes >= pool_bytes > 2**30
+    assert memory.temp_size_in_bytes < 2**20, memory.temp_size_in_bytes
