@@ -138,17 +138,9 @@ def test_warm_up_compiles_every_fixed_shape_program(capsys, tmp_path):
     """--warm-up adds every step program a server's warm-up makes at the checked sizes (each
     prefill chunk and decode batch the scheduler can reach), each compiled for the chip, and
     the verdict counts the largest. gpt-oss's layer kinds and head width over narrower layers."""
-    from helpers.published import published_config
+    from helpers.published import narrowed_config
 
-    cfg = published_config(layers=2)
-    cfg.update(
-        hidden_size=256,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        num_local_experts=4,
-    )
+    cfg = narrowed_config()
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     argv = ["--hf-config", str(tmp_path / "config.json"), "--slice", "v6e-1", "--batch", "4"]
     rc, out, err = _run(capsys, *argv, "--context-length", "2048", "--warm-up", "--json")

@@ -36,6 +36,21 @@ def published_config(name: str = "gpt-oss-20b", layers: int | None = None) -> di
     return cfg
 
 
+def narrowed_config(layers: int = 2) -> dict:
+    """gpt-oss-20b's layer kinds, head width (64) and experts' routing over narrow layers and a
+    small vocabulary: its programs compile for TPU in seconds, not minutes."""
+    cfg = published_config(layers=layers)
+    cfg.update(
+        hidden_size=256,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        num_local_experts=4,
+    )
+    return cfg
+
+
 def abstract_decoder(cfg: dict, dtype: str = "bfloat16"):
     from swajax.models.decoder import decoder_for
     from swajax.models.loading import decoder_spec

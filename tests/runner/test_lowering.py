@@ -229,20 +229,12 @@ def test_every_program_a_warm_up_makes_compiles_for_a_tpu_chip():
     a v6e chip by XLA:TPU and Mosaic, the kernels inside: the shapes a warm-up reaches beyond the
     one the test above compiles are all ones the TPU compiler takes. gpt-oss's layer kinds and
     head width (64) over narrower layers, so each compile stays short."""
-    from helpers.published import abstract_decoder, published_config
+    from helpers.published import abstract_decoder, narrowed_config
 
     from swajax.api.engine_spec import EngineSpec, make_engine
     from swajax.runner import program_store
 
-    cfg = published_config(layers=2)
-    cfg.update(
-        hidden_size=256,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        num_local_experts=4,
-    )
+    cfg = narrowed_config()
     options = EngineSpec.of(kv_budget_gib=0.05, max_context=512, chunk_size=64, warmup=True)
     calls: list = []
     with platform.lowering_for("tpu"), program_store.recording(calls):
